@@ -1,0 +1,88 @@
+"""Development sessions. `python3 -m nox -s tests` is the one command CI runs.
+
+Every session makes its own virtual environment with a Python >= 3.12 (JAX >= 0.11 needs it) and
+installs the packages from this checkout, never from an index.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PACKAGES = ["packages/e3j-core"]
+JAX = "jax==0.11.2"  # the primary JAX (the GPU machine image's)
+TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", JAX]
+
+nox.options.sessions = ["tests"]
+nox.options.error_on_missing_interpreters = True
+
+
+def _version_of(python: str) -> tuple[int, int] | None:
+    try:
+        out = subprocess.run(
+            [python, "-c", "import sys; print(*sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.split()
+        return int(out[0]), int(out[1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def _find_python() -> str:
+    """An interpreter >= 3.12: $E3J_PYTHON, this one, python3.1x on PATH, or a pyenv version."""
+    candidates = [os.environ.get("E3J_PYTHON", "")]
+    candidates.append(sys.executable)
+    candidates += [shutil.which(f"python3.{minor}") or "" for minor in (14, 13, 12)]
+    pyenv = shutil.which("pyenv")
+    if pyenv:
+        root = subprocess.run([pyenv, "root"], capture_output=True, text=True).stdout.strip()
+        versions = sorted(
+            Path(root, "versions").glob("3.1[2-9]*"),
+            key=lambda p: [int(x) if x.isdigit() else 0 for x in p.name.split(".")],
+            reverse=True,
+        )
+        candidates += [str(v / "bin" / "python3") for v in versions]
+    for python in candidates:
+        if python and (version := _version_of(python)) and version >= (3, 12):
+            return python
+    raise RuntimeError("no Python >= 3.12 found: install one or point E3J_PYTHON at it")
+
+
+PYTHON = _find_python()
+
+
+def _install_packages(session: nox.Session) -> None:
+    session.install(*(str(ROOT / p) for p in PACKAGES))
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The test suite on CPU (the README's test command)."""
+    session.install(*TEST_REQUIREMENTS)
+    _install_packages(session)
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests"]))
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff check and format check."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def build(session: nox.Session) -> None:
+    """Build an sdist and a wheel of every package into dist/."""
+    session.install("build>=1.2")
+    for p in PACKAGES:
+        session.run("python", "-m", "build", "--outdir", str(ROOT / "dist"), str(ROOT / p))

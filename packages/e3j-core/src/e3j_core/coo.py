@@ -1,0 +1,489 @@
+"""Sparse coefficient tables (COO) for tensor products and message-passing convolutions.
+
+Every kernel of e3j consumes these tables; none rebuilds coefficients. Two types:
+
+:class:`CooTable`
+    A sparse multilinear coupling ``out[i0] = Σ_r c_r · a[i1_r] · b[i2_r] (· s[i3_r])`` over
+    unfolded feature coordinates: an ``int32 [slots, N]`` index array, sorted lexicographically by
+    ``(i0, i1, ...)``, and ``float64 [N]`` coefficients. It is immutable, hashable and cached, so it
+    can be a static argument of a JAX primitive. ``transpose(k)`` gives the table of the VJP with
+    respect to operand ``k`` (paper Eq. 15: ``(i0, i1, i2) -> (i1, i2, i0)`` for the first operand,
+    ``(i2, i1, i0)`` for the second), ``packed()`` the structured records that the CUDA kernels
+    read, and ``by_i0()`` / ``by_i0_i1()`` the groupings that Pallas kernels unroll at trace time.
+
+:class:`TensorProductCoo`
+    The descriptor of ``irreps_x ⊗ irreps_y`` (optionally filtered): output irreps, paths, the
+    bilinear :class:`CooTable` (e3nn's ``"component"`` normalization folded in), the map
+    ``i3(i0)`` from output coordinate to path (the edge scalar a message uses), and the trilinear
+    table ``out[i0] = Σ c x[i1] y[i2] s[i3]`` of the convolution.
+
+Output layout: exactly ``e3nn_jax.tensor_product(x, y, filter_ir_out=filter, regroup_output=...)``
+— with ``regroup_output=True`` (the default) the inputs are regrouped, paths enumerated as e3nn
+does, and the output chunks stably sorted by irrep and merged; with ``False`` the inputs keep their
+blocks and the sorted output chunks are not merged. A *path* is one ``2l+1`` block: one copy
+``u`` of an ``x`` irrep, one copy ``v`` of a ``y`` irrep and one output irrep. Paths are numbered in
+output-row order, so ``i3`` is non-decreasing in ``i0``.
+
+>>> coo = tensor_product_coo("0e + 1o", "1o", filter="0e + 1o + 1e")
+>>> coo.irreps_out, coo.num_paths, coo.path_slices
+(1x0e+1x1o+1x1e, 3, (slice(0, 1, None), slice(1, 4, None), slice(4, 7, None)))
+>>> coo.table.dims, coo.table.num_records, coo.table.index_dtype
+((7, 4, 3), 12, dtype('uint8'))
+>>> coo.i3.tolist()
+[0, 1, 1, 1, 2, 2, 2]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import cache, cached_property
+from typing import NamedTuple
+
+import numpy as np
+
+from .clebsch_gordan import clebsch_gordan
+from .irreps import IntoIrreps, Irrep, Irreps
+
+__all__ = [
+    "COO_FORMAT_VERSION",
+    "TP_NORMALIZATIONS",
+    "CooTable",
+    "Path",
+    "TensorProductCoo",
+    "tensor_product_coo",
+    "unpack_records",
+]
+
+#: Bumped whenever the meaning or layout of the tables or packed records changes; kernels built
+#: against another version must refuse the tables.
+COO_FORMAT_VERSION = 1
+
+TP_NORMALIZATIONS = ("component", "norm", "none")
+
+_UINT8_MAX_DIM = 255
+
+
+def _lexsort(indices: np.ndarray) -> np.ndarray:
+    return np.lexsort(indices[::-1])
+
+
+@dataclass(frozen=True, eq=False)
+class CooTable:
+    """A sparse multilinear coupling ``out[i0] = Σ_r c_r Π_k operand_k[i_k,r]`` (see module doc).
+
+    Attributes:
+        dims: the size of each slot; ``dims[0]`` is the output dimension.
+        indices: ``int32 [len(dims), N]``, sorted lexicographically by slot 0, then 1, ...
+        coefficients: ``float64 [N]``.
+        roles: ``roles[k]`` is the slot of the root table (the forward op) that slot ``k`` holds.
+        key: hashable description of what the root table was built from.
+    """
+
+    dims: tuple[int, ...]
+    indices: np.ndarray = field(repr=False)
+    coefficients: np.ndarray = field(repr=False)
+    roles: tuple[int, ...]
+    key: tuple = field(repr=False)
+    _root: CooTable | None = field(default=None, repr=False)
+
+    # A table is identified by what it was built from (``key``, shared by all permutations of one
+    # root) and its permutation, so equal tables hash equal even across processes.
+    def __hash__(self) -> int:
+        return hash((self.key, self.roles))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CooTable) and (other.key, other.roles) == (self.key, self.roles)
+
+    @property
+    def root(self) -> CooTable:
+        return self if self._root is None else self._root
+
+    @property
+    def arity(self) -> int:
+        """Number of operands (slots minus the output)."""
+        return len(self.dims) - 1
+
+    @property
+    def num_records(self) -> int:
+        return int(self.coefficients.shape[0])
+
+    @property
+    def i0(self) -> np.ndarray:
+        return self.indices[0]
+
+    @property
+    def i1(self) -> np.ndarray:
+        return self.indices[1]
+
+    @property
+    def i2(self) -> np.ndarray:
+        return self.indices[2]
+
+    @property
+    def i3(self) -> np.ndarray:
+        if len(self.dims) < 4:
+            raise AttributeError("a bilinear table has no slot i3")
+        return self.indices[3]
+
+    # -- permutations -------------------------------------------------------------------------
+    def permute(self, order: tuple[int, ...]) -> CooTable:
+        """The table whose slot ``k`` is this table's slot ``order[k]``, re-sorted by the new i0.
+
+        Permuting is a group action: ``t.permute(p).permute(q) == t.permute(tuple(p[k] for k in q))``
+        and the result is cached on the root, so repeated transposition never builds new tables.
+        """
+        order = tuple(int(k) for k in order)
+        if sorted(order) != list(range(len(self.dims))):
+            raise ValueError(f"order must be a permutation of {tuple(range(len(self.dims)))}, got {order}")
+        roles = tuple(self.roles[k] for k in order)
+        return self.root._with_roles(roles)
+
+    def transpose(self, operand: int) -> CooTable:
+        """The VJP table for operand slot ``operand`` (1-based, as ``i1``, ``i2``, ...).
+
+        For ``out = T(a, b)``, ``da = T.transpose(1)(b, dout)`` and ``db = T.transpose(2)(a, dout)``
+        (paper Eq. 15); for a trilinear table ``ds = T.transpose(3)(a, b, dout)``.
+        """
+        if not 1 <= operand <= self.arity:
+            raise ValueError(f"operand must be in 1..{self.arity}, got {operand}")
+        others = [k for k in range(1, len(self.dims)) if k != operand]
+        return self.permute((operand, *others, 0))
+
+    def _with_roles(self, roles: tuple[int, ...]) -> CooTable:
+        assert self._root is None
+        if roles == self.roles:
+            return self
+        cache = self.__dict__.setdefault("_permuted", {})
+        if roles not in cache:
+            indices = self.indices[list(roles)]
+            order = _lexsort(indices)
+            indices = np.ascontiguousarray(indices[:, order])
+            coefficients = self.coefficients[order]
+            indices.setflags(write=False)
+            coefficients.setflags(write=False)
+            dims = tuple(self.dims[k] for k in roles)
+            cache[roles] = CooTable(dims, indices, coefficients, roles, self.key, self)
+        return cache[roles]
+
+    # -- views --------------------------------------------------------------------------------
+    def dense(self) -> np.ndarray:
+        """The coefficients as a dense ``float64`` array of shape ``dims``."""
+        out = np.zeros(self.dims)
+        np.add.at(out, tuple(self.indices), self.coefficients)
+        return out
+
+    def __call__(self, *operands: np.ndarray) -> np.ndarray:
+        """Numpy evaluation on ``[..., dims[k]]`` operands (a reference for tests)."""
+        if len(operands) != self.arity:
+            raise ValueError(f"expected {self.arity} operands, got {len(operands)}")
+        terms = self.coefficients
+        for k, op in enumerate(operands, start=1):
+            op = np.asarray(op)
+            if op.shape[-1] != self.dims[k]:
+                raise ValueError(f"operand {k} must have last axis {self.dims[k]}, got {op.shape}")
+            terms = terms * op[..., self.indices[k]]
+        shape = np.broadcast_shapes(*(np.shape(op)[:-1] for op in operands))
+        out = np.zeros(shape + (self.dims[0],), dtype=np.result_type(*operands, np.float64))
+        np.add.at(out, (..., self.indices[0]), np.broadcast_to(terms, shape + terms.shape[-1:]))
+        return out
+
+    @property
+    def index_dtype(self) -> np.dtype:
+        """``uint8`` when every dimension is ≤ 255, else ``int32``."""
+        return np.dtype(np.uint8 if max(self.dims) <= _UINT8_MAX_DIM else np.int32)
+
+    def record_dtype(self, coefficient_dtype: np.typing.DTypeLike = np.float32) -> np.dtype:
+        """Structured dtype ``(i0, i1, ..., c)`` of the packed records."""
+        names = [f"i{k}" for k in range(len(self.dims))]
+        return np.dtype([(n, self.index_dtype) for n in names] + [("c", np.dtype(coefficient_dtype))])
+
+    def packed(self, coefficient_dtype: np.typing.DTypeLike = np.float32) -> np.ndarray:
+        """Structured records (see :meth:`record_dtype`) in table order; read-only, cached."""
+        key = np.dtype(coefficient_dtype)
+        if key not in (np.float32, np.float64):
+            raise ValueError(f"coefficient_dtype must be float32 or float64, got {key}")
+        cache = self.__dict__.setdefault("_packed", {})
+        if key not in cache:
+            records = np.zeros(self.num_records, dtype=self.record_dtype(key))
+            for k in range(len(self.dims)):
+                records[f"i{k}"] = self.indices[k]
+            records["c"] = self.coefficients
+            records.setflags(write=False)
+            cache[key] = records
+        return cache[key]
+
+    @cached_property
+    def by_i0(self) -> tuple[tuple[int, tuple[tuple, ...]], ...]:
+        """``((i0, ((i1, i2, ..., c), ...)), ...)`` as Python numbers, for trace-time unrolling."""
+        out = []
+        rows = self.indices.T.tolist()
+        coefs = self.coefficients.tolist()
+        start = 0
+        for stop in _run_ends(self.indices[:1]):
+            out.append((rows[start][0], tuple((*rows[r][1:], coefs[r]) for r in range(start, stop))))
+            start = stop
+        return tuple(out)
+
+    @cached_property
+    def by_i0_i1(self) -> tuple[tuple[int, int, tuple[tuple, ...]], ...]:
+        """``((i0, i1, ((i2, ..., c), ...)), ...)``: records sharing ``(i0, i1)`` grouped (Algorithm 5)."""
+        out = []
+        rows = self.indices.T.tolist()
+        coefs = self.coefficients.tolist()
+        start = 0
+        for stop in _run_ends(self.indices[:2]):
+            out.append(
+                (rows[start][0], rows[start][1], tuple((*rows[r][2:], coefs[r]) for r in range(start, stop)))
+            )
+            start = stop
+        return tuple(out)
+
+
+def _run_ends(keys: np.ndarray) -> list[int]:
+    n = keys.shape[1]
+    if n == 0:
+        return []
+    change = np.any(keys[:, 1:] != keys[:, :-1], axis=0)
+    return (np.flatnonzero(change) + 1).tolist() + [n]
+
+
+def unpack_records(records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Inverse of :meth:`CooTable.packed`: ``(int32 indices [slots, N], float64 coefficients [N])``."""
+    names = [n for n in records.dtype.names if n != "c"]
+    indices = np.stack([records[n].astype(np.int32) for n in names]) if names else np.zeros((0, 0), np.int32)
+    return indices, records["c"].astype(np.float64)
+
+
+class Path(NamedTuple):
+    """One ``2l+1`` output block: copy ``u`` of ``ir_x`` ⊗ copy ``v`` of ``ir_y`` → ``ir_out``.
+
+    ``x_start``/``y_start``/``out_start`` are the first rows of the blocks in the (original, not
+    regrouped) ``x`` and ``y`` layouts and in the output.
+    """
+
+    ir_x: Irrep
+    ir_y: Irrep
+    ir_out: Irrep
+    x_start: int
+    y_start: int
+    out_start: int
+
+    @property
+    def x_slice(self) -> slice:
+        return slice(self.x_start, self.x_start + self.ir_x.dim)
+
+    @property
+    def y_slice(self) -> slice:
+        return slice(self.y_start, self.y_start + self.ir_y.dim)
+
+    @property
+    def out_slice(self) -> slice:
+        return slice(self.out_start, self.out_start + self.ir_out.dim)
+
+
+@dataclass(frozen=True, eq=False)
+class TensorProductCoo:
+    """Descriptor of the tensor product ``irreps_x ⊗ irreps_y`` → ``irreps_out`` (see module doc).
+
+    Build it with :func:`tensor_product_coo` (cached: equal arguments give the same object).
+
+    Attributes:
+        irreps_x, irreps_y: the input irreps, in the caller's layout.
+        filter: the allowed output irreps, or ``None`` for all.
+        normalization: ``"component"`` (e3nn's default), ``"norm"`` or ``"none"``.
+        regroup_output: ``True`` for e3nn's sorted and merged output layout.
+        irreps_out: output irreps, equal to e3nn's.
+        paths: one :class:`Path` per ``2l+1`` output block, in output-row order.
+        table: the bilinear table, dims ``(Dout, Dx, Dy)``.
+        i3: ``int32 [Dout]``, the path of each output row.
+    """
+
+    irreps_x: Irreps
+    irreps_y: Irreps
+    filter: tuple[Irrep, ...] | None
+    normalization: str
+    regroup_output: bool
+    irreps_out: Irreps
+    paths: tuple[Path, ...] = field(repr=False)
+    table: CooTable = field(repr=False)
+    i3: np.ndarray = field(repr=False)
+
+    format_version = COO_FORMAT_VERSION
+
+    @property
+    def num_paths(self) -> int:
+        return len(self.paths)
+
+    @property
+    def path_slices(self) -> tuple[slice, ...]:
+        """The output rows of each path."""
+        return tuple(p.out_slice for p in self.paths)
+
+    @property
+    def dim_x(self) -> int:
+        return self.table.dims[1]
+
+    @property
+    def dim_y(self) -> int:
+        return self.table.dims[2]
+
+    @property
+    def dim_out(self) -> int:
+        return self.table.dims[0]
+
+    @property
+    def vjp_x(self) -> CooTable:
+        """``dx = vjp_x(y, dz)``: records ``(i1, i2, i0)`` sorted by ``i1``."""
+        return self.table.transpose(1)
+
+    @property
+    def vjp_y(self) -> CooTable:
+        """``dy = vjp_y(x, dz)``: records ``(i2, i1, i0)`` sorted by ``i2``."""
+        return self.table.transpose(2)
+
+    @cached_property
+    def trilinear(self) -> CooTable:
+        """``out[i0] = Σ c x[i1] y[i2] s[i3]`` with ``i3 = i3(i0)``: dims ``(Dout, Dx, Dy, P)``."""
+        t = self.table
+        indices = np.concatenate([t.indices, self.i3[t.i0][None]], axis=0)
+        indices.setflags(write=False)
+        return CooTable(
+            t.dims + (self.num_paths,), indices, t.coefficients, (0, 1, 2, 3), ("trilinear", *t.key)
+        )
+
+    def _key(self) -> tuple:
+        return (self.irreps_x, self.irreps_y, self.filter, self.normalization, self.regroup_output)
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TensorProductCoo) and other._key() == self._key()
+
+
+def _normalize_filter(filter: IntoIrreps | Iterable | None) -> tuple[Irrep, ...] | None:
+    if filter is None:
+        return None
+    try:
+        if isinstance(filter, (str, Irreps)):
+            irreps = [ir for _, ir in Irreps(filter)]
+        elif isinstance(filter, Irrep):
+            irreps = [filter]
+        else:
+            irreps = [Irrep(ir) for ir in filter]
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"filter: cannot interpret {filter!r} as irreps ({err})") from None
+    return tuple(sorted(set(irreps)))
+
+
+def tensor_product_coo(
+    irreps_x: IntoIrreps,
+    irreps_y: IntoIrreps,
+    filter: IntoIrreps | Iterable | None = None,
+    *,
+    normalization: str = "component",
+    regroup_output: bool = True,
+) -> TensorProductCoo:
+    """The cached :class:`TensorProductCoo` of ``irreps_x ⊗ irreps_y``.
+
+    ``filter`` (irreps, a string or a list of irreps; multiplicities ignored) keeps only the output
+    irreps it names, as ``e3nn_jax.tensor_product(..., filter_ir_out=filter)``; names that no path
+    can produce are ignored as in e3nn, but a filter (or inputs) leaving no path at all is an error.
+    """
+    try:
+        irreps_x = Irreps(irreps_x)
+    except ValueError as err:
+        raise ValueError(f"irreps_x: {err}") from None
+    try:
+        irreps_y = Irreps(irreps_y)
+    except ValueError as err:
+        raise ValueError(f"irreps_y: {err}") from None
+    if normalization not in TP_NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {TP_NORMALIZATIONS}, got {normalization!r}")
+    if not isinstance(regroup_output, bool):
+        raise ValueError(f"regroup_output must be a bool, got {regroup_output!r}")
+    return _build(irreps_x, irreps_y, _normalize_filter(filter), normalization, regroup_output)
+
+
+def _copies(irreps: Irreps, regroup: bool) -> list[tuple[Irrep, list[int]]]:
+    """Blocks as e3nn enumerates them: ``(irrep, [first row of each copy in the caller's layout])``."""
+    starts = [s.start for s in irreps.slices()]
+    order = irreps.sort().inv if regroup else range(len(irreps))
+    blocks: list[tuple[Irrep, list[int]]] = []
+    for b in order:
+        mul, ir = irreps[b]
+        rows = [starts[b] + u * ir.dim for u in range(mul)]
+        if regroup:
+            if mul == 0:
+                continue
+            if blocks and blocks[-1][0] == ir:
+                blocks[-1][1].extend(rows)
+                continue
+        blocks.append((ir, rows))
+    return blocks
+
+
+@cache
+def _build(
+    irreps_x: Irreps,
+    irreps_y: Irreps,
+    filter: tuple[Irrep, ...] | None,
+    normalization: str,
+    regroup_output: bool,
+) -> TensorProductCoo:
+    chunks = []  # (ir_out, [(ir_x, ir_y, x_row, y_row) per (u, v)])
+    for ir_x, rows_x in _copies(irreps_x, regroup_output):
+        for ir_y, rows_y in _copies(irreps_y, regroup_output):
+            for ir_out in ir_x * ir_y:
+                if filter is not None and ir_out not in filter:
+                    continue
+                chunks.append((ir_out, [(ir_x, ir_y, rx, ry) for rx in rows_x for ry in rows_y]))
+    # e3nn always sorts the output chunks (stably); regroup_output also merges them
+    chunks = [chunks[i] for i in sorted(range(len(chunks)), key=lambda i: (chunks[i][0]._key(), i))]
+    irreps_out = Irreps([(len(copies), ir) for ir, copies in chunks])
+    if regroup_output:
+        irreps_out = irreps_out.simplify()
+
+    paths = []
+    out_row = 0
+    for ir_out, copies in chunks:
+        for ir_x, ir_y, rx, ry in copies:
+            paths.append(Path(ir_x, ir_y, ir_out, rx, ry, out_row))
+            out_row += ir_out.dim
+    if not paths:
+        what = f"filter {'+'.join(map(str, filter))}" if filter is not None else "the inputs"
+        possible = sorted({ir for _, a in irreps_x for _, b in irreps_y for ir in a * b})
+        raise ValueError(
+            f"{what} leave no path in {irreps_x or '(empty)'} ⊗ {irreps_y or '(empty)'} "
+            f"(outputs this product can have: {'+'.join(map(str, possible)) or 'none'})"
+        )
+
+    i0, i1, i2, cs = [], [], [], []
+    for p in paths:
+        cg = clebsch_gordan(p.ir_x.l, p.ir_y.l, p.ir_out.l)
+        if normalization == "component":
+            cg = cg * math.sqrt(p.ir_out.dim)
+        elif normalization == "norm":
+            cg = cg * math.sqrt(p.ir_x.dim * p.ir_y.dim)
+        a, b, k = np.nonzero(cg)
+        i0.append(p.out_start + k)
+        i1.append(p.x_start + a)
+        i2.append(p.y_start + b)
+        cs.append(cg[a, b, k])
+    indices = np.stack([np.concatenate(i0), np.concatenate(i1), np.concatenate(i2)]).astype(np.int32)
+    coefficients = np.concatenate(cs)
+    order = _lexsort(indices)
+    indices = np.ascontiguousarray(indices[:, order])
+    coefficients = coefficients[order]
+    indices.setflags(write=False)
+    coefficients.setflags(write=False)
+    key = ("tensor_product", irreps_x, irreps_y, filter, normalization, regroup_output)
+    table = CooTable((out_row, irreps_x.dim, irreps_y.dim), indices, coefficients, (0, 1, 2), key)
+
+    i3 = np.repeat(np.arange(len(paths), dtype=np.int32), [p.ir_out.dim for p in paths])
+    i3.setflags(write=False)
+    return TensorProductCoo(
+        irreps_x, irreps_y, filter, normalization, regroup_output, irreps_out, tuple(paths), table, i3
+    )

@@ -1,0 +1,221 @@
+"""Real spherical harmonics as explicit polynomials (paper Appendix G.1), in e3nn's convention.
+
+Convention (identical to ``e3nn_jax.spherical_harmonics``): real basis ordered ``m = -l .. l``; for
+``l = 1`` the components are ``(x, y, z)``; ``y`` is the polar axis. Equivalently, our ``Y_l`` at
+``(x, y, z)`` is the standard real spherical harmonic (no Condon–Shortley phase) at
+``(X, Y, Z) = (z, x, y)``. Normalizations:
+
+- ``"component"`` (default): ``‖Y_l(u)‖² = 2l + 1`` for unit ``u`` (each component has mean square 1),
+- ``"norm"``: ``‖Y_l(u)‖ = 1``,
+- ``"integral"``: ``∫_{S²} Y_{lm}² dΩ = 1``.
+
+Construction: the top state ``(X + iY)^l`` is lowered by the ladder operator
+``L₋ = L_x − i L_y`` acting on polynomials; the real and imaginary parts give the real harmonics.
+Every step is in exact (Gaussian) integer arithmetic; normalizations are exact rationals under a
+square root, so each float64 coefficient is correctly rounded (to within an ulp or two).
+
+>>> import numpy as np
+>>> sh = spherical_harmonic_polynomials([1])
+>>> sh.exponents.tolist(), np.round(sh.coefficients, 6).tolist()
+([[1, 0, 0], [0, 1, 0], [0, 0, 1]], [[1.732051, 0.0, 0.0], [0.0, 1.732051, 0.0], [0.0, 0.0, 1.732051]])
+>>> (np.round(spherical_harmonics(2, np.array([0.0, 1.0, 0.0]), normalize=True), 6) + 0.0).tolist()
+[0.0, 0.0, 2.236068, 0.0, 0.0]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from functools import cache
+from math import comb
+
+import numpy as np
+
+from . import _polynomials as poly
+from .irreps import Irreps
+
+__all__ = [
+    "NORMALIZATIONS",
+    "SphericalHarmonicPolynomials",
+    "spherical_harmonic_polynomials",
+    "spherical_harmonics",
+]
+
+NORMALIZATIONS = ("component", "norm", "integral")
+
+_GAUSSIAN_POWERS_OF_I = ((1, 0), (0, 1), (-1, 0), (0, -1))
+
+
+def _check_l(l: object, name: str = "l") -> int:
+    if isinstance(l, bool) or not isinstance(l, (int, np.integer)):
+        raise ValueError(f"{name} must be an int >= 0, got {l!r}")
+    if l < 0:
+        raise ValueError(f"{name} must be >= 0, got {l}")
+    return int(l)
+
+
+def _check_normalization(normalization: str) -> str:
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    return normalization
+
+
+def _lower(p: poly.Poly) -> poly.Poly:
+    """``L₋ p`` with ``L₋ = −i(Y∂_Z − Z∂_Y) − (Z∂_X − X∂_Z)`` in standard axes (Z polar)."""
+    return poly.add(
+        poly.times_coordinate_derivative(p, 1, 2, (0, -1)),
+        poly.times_coordinate_derivative(p, 2, 1, (0, 1)),
+        poly.times_coordinate_derivative(p, 2, 0, (-1, 0)),
+        poly.times_coordinate_derivative(p, 0, 2, (1, 0)),
+    )
+
+
+@cache
+def integer_harmonics(l: int) -> tuple[tuple[dict[tuple[int, int, int], int], Fraction], ...]:
+    """Unnormalized real harmonics of degree ``l`` with integer coefficients, in e3nn axes.
+
+    Returns, for ``m = -l .. l``, the polynomial ``P_m`` (exponents over e3nn's ``(x, y, z)``) and
+    ``q_m = ⟨P_m, P_m⟩`` (mean over the sphere), so that ``P_m / sqrt(q_m)`` is the harmonic in
+    ``"component"`` normalization. Signs follow the standard real table: the coefficient of
+    ``X^m Z^(l-m)`` (m > 0), ``X^(|m|-1) Y Z^(l-|m|)`` (m < 0) or ``Z^l`` (m = 0) is positive.
+    """
+    l = _check_l(l)
+    top: poly.Poly = {}
+    for b in range(l + 1):
+        re, im = _GAUSSIAN_POWERS_OF_I[b % 4]
+        top[(l - b, b, 0)] = (comb(l, b) * re, comb(l, b) * im)
+    complex_states = {l: top}  # m -> polynomial ∝ Y_l^m (up to a real factor)
+    for m in range(l, 0, -1):
+        complex_states[m - 1] = _lower(complex_states[m])
+
+    out = []
+    for m in range(-l, l + 1):
+        state = complex_states[abs(m)]
+        p_std = poly.imag_part(state) if m < 0 else poly.real_part(state)
+        if m == 0:
+            assert not poly.imag_part(state), "Y_l^0 must be real"
+        lead = {1: (m, 0, l - m), -1: (abs(m) - 1, 1, l - abs(m)), 0: (0, 0, l)}[int(np.sign(m))]
+        sign = 1 if p_std[lead] > 0 else -1
+        # standard (X, Y, Z) = e3nn (z, x, y): X^a Y^b Z^c = x^b y^c z^a
+        p = {(b, c, a): sign * coef for (a, b, c), coef in p_std.items()}
+        out.append((p, poly.sphere_inner(p, p)))
+    return tuple(out)
+
+
+def _coefficient(c: int, q: Fraction, extra: int) -> float:
+    """``c / sqrt(q * extra)``, correctly rounded from the exact rational."""
+    return math.copysign(math.sqrt(Fraction(c * c) / (q * extra)), c)
+
+
+@dataclass(frozen=True, eq=False)
+class SphericalHarmonicPolynomials:
+    """Spherical harmonics of degrees ``ls`` as monomials and a coefficient matrix.
+
+    ``Y(v) = coefficients @ monomials(v)`` with ``monomials(v)[k] = x^e0 y^e1 z^e2`` for
+    ``(e0, e1, e2) = exponents[k]``.
+
+    Attributes:
+        ls: the degrees, in output order (one ``2l+1`` block each).
+        normalization: ``"component"``, ``"norm"`` or ``"integral"``.
+        exponents: ``int64 [M, 3]``, the distinct monomials needed (sorted by total degree).
+        coefficients: ``float64 [D, M]``, ``D = Σ (2l+1)``; rows ``m = -l .. l`` per degree.
+    """
+
+    ls: tuple[int, ...]
+    normalization: str
+    exponents: np.ndarray
+    coefficients: np.ndarray
+
+    @property
+    def dim(self) -> int:
+        return int(self.coefficients.shape[0])
+
+    def __call__(self, vectors: np.ndarray) -> np.ndarray:
+        """Evaluate on ``vectors [..., 3]`` (not normalized); float64 arithmetic throughout."""
+        v = np.asarray(vectors, dtype=np.float64)
+        if v.ndim == 0 or v.shape[-1] != 3:
+            raise ValueError(f"vectors must have shape [..., 3], got {v.shape}")
+        degree = int(self.exponents.max(initial=0))
+        powers = v[..., None, :] ** np.arange(degree + 1)[:, None]  # [..., degree+1, 3]
+        mono = (
+            powers[..., self.exponents[:, 0], 0]
+            * powers[..., self.exponents[:, 1], 1]
+            * powers[..., self.exponents[:, 2], 2]
+        )
+        return mono @ self.coefficients.T
+
+
+@cache
+def _polynomials(ls: tuple[int, ...], normalization: str) -> SphericalHarmonicPolynomials:
+    rows: list[dict[tuple[int, int, int], float]] = []
+    for l in ls:
+        for p, q in integer_harmonics(l):
+            extra = 2 * l + 1 if normalization == "norm" else 1
+            row = {e: _coefficient(c, q, extra) for e, c in p.items()}
+            if normalization == "integral":
+                row = {e: c / math.sqrt(4 * math.pi) for e, c in row.items()}
+            rows.append(row)
+    monomials = sorted({e for row in rows for e in row}, key=lambda e: (sum(e), tuple(-k for k in e)))
+    index = {e: k for k, e in enumerate(monomials)}
+    coefficients = np.zeros((len(rows), len(monomials)))
+    for i, row in enumerate(rows):
+        for e, c in row.items():
+            coefficients[i, index[e]] = c
+    exponents = np.array(monomials, dtype=np.int64).reshape(-1, 3)
+    exponents.setflags(write=False)
+    coefficients.setflags(write=False)
+    return SphericalHarmonicPolynomials(ls, normalization, exponents, coefficients)
+
+
+def _as_ls(ls: int | Sequence[int] | Irreps | str) -> tuple[int, ...]:
+    if isinstance(ls, (int, np.integer)) and not isinstance(ls, bool):
+        return (_check_l(ls),)
+    if isinstance(ls, (str, Irreps)):
+        irreps = Irreps(ls)
+        odd = {ir.p for _, ir in irreps if ir.l % 2}
+        if len(odd) > 1 or any(ir.p != 1 for _, ir in irreps if ir.l % 2 == 0):
+            raise ValueError(
+                f"irreps {irreps} mix parities: spherical harmonics of a vector (1o) or a "
+                "pseudovector (1e) have parity p**l for one p, so even degrees are always 'e'"
+            )
+        return tuple(ir.l for mul, ir in irreps for _ in range(mul))
+    if isinstance(ls, Sequence):
+        return tuple(_check_l(l, "each l") for l in ls)
+    raise ValueError(f"expected an int, a list of ints or Irreps, got {ls!r}")
+
+
+def spherical_harmonic_polynomials(
+    ls: int | Sequence[int] | Irreps | str, normalization: str = "component"
+) -> SphericalHarmonicPolynomials:
+    """The cached polynomial form of the spherical harmonics of degrees ``ls``.
+
+    ``ls`` is an int, a sequence of ints, or irreps like ``"0e + 1o + 2e"`` (multiplicities repeat
+    a degree).
+    """
+    return _polynomials(_as_ls(ls), _check_normalization(normalization))
+
+
+def spherical_harmonics(
+    ls: int | Sequence[int] | Irreps | str,
+    vectors: np.ndarray,
+    normalize: bool,
+    normalization: str = "component",
+) -> np.ndarray:
+    """Numpy evaluation of the spherical harmonics, ``[..., 3] -> [..., D]``.
+
+    Evaluated in float64 and returned in the input's floating dtype (float64 for integer input).
+    With ``normalize=True`` the vectors are first divided by their norm; a zero vector then gives
+    ``Y_0 = const`` and zeros for ``l > 0``, as in e3nn-jax.
+    """
+    sh = spherical_harmonic_polynomials(ls, normalization)
+    v = np.asarray(vectors)
+    if v.ndim == 0 or v.shape[-1] != 3:
+        raise ValueError(f"vectors must have shape [..., 3], got {v.shape}")
+    dtype = v.dtype if np.issubdtype(v.dtype, np.floating) else np.dtype(np.float64)
+    v = v.astype(np.float64)
+    if normalize:
+        r = np.linalg.norm(v, axis=-1, keepdims=True)
+        v = np.divide(v, r, out=np.zeros_like(v), where=r > 0)
+    return sh(v).astype(dtype)

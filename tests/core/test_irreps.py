@@ -1,0 +1,157 @@
+import e3nn_jax as e3nn
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from e3j_core import Irrep, Irreps, MulIrrep
+
+STRINGS = [
+    "",
+    "0e",
+    "1o",
+    "2x0e + 1o",
+    "2x0e+1x1o+0x2e",
+    "1o + 0e + 2e + 0e + 1e",
+    "3y + 2y + 0y",
+    "  4x3o +2x1e+ 0x0o ",
+    "1e + 1e + 0e + 1e",
+    "1e + 0x0e + 1e",
+    "10x5e + 3x11o + 0e",
+]
+
+
+@pytest.mark.parametrize("text", STRINGS)
+def test_parse_and_print_like_e3nn(text):
+    ours, ref = Irreps(text), e3nn.Irreps(text)
+    assert str(ours) == str(ref)
+    assert ours.dim == ref.dim
+    assert ours.num_irreps == ref.num_irreps
+    assert ours.ls == list(ref.ls)
+    if ours:
+        assert ours.lmax == ref.lmax
+    assert ours.slices() == list(ref.slices())
+    assert str(ours.simplify()) == str(ref.simplify())
+    assert str(ours.regroup()) == str(ref.regroup())
+    sorted_ours, sorted_ref = ours.sort(), ref.sort()
+    assert str(sorted_ours.irreps) == str(sorted_ref.irreps)
+    assert sorted_ours.p == tuple(sorted_ref.p)
+    assert sorted_ours.inv == tuple(sorted_ref.inv)
+
+
+def test_irrep_order_matches_e3nn():
+    names = [f"{l}{p}" for l in range(6) for p in "eo"]
+    rng = np.random.default_rng(0)
+    rng.shuffle(names)
+    assert [str(ir) for ir in sorted(Irrep(n) for n in names)] == [
+        str(ir) for ir in sorted(e3nn.Irrep(n) for n in names)
+    ]
+    assert [str(ir) for ir in Irrep.iterator(2)] == ["0e", "0o", "1o", "1e", "2e", "2o"]
+
+
+def test_irrep_basics():
+    assert Irrep("3y") == Irrep(3, -1) == Irrep((3, -1)) == "3o"
+    assert Irrep("2y") == Irrep("2e")
+    assert Irrep("2e").dim == 5
+    assert Irrep("0e").is_scalar() and not Irrep("0o").is_scalar()
+    assert [str(ir) for ir in Irrep("1o") * Irrep("2o")] == ["1e", "2e", "3e"]
+    assert 3 * Irrep("1o") == MulIrrep(3, Irrep("1o"))
+    assert {Irrep("1o"): 1}[Irrep(1, -1)] == 1
+    l, p = Irrep("2o")
+    assert (l, p) == (2, -1)
+    with pytest.raises(AttributeError):
+        Irrep("1o").l = 2  # type: ignore[misc]
+
+
+def test_filter_like_e3nn():
+    ours, ref = Irreps("1e + 2e + 0e + 3x1o"), e3nn.Irreps("1e + 2e + 0e + 3x1o")
+    for kwargs in [
+        {"keep": ["0e", "1e"]},
+        {"keep": "2e + 2x1e"},
+        {"drop": "2e + 2x1e"},
+        {"lmax": 1},
+        {"keep": "1o"},
+        {"keep": lambda mul_ir: mul_ir.mul > 1},
+    ]:
+        assert str(ours.filter(**kwargs)) == str(ref.filter(**kwargs))
+    with pytest.raises(ValueError, match="keep and drop"):
+        ours.filter(keep="0e", drop="1e")
+    with pytest.raises(ValueError, match="lmax"):
+        ours.filter(lmax=-1)
+
+
+def test_concatenation_repetition_and_membership():
+    a = Irreps("0e + 1o")
+    assert a + "2e" == Irreps("0e + 1o + 2e")
+    assert "2e" + a == Irreps("2e + 0e + 1o")
+    assert a * 2 == Irreps("0e + 1o + 0e + 1o")
+    assert "1o" in a and "2e" not in a
+    assert Irreps("2x1o + 1o").count("1o") == 3
+    assert a[1:] == Irreps("1o") and a[0] == MulIrrep(1, Irrep("0e"))
+    assert Irreps.spherical_harmonics(3) == Irreps("0e + 1o + 2e + 3o")
+    assert Irreps.spherical_harmonics(2, p=1) == Irreps("0e + 1e + 2e")
+    assert Irreps(e3nn.Irreps("2x0e + 1o")) == "2x0e + 1o"
+    assert Irreps([(2, "0e"), "1o", Irrep("2e"), (1, (3, -1))]) == "2x0e + 1o + 2e + 3o"
+    assert hash(Irreps("0e+1o")) == hash(Irreps("1x0e + 1x1o"))
+
+
+@pytest.mark.parametrize(
+    "text, token",
+    [
+        ("2x1q", "1q"),
+        ("1x", "''"),
+        ("x1e", "''"),
+        ("-1e", "-1e"),
+        ("1.5e", "1.5e"),
+        ("1e + + 0e", "empty term"),
+        ("ax1e", "'a'"),
+        ("-2x1e", "'-2'"),
+        ("2x1e + 3xo", "'o'"),
+        ("e", "'e'"),
+    ],
+)
+def test_malformed_strings_name_the_bad_token(text, token):
+    with pytest.raises(ValueError) as info:
+        Irreps(text)
+    assert token in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [(-1, 1), (1, 2), (1.0, 1), ("1", None), (True, 1), (None, None)],
+)
+def test_bad_irrep(args):
+    with pytest.raises(ValueError):
+        Irrep(*args) if args[1] is not None else Irrep(args[0])
+
+
+def test_bad_irreps_items():
+    with pytest.raises(ValueError, match="multiplicity"):
+        Irreps([(-1, "1o")])
+    with pytest.raises(ValueError):
+        Irreps([(1, "1o", 3)])
+    with pytest.raises(ValueError):
+        Irreps(3.5)
+    with pytest.raises(ValueError, match="lmax"):
+        Irreps("").lmax
+
+
+irreps_strategy = st.lists(
+    st.tuples(st.integers(0, 3), st.integers(0, 6), st.sampled_from("eoy")), max_size=8
+).map(lambda items: " + ".join(f"{m}x{l}{p}" for m, l, p in items))
+
+
+@settings(max_examples=60, deadline=None)
+@given(irreps_strategy)
+def test_property_roundtrip_and_sort(text):
+    ours = Irreps(text)
+    assert Irreps(str(ours)) == ours
+    srt = ours.sort()
+    assert [srt.p[i] for i in srt.inv] == list(range(len(ours)))
+    assert [ours[i] for i in srt.inv] == list(srt.irreps)
+    assert [mi.ir for mi in srt.irreps] == sorted(mi.ir for mi in ours)
+    assert srt.irreps.dim == ours.dim
+    regrouped = ours.regroup()
+    assert str(regrouped) == str(e3nn.Irreps(text).regroup())
+    assert len({ir for _, ir in regrouped}) == len(regrouped)
+    assert regrouped.num_irreps == ours.num_irreps

@@ -1,0 +1,153 @@
+import e3nn_jax as e3nn
+import numpy as np
+import pytest
+
+from e3j_core import Irreps, spherical_harmonic_polynomials, spherical_harmonics, wigner_D
+from e3j_core.wigner import angles_to_matrix
+
+LMAX = 11
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))) / np.max(np.abs(b)))
+
+
+def e3nn_sh_all(v, normalize, normalization):
+    """e3nn-jax's harmonics for l = 0..LMAX in one call, split per degree."""
+    irreps = e3nn.Irreps.spherical_harmonics(LMAX)
+    out = np.asarray(e3nn.spherical_harmonics(irreps, v, normalize, normalization=normalization).array)
+    return [out[..., l * l : (l + 1) ** 2] for l in range(LMAX + 1)]
+
+
+@pytest.fixture(scope="module")
+def vectors():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(300, 3)) * rng.uniform(0.3, 2.0, size=(300, 1))
+
+
+@pytest.mark.parametrize("normalization", ["component", "norm", "integral"])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_matches_e3nn_float64(vectors, normalization, normalize):
+    ref = e3nn_sh_all(vectors, normalize, normalization)
+    for l in range(LMAX + 1):
+        ours = spherical_harmonics(l, vectors, normalize, normalization)
+        assert ours.dtype == np.float64
+        assert rel_err(ours, ref[l]) <= 1e-12, l
+
+
+@pytest.mark.parametrize("normalization", ["component", "norm", "integral"])
+def test_matches_e3nn_float32(vectors, normalization):
+    v32 = vectors.astype(np.float32)
+    ref = e3nn_sh_all(v32.astype(np.float64), True, normalization)  # float64 oracle, same inputs
+    for l in range(LMAX + 1):
+        ours = spherical_harmonics(l, v32, True, normalization)
+        assert ours.dtype == np.float32
+        assert rel_err(ours, ref[l]) <= 1e-6, l
+
+
+def test_irreps_argument_concatenates(vectors):
+    full = spherical_harmonics("0e + 1o + 2e + 3o", vectors, True)
+    parts = [spherical_harmonics(l, vectors, True) for l in range(4)]
+    np.testing.assert_array_equal(full, np.concatenate(parts, axis=-1))
+    ref = np.asarray(e3nn.spherical_harmonics("0e + 1o + 2e + 3o", vectors, True).array)
+    assert rel_err(full, ref) <= 1e-12
+    assert spherical_harmonics([2, 2], vectors, True).shape == (300, 10)
+    pseudo = spherical_harmonics("0e + 1e + 2e", vectors, True)  # pseudovector input
+    assert pseudo.shape == (300, 9)
+
+
+def test_normalizations_relate():
+    rng = np.random.default_rng(1)
+    u = rng.normal(size=(50, 3))
+    u /= np.linalg.norm(u, axis=-1, keepdims=True)
+    for l in range(LMAX + 1):
+        comp = spherical_harmonics(l, u, False, "component")
+        np.testing.assert_allclose(np.sum(comp**2, -1), 2 * l + 1, rtol=1e-12)
+        np.testing.assert_allclose(np.sum(spherical_harmonics(l, u, False, "norm") ** 2, -1), 1, rtol=1e-12)
+        np.testing.assert_allclose(
+            spherical_harmonics(l, u, False, "integral"), comp / np.sqrt(4 * np.pi), rtol=1e-12, atol=1e-14
+        )
+
+
+def test_integral_normalization_by_quadrature():
+    # Gauss-Legendre in cos(theta) x uniform in phi integrates degree <= 2*11 polynomials exactly
+    t, w = np.polynomial.legendre.leggauss(16)
+    phi = np.linspace(0, 2 * np.pi, 32, endpoint=False)
+    T, P = np.meshgrid(t, phi, indexing="ij")
+    s = np.sqrt(1 - T**2)
+    pts = np.stack([s * np.cos(P), T, s * np.sin(P)], -1).reshape(-1, 3)
+    weights = (w[:, None] * np.full_like(P, 2 * np.pi / 32)).reshape(-1)
+    Y = spherical_harmonics(list(range(LMAX + 1)), pts, False, "integral")
+    gram = np.einsum("n,ni,nj->ij", weights, Y, Y)
+    np.testing.assert_allclose(gram, np.eye(gram.shape[0]), atol=1e-12)
+
+
+def test_harmonic_laplacian_is_zero():
+    for l in range(LMAX + 2):
+        sh = spherical_harmonic_polynomials(l)
+        lap: dict = {}
+        for k, (a, b, c) in enumerate(sh.exponents.tolist()):
+            for axis, e in enumerate((a, b, c)):
+                if e >= 2:
+                    new = [a, b, c]
+                    new[axis] -= 2
+                    lap.setdefault(tuple(new), np.zeros(sh.dim))
+                    lap[tuple(new)] += e * (e - 1) * sh.coefficients[:, k]
+        scale = np.abs(sh.coefficients).max()
+        for coef in lap.values():
+            assert np.abs(coef).max() <= 1e-13 * scale * (l + 1) ** 2
+        assert all(a + b + c == l for a, b, c in sh.exponents.tolist())
+
+
+def test_polynomial_form_shapes_and_cache():
+    sh = spherical_harmonic_polynomials([0, 1, 2], "norm")
+    assert sh.coefficients.shape == (9, sh.exponents.shape[0])
+    assert sh.exponents.shape[1] == 3 and sh.exponents.dtype == np.int64
+    assert sh is spherical_harmonic_polynomials((0, 1, 2), "norm")
+    assert not sh.coefficients.flags.writeable
+    # l=2 needs only the 6 quadratic monomials, l=1 the 3 linear ones, l=0 the constant
+    assert sh.exponents.shape[0] == 10
+
+
+def test_equivariance(vectors):
+    rng = np.random.default_rng(2)
+    vectors = vectors[:40]
+    R = angles_to_matrix(*rng.uniform(0, 2 * np.pi, size=(3, vectors.shape[0])))
+    for l in range(LMAX + 1):
+        lhs = spherical_harmonics(l, np.einsum("nij,nj->ni", R, vectors), True)
+        rhs = np.einsum("nij,nj->ni", wigner_D(l, R), spherical_harmonics(l, vectors, True))
+        assert rel_err(lhs, rhs) <= 1e-11, l
+    # parity: Y_l(-v) = (-1)^l Y_l(v)
+    for l in range(LMAX + 1):
+        np.testing.assert_allclose(
+            spherical_harmonics(l, -vectors, True),
+            (-1) ** l * spherical_harmonics(l, vectors, True),
+            atol=1e-12,
+        )
+
+
+def test_zero_vector_with_normalize():
+    out = spherical_harmonics("0e + 1o + 2e", np.zeros((2, 3)), True)
+    np.testing.assert_array_equal(out[:, 0], 1.0)
+    np.testing.assert_array_equal(out[:, 1:], 0.0)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: spherical_harmonics(-1, np.ones(3), True), "l must be >= 0"),
+        (lambda: spherical_harmonics(1, np.ones(3), True, "unit"), "normalization must be one of"),
+        (lambda: spherical_harmonics(1, np.ones((4, 2)), True), r"shape \[\.\.\., 3\]"),
+        (lambda: spherical_harmonics("1o + 1e", np.ones(3), True), "mix parities"),
+        (lambda: spherical_harmonics("2o", np.ones(3), True), "mix parities"),
+        (lambda: spherical_harmonics([1, 2.5], np.ones(3), True), "each l"),
+        (lambda: spherical_harmonic_polynomials("1q"), "1q"),
+    ],
+)
+def test_bad_input(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_irreps_type_accepted():
+    assert spherical_harmonic_polynomials(Irreps("2x1o")).ls == (1, 1)
