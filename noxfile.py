@@ -39,16 +39,16 @@ def _version_of(python: str) -> tuple[int, int] | None:
 
 def _find_python() -> str:
     """An interpreter >= 3.12: $E3J_PYTHON, this one, python3.1x on PATH, or a pyenv version."""
+    # 3.12 first: it is the GPU machine image's Python, so CPU runs match device runs
     candidates = [os.environ.get("E3J_PYTHON", "")]
     candidates.append(sys.executable)
-    candidates += [shutil.which(f"python3.{minor}") or "" for minor in (14, 13, 12)]
+    candidates += [shutil.which(f"python3.{minor}") or "" for minor in (12, 13, 14)]
     pyenv = shutil.which("pyenv")
     if pyenv:
         root = subprocess.run([pyenv, "root"], capture_output=True, text=True).stdout.strip()
         versions = sorted(
             Path(root, "versions").glob("3.1[2-9]*"),
             key=lambda p: [int(x) if x.isdigit() else 0 for x in p.name.split(".")],
-            reverse=True,
         )
         candidates += [str(v / "bin" / "python3") for v in versions]
     for python in candidates:
