@@ -113,15 +113,9 @@ def test_trilinear_table():
     x, y, s, dm = (rng.normal(size=d) for d in tri.dims[1:] + (99,))
     np.testing.assert_allclose(tri(x, y, s), coo.table(x, y) * s[coo.i3], atol=1e-13)
     dense = tri.dense()
-    np.testing.assert_allclose(
-        tri.transpose(1)(y, s, dm), np.einsum("aijp,j,p,a->i", dense, y, s, dm), atol=1e-12
-    )
-    np.testing.assert_allclose(
-        tri.transpose(2)(x, s, dm), np.einsum("aijp,i,p,a->j", dense, x, s, dm), atol=1e-12
-    )
-    np.testing.assert_allclose(
-        tri.transpose(3)(x, y, dm), np.einsum("aijp,i,j,a->p", dense, x, y, dm), atol=1e-12
-    )
+    np.testing.assert_allclose(tri.transpose(1)(y, s, dm), np.einsum("aijp,j,p,a->i", dense, y, s, dm), atol=1e-12)
+    np.testing.assert_allclose(tri.transpose(2)(x, s, dm), np.einsum("aijp,i,p,a->j", dense, x, s, dm), atol=1e-12)
+    np.testing.assert_allclose(tri.transpose(3)(x, y, dm), np.einsum("aijp,i,j,a->p", dense, x, y, dm), atol=1e-12)
     assert tri.transpose(3).transpose(3).transpose(3).transpose(3) is tri
     assert tri != coo.table
 
@@ -138,9 +132,7 @@ def test_packing_roundtrip_and_index_width():
             assert records.dtype["c"] == dtype and records.dtype["i0"] == table.index_dtype
             indices, coefficients = unpack_records(records)
             np.testing.assert_array_equal(indices, table.indices)
-            np.testing.assert_allclose(
-                coefficients, table.coefficients, rtol=1e-7 if dtype == np.float32 else 0
-            )
+            np.testing.assert_allclose(coefficients, table.coefficients, rtol=1e-7 if dtype == np.float32 else 0)
             assert records is table.packed(dtype)
     with pytest.raises(ValueError, match="coefficient_dtype"):
         small.table.packed(np.int32)

@@ -136,9 +136,9 @@ def test_bad_irreps_items():
         Irreps("").lmax
 
 
-irreps_strategy = st.lists(
-    st.tuples(st.integers(0, 3), st.integers(0, 6), st.sampled_from("eoy")), max_size=8
-).map(lambda items: " + ".join(f"{m}x{l}{p}" for m, l, p in items))
+irreps_strategy = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 6), st.sampled_from("eoy")), max_size=8).map(
+    lambda items: " + ".join(f"{m}x{l}{p}" for m, l, p in items)
+)
 
 
 @settings(max_examples=60, deadline=None)

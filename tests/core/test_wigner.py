@@ -20,9 +20,7 @@ def angles():
 
 
 def test_rotation_matrices_match_e3nn(angles):
-    np.testing.assert_allclose(
-        angles_to_matrix(*angles), np.asarray(e3nn.angles_to_matrix(*angles)), atol=1e-14
-    )
+    np.testing.assert_allclose(angles_to_matrix(*angles), np.asarray(e3nn.angles_to_matrix(*angles)), atol=1e-14)
 
 
 @pytest.mark.parametrize("l", range(9))
@@ -70,9 +68,7 @@ def test_generators():
         for a, b, c in [(0, 1, 2), (1, 2, 0), (2, 0, 1)]:
             np.testing.assert_allclose(J[a] @ J[b] - J[b] @ J[a], J[c], atol=1e-12)
         # Casimir: Σ J_k² = -l(l+1)
-        np.testing.assert_allclose(
-            sum(J[k] @ J[k] for k in range(3)), -l * (l + 1) * np.eye(2 * l + 1), atol=1e-11
-        )
+        np.testing.assert_allclose(sum(J[k] @ J[k] for k in range(3)), -l * (l + 1) * np.eye(2 * l + 1), atol=1e-11)
     np.testing.assert_allclose(so3_generators(1)[2], [[0, -1, 0], [1, 0, 0], [0, 0, 0]], atol=1e-15)
 
 

@@ -85,9 +85,7 @@ def sphere_inner(p: dict[Exponent, int], q: dict[Exponent, int]) -> Fraction:
     return total
 
 
-def sphere_inner_matrix(
-    rows: list[dict[Exponent, int]], cols: list[dict[Exponent, int]]
-) -> list[list[Fraction]]:
+def sphere_inner_matrix(rows: list[dict[Exponent, int]], cols: list[dict[Exponent, int]]) -> list[list[Fraction]]:
     """``[[⟨p, q⟩ for q in cols] for p in rows]`` for homogeneous integer polynomials of one degree.
 
     On degree-``2l`` monomials every sphere mean has the denominator ``(2l+1)!!``, so the Gram

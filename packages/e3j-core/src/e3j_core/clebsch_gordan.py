@@ -151,7 +151,5 @@ def clebsch_gordan(l1: int, l2: int, l3: int) -> np.ndarray:
     """
     l1, l2, l3 = _check(l1, l2, l3)
     if not abs(l1 - l2) <= l3 <= l1 + l2:
-        raise ValueError(
-            f"clebsch_gordan({l1}, {l2}, {l3}): the triangle condition |l1 - l2| <= l3 <= l1 + l2 fails"
-        )
+        raise ValueError(f"clebsch_gordan({l1}, {l2}, {l3}): the triangle condition |l1 - l2| <= l3 <= l1 + l2 fails")
     return _real(l1, l2, l3).copy()

@@ -234,9 +234,7 @@ class CooTable:
         coefs = self.coefficients.tolist()
         start = 0
         for stop in _run_ends(self.indices[:2]):
-            out.append(
-                (rows[start][0], rows[start][1], tuple((*rows[r][2:], coefs[r]) for r in range(start, stop)))
-            )
+            out.append((rows[start][0], rows[start][1], tuple((*rows[r][2:], coefs[r]) for r in range(start, stop))))
             start = stop
         return tuple(out)
 
@@ -349,9 +347,7 @@ class TensorProductCoo:
         t = self.table
         indices = np.concatenate([t.indices, self.i3[t.i0][None]], axis=0)
         indices.setflags(write=False)
-        return CooTable(
-            t.dims + (self.num_paths,), indices, t.coefficients, (0, 1, 2, 3), ("trilinear", *t.key)
-        )
+        return CooTable(t.dims + (self.num_paths,), indices, t.coefficients, (0, 1, 2, 3), ("trilinear", *t.key))
 
     def _key(self) -> tuple:
         return (self.irreps_x, self.irreps_y, self.filter, self.normalization, self.regroup_output)

@@ -60,8 +60,7 @@ class Irrep:
                 l, p = l.l, l.p
             else:
                 raise ValueError(
-                    f"cannot interpret {l!r} as an Irrep: expected a string like '1o', "
-                    "a pair (l, p) or an Irrep"
+                    f"cannot interpret {l!r} as an Irrep: expected a string like '1o', a pair (l, p) or an Irrep"
                 )
         if isinstance(l, bool) or not isinstance(l, int):
             raise ValueError(f"Irrep degree l must be an int, got {l!r}")
@@ -236,8 +235,7 @@ class Irreps(tuple):
                 out.append(_into_mul_irrep(item))
         else:
             raise ValueError(
-                f"cannot interpret {irreps!r} as Irreps: expected a string like '2x0e + 1o' or "
-                "an iterable of irreps"
+                f"cannot interpret {irreps!r} as Irreps: expected a string like '2x0e + 1o' or an iterable of irreps"
             )
         return super().__new__(cls, out)
 

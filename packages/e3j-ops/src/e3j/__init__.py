@@ -1,0 +1,42 @@
+"""e3j: Euclid-equivariant tensor products and message-passing convolutions for JAX.
+
+The public API: irreps and static math re-exported from e3j-core, JAX spherical harmonics, the
+differentiable :class:`TensorProduct` and :class:`Convolution`, :class:`Graph`, :class:`Linear`,
+layout helpers, and backend selection.
+
+>>> import e3j, jax.numpy as jnp
+>>> tp = e3j.TensorProduct("0e + 1o", "0e + 1o")
+>>> tp(jnp.ones((3, 4, 16)), jnp.ones((3, 4))).shape
+(3, 10, 16)
+"""
+
+from e3j_core import Irrep, Irreps, clebsch_gordan
+
+from ._version import __version__
+from .backends import Backend, BackendError, Kernels, available_backends, use_backend
+from .convolution import Convolution
+from .graph import Graph
+from .layout import from_mul_ir, mul_ir_irreps, to_mul_ir
+from .linear import Linear
+from .spherical_harmonics import spherical_harmonics
+from .tensor_product import TensorProduct
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "Convolution",
+    "Graph",
+    "Irrep",
+    "Irreps",
+    "Kernels",
+    "Linear",
+    "TensorProduct",
+    "__version__",
+    "available_backends",
+    "clebsch_gordan",
+    "from_mul_ir",
+    "mul_ir_irreps",
+    "spherical_harmonics",
+    "to_mul_ir",
+    "use_backend",
+]

@@ -1,0 +1,277 @@
+"""Primitives for multilinear forms, closed under JVP and transposition (paper Eq. 14–18).
+
+Both hot operations are contractions of one multilinear form ``Φ`` over *slots*:
+
+- tensor product: ``Φ(x, y, z) = Σ_r c_r x[i1] y[i2] z[i0]`` (slots ``x, y, z``),
+- convolution: ``Φ(x, y, s, m) = Σ_edges Σ_r c_r x_a[i1] y_ab[i2] s_ab[i3] m_b[i0]``.
+
+``contract_j(A)`` is the gradient of ``Φ`` with respect to slot ``j``, evaluated on values ``A`` of the
+other slots: ``contract_z`` is the forward tensor product, ``contract_x`` its VJP for ``x``,
+``contract_m`` the convolution, ``contract_{x,y,s}`` the convolution backward. Two primitives:
+
+``M(Q; outs)``
+    one output per ``j`` in ``outs``: ``contract_j(Q∖j)``. The forward op is ``M`` with
+    ``outs = (z,)`` or ``(m,)``; a fused backward is ``M`` with several ``outs``.
+``L(Q, T; outs)``
+    linear in ``T``: output ``j`` is ``Σ_{k ∈ T, k ≠ j} contract_j(Q∖j with slot k replaced by T_k)``.
+
+Rules, all in terms of ``M`` and ``L`` (so every order of differentiation works):
+
+- ``jvp M(Q; J) = L(Q, Q̇; J)`` — one call, linear in all tangents jointly, whose transpose is one
+  fused backward call;
+- ``transpose_T L(Q, T; J)`` with cotangents ``g_J`` is ``L(Q, g_J; K)`` for the undefined slots ``K``;
+- ``jvp L(Q, T; J) = L(Q, Ṫ; J) + Σ_{k ∈ T} L(Q[k→T_k], Q̇∖k; J∖k)``.
+
+Kernels only ever see ``M``-shaped calls: ``L`` lowers to one ``M`` evaluation per tangent slot.
+Nothing differentiates through a kernel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax._src import dispatch  # apply_primitive: the standard eager impl of a lowered primitive
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+@dataclass(frozen=True)
+class Multilinear:
+    """The op-specific parts of a multilinear form.
+
+    Attributes:
+        name: primitive name prefix.
+        slots: slot names; ``Q``/``T``/``outs`` params are tuples of these.
+        out_aval: ``(spec, slot, avals_by_slot, aux_avals) -> ShapedArray`` of ``contract_slot``.
+        evaluate: ``(platform, backend, spec, assignment, aux, outs) -> {slot: array}``: computes the
+            ``M`` outputs with a selected backend's kernels (runs inside a lowering).
+        batch: ``(M_bind, spec, assignment, aux, dims, outs) -> (outputs, out_dims)`` or ``None`` to
+            use the generic sequential fallback.
+    """
+
+    name: str
+    slots: tuple[str, ...]
+    out_aval: Callable[..., Any]
+    evaluate: Callable[..., dict]
+    batch: Callable[..., Any] | None = None
+
+
+class Primitives:
+    """The ``M`` and ``L`` primitives of one :class:`Multilinear` form, with all their rules."""
+
+    def __init__(self, form: Multilinear) -> None:
+        self.form = form
+        self.M = Primitive(f"e3j_{form.name}")
+        self.L = Primitive(f"e3j_{form.name}_lin")
+        for p in (self.M, self.L):
+            p.multiple_results = True
+            p.def_impl(partial(dispatch.apply_primitive, p))
+        self.M.def_abstract_eval(self._abstract_M)
+        self.L.def_abstract_eval(self._abstract_L)
+        ad.primitive_jvps[self.M] = self._jvp_M
+        ad.primitive_jvps[self.L] = self._jvp_L
+        ad.primitive_transposes[self.L] = self._transpose_L
+        batching.primitive_batchers[self.M] = self._batch_M
+        batching.primitive_batchers[self.L] = self._batch_L
+        for platform in PLATFORMS:
+            mlir.register_lowering(self.M, self._lowering_M(platform), platform=platform)
+            mlir.register_lowering(self.L, self._lowering_L(platform), platform=platform)
+
+    # -- binding ------------------------------------------------------------------------------
+    def bind_M(self, spec, Q: dict, aux: Sequence, outs: Sequence[str], backend: str | None) -> dict:
+        q_slots = tuple(s for s in self.form.slots if s in Q)
+        outs = tuple(s for s in self.form.slots if s in outs)
+        if not outs:
+            return {}
+        results = self.M.bind(
+            *[Q[s] for s in q_slots],
+            *aux,
+            spec=spec,
+            q_slots=q_slots,
+            outs=outs,
+            n_aux=len(aux),
+            backend=backend,
+        )
+        return dict(zip(outs, results))
+
+    def bind_L(self, spec, Q: dict, T: dict, aux: Sequence, outs: Sequence[str], backend: str | None) -> dict:
+        q_slots = tuple(s for s in self.form.slots if s in Q)
+        t_slots = tuple(s for s in self.form.slots if s in T)
+        outs = tuple(s for s in self.form.slots if s in outs)
+        if not outs or not t_slots:
+            return {}
+        results = self.L.bind(
+            *[Q[s] for s in q_slots],
+            *[T[s] for s in t_slots],
+            *aux,
+            spec=spec,
+            q_slots=q_slots,
+            t_slots=t_slots,
+            outs=outs,
+            n_aux=len(aux),
+            backend=backend,
+        )
+        return dict(zip(outs, results))
+
+    # -- helpers ------------------------------------------------------------------------------
+    @staticmethod
+    def _split(args, q_slots, t_slots, n_aux):
+        nq, nt = len(q_slots), len(t_slots)
+        Q = dict(zip(q_slots, args[:nq]))
+        T = dict(zip(t_slots, args[nq : nq + nt]))
+        aux = tuple(args[nq + nt : nq + nt + n_aux])
+        return Q, T, aux
+
+    def _abstract_M(self, *avals, spec, q_slots, outs, n_aux, backend):
+        Q, _, aux = self._split(avals, q_slots, (), n_aux)
+        return [self.form.out_aval(spec, j, Q, aux) for j in outs]
+
+    def _abstract_L(self, *avals, spec, q_slots, t_slots, outs, n_aux, backend):
+        Q, T, aux = self._split(avals, q_slots, t_slots, n_aux)
+        return [self.form.out_aval(spec, j, {**Q, **T}, aux) for j in outs]
+
+    # -- JVP ----------------------------------------------------------------------------------
+    def _jvp_M(self, primals, tangents, *, spec, q_slots, outs, n_aux, backend):
+        Q, _, aux = self._split(primals, q_slots, (), n_aux)
+        dQ, _, _ = self._split(tangents, q_slots, (), n_aux)
+        out = self.bind_M(spec, Q, aux, outs, backend)
+        Qdot = {k: v for k, v in dQ.items() if type(v) is not ad.Zero}
+        lin = self.bind_L(spec, Q, Qdot, aux, outs, backend)
+        primal_out = [out[j] for j in outs]
+        tangent_out = [lin[j] if j in lin else ad.Zero.from_primal_value(out[j]) for j in outs]
+        return primal_out, tangent_out
+
+    def _jvp_L(self, primals, tangents, *, spec, q_slots, t_slots, outs, n_aux, backend):
+        Q, T, aux = self._split(primals, q_slots, t_slots, n_aux)
+        dQ, dT, _ = self._split(tangents, q_slots, t_slots, n_aux)
+        out = self.bind_L(spec, Q, T, aux, outs, backend)
+        Tdot = {k: v for k, v in dT.items() if type(v) is not ad.Zero}
+        Qdot = {k: v for k, v in dQ.items() if type(v) is not ad.Zero}
+        terms = [self.bind_L(spec, Q, Tdot, aux, outs, backend)]
+        for k, Tk in T.items():
+            rest = {s: v for s, v in Qdot.items() if s != k}
+            terms.append(self.bind_L(spec, {**Q, k: Tk}, rest, aux, [j for j in outs if j != k], backend))
+        tangent_out = []
+        for j in outs:
+            parts = [t[j] for t in terms if j in t]
+            tangent_out.append(_sum(parts) if parts else ad.Zero.from_primal_value(out[j]))
+        return [out[j] for j in outs], tangent_out
+
+    # -- transpose ----------------------------------------------------------------------------
+    def _transpose_L(self, cts, *args, spec, q_slots, t_slots, outs, n_aux, backend):
+        Q, T, aux = self._split(args, q_slots, t_slots, n_aux)
+        if any(ad.is_undefined_primal(v) for v in Q.values()):
+            raise NotImplementedError(f"{self.L.name} is linear in its tangent operands only")
+        undefined = [k for k, v in T.items() if ad.is_undefined_primal(v)]
+        G = {j: ct for j, ct in zip(outs, cts) if type(ct) is not ad.Zero}
+        res = self.bind_L(spec, Q, G, aux, undefined, backend) if G else {}
+        t_cts = []
+        for k, v in T.items():
+            if not ad.is_undefined_primal(v):
+                t_cts.append(None)
+            elif k in res:
+                t_cts.append(res[k])
+            else:
+                t_cts.append(ad.Zero(v.aval))
+        return [None] * len(Q) + t_cts + [None] * len(aux)
+
+    # -- batching -----------------------------------------------------------------------------
+    def _batch_M(self, args, dims, *, spec, q_slots, outs, n_aux, backend):
+        Q, _, aux = self._split(args, q_slots, (), n_aux)
+        qd, _, auxd = self._split(dims, q_slots, (), n_aux)
+
+        def call(spec, Q, aux, outs):
+            return self.bind_M(spec, Q, aux, outs, backend)
+
+        return self._batch(call, spec, Q, {}, aux, qd, {}, auxd, outs)
+
+    def _batch_L(self, args, dims, *, spec, q_slots, t_slots, outs, n_aux, backend):
+        Q, T, aux = self._split(args, q_slots, t_slots, n_aux)
+        qd, td, auxd = self._split(dims, q_slots, t_slots, n_aux)
+
+        def call(spec, QT, aux, outs):
+            q = {k: v for k, v in QT.items() if not k.startswith("~")}
+            t = {k[1:]: v for k, v in QT.items() if k.startswith("~")}
+            return self.bind_L(spec, q, t, aux, outs, backend)
+
+        # tangent slots are keyed with a leading "~" so one dict carries both groups
+        QT = {**Q, **{"~" + k: v for k, v in T.items()}}
+        QTd = {**qd, **{"~" + k: v for k, v in td.items()}}
+        return self._batch(call, spec, QT, {}, aux, QTd, {}, auxd, outs)
+
+    def _batch(self, call, spec, values, _unused, aux, dims, _unused_d, auxd, outs):
+        if self.form.batch is not None:
+            res = self.form.batch(call, spec, values, aux, dims, auxd, outs)
+            if res is not None:
+                return res
+        return _sequential_batch(call, spec, values, aux, dims, auxd, outs)
+
+    # -- lowering -----------------------------------------------------------------------------
+    def _lowering_M(self, platform: str):
+        def impl(*args, spec, q_slots, outs, n_aux, backend):
+            Q, _, aux = self._split(args, q_slots, (), n_aux)
+            res = self.form.evaluate(platform, backend, spec, Q, aux, outs)
+            return [res[j] for j in outs]
+
+        return mlir.lower_fun(impl, multiple_results=True)
+
+    def _lowering_L(self, platform: str):
+        def impl(*args, spec, q_slots, t_slots, outs, n_aux, backend):
+            Q, T, aux = self._split(args, q_slots, t_slots, n_aux)
+            acc: dict = {}
+            for k, Tk in T.items():
+                js = tuple(j for j in outs if j != k)
+                if not js:
+                    continue
+                res = self.form.evaluate(platform, backend, spec, {**Q, k: Tk}, aux, js)
+                for j in js:
+                    acc[j] = res[j] if j not in acc else acc[j] + res[j]
+            results = []
+            for j in outs:
+                if j in acc:
+                    results.append(acc[j])
+                else:
+                    aval = self.form.out_aval(spec, j, {**Q, **T}, aux)
+                    results.append(jnp.zeros(aval.shape, aval.dtype))
+            return results
+
+        return mlir.lower_fun(impl, multiple_results=True)
+
+
+def _sum(parts):
+    out = parts[0]
+    for p in parts[1:]:
+        out = out + p
+    return out
+
+
+def _sequential_batch(call, spec, values, aux, dims, auxd, outs):
+    """Fallback batching: loop over the mapped axis with ``lax.map`` (correct for any operand)."""
+    size = next(v.shape[d] for v, d in zip([*values.values(), *aux], [*dims.values(), *auxd]) if d is not None)
+    keys = list(values)
+
+    def move(v, d):
+        return jnp.moveaxis(v, d, 0) if d is not None else None
+
+    mapped_vals = [move(values[k], dims[k]) for k in keys]
+    mapped_aux = [move(a, d) for a, d in zip(aux, auxd)]
+
+    def body(xs):
+        vals, ax = xs
+        vs = {k: (vals[i] if dims[k] is not None else values[k]) for i, k in enumerate(keys)}
+        aa = tuple(ax[i] if auxd[i] is not None else aux[i] for i in range(len(aux)))
+        res = call(spec, vs, aa, outs)
+        return [res[j] for j in outs]
+
+    placeholder = jnp.zeros((size,), jnp.int8)
+    vals_in = [v if v is not None else placeholder for v in mapped_vals]
+    aux_in = [a if a is not None else placeholder for a in mapped_aux]
+    res = jax.lax.map(body, (vals_in, aux_in))
+    return res, [0] * len(outs)

@@ -1,0 +1,81 @@
+"""The tensor-product primitives: ``Φ(x, y, z) = Σ_r c_r x[i1] y[i2] z[i0]`` per batch row and channel.
+
+Slots: ``x [B, Dx, C]``, ``y [B, Dy]`` (broadcast over channels) or ``[B, Dy, C]``, ``z [B, Dout, C]``.
+``contract_z`` is the forward tensor product, ``contract_x``/``contract_y`` the cotangents.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+from e3j_core import TensorProductCoo
+
+from ..backends import OpRequest, kernels_of, select_backend
+from .multilinear import Multilinear, Primitives
+
+SLOTS = ("x", "y", "z")
+
+
+@dataclass(frozen=True)
+class TPSpec:
+    """Static description of one tensor-product call."""
+
+    coo: TensorProductCoo
+    y_channels: bool
+
+    def has_channels(self, slot: str) -> bool:
+        return slot != "y" or self.y_channels
+
+    def dim(self, slot: str) -> int:
+        return {"x": self.coo.dim_x, "y": self.coo.dim_y, "z": self.coo.dim_out}[slot]
+
+    @property
+    def lmax(self) -> int:
+        return max(ir.l for irreps in (self.coo.irreps_x, self.coo.irreps_y, self.coo.irreps_out) for _, ir in irreps)
+
+
+def _slot(key: str) -> str:
+    return key.lstrip("~")
+
+
+def _out_aval(spec: TPSpec, slot: str, avals: dict, aux) -> jax.core.ShapedArray:
+    batch = next(iter(avals.values())).shape[0]
+    channels = next(a.shape[-1] for k, a in avals.items() if spec.has_channels(_slot(k)))
+    dtype = next(iter(avals.values())).dtype
+    shape = (batch, spec.dim(slot)) + ((channels,) if spec.has_channels(slot) else ())
+    return jax.core.ShapedArray(shape, dtype)
+
+
+def _evaluate(platform, requested, spec: TPSpec, A: dict, aux, outs) -> dict:
+    x = A.get("x")
+    channels = (x if x is not None else A["z"]).shape[-1]
+    dtype = jnp.dtype(next(iter(A.values())).dtype).name
+    req = OpRequest("tensor_product", platform, dtype, int(channels), spec.lmax)
+    kernels = kernels_of(select_backend(req, requested))
+    res = {}
+    if "z" in outs:
+        res["z"] = kernels.tensor_product(spec.coo, A["x"], A["y"], y_channels=spec.y_channels)
+    bwd = tuple(j for j in outs if j != "z")
+    if bwd:
+        res.update(
+            kernels.tensor_product_bwd(spec.coo, A.get("x"), A.get("y"), A["z"], outs=bwd, y_channels=spec.y_channels)
+        )
+    return res
+
+
+def _batch(call, spec: TPSpec, values: dict, aux, dims: dict, auxd, outs):
+    """vmap folds the mapped axis into the batch axis ``B`` (every slot shares ``B``)."""
+    size = next(v.shape[d] for k, v in values.items() if (d := dims[k]) is not None)
+    folded = {}
+    for k, v in values.items():
+        d = dims[k]
+        v = jnp.moveaxis(v, d, 0) if d is not None else jnp.broadcast_to(v[None], (size, *v.shape))
+        folded[k] = v.reshape((size * v.shape[1], *v.shape[2:]))
+    res = call(spec, folded, aux, outs)
+    return [res[j].reshape((size, -1, *res[j].shape[1:])) for j in outs], [0] * len(outs)
+
+
+TENSOR_PRODUCT = Primitives(Multilinear("tensor_product", SLOTS, _out_aval, _evaluate, _batch))

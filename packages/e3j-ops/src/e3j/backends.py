@@ -1,0 +1,346 @@
+"""Backends: descriptors, discovery through entry points, and per-platform selection.
+
+A backend is a set of plain jittable kernel functions taking core's COO tables (see
+:class:`Kernels`). A kernel package advertises one with an entry point in the group
+``e3j.backends`` whose object is a :class:`Backend` descriptor (or a zero-argument callable returning
+one): cheap to import, with a ``load()`` that imports the kernels and registers any FFI targets.
+
+Selection happens when a primitive is lowered, for the platform it is lowered for:
+
+1. an explicit request — the ``backend=`` argument of an op, else the innermost
+   :func:`use_backend` context at the time the op was called — must be usable, or lowering raises;
+2. else ``E3J_BACKEND`` (read at lowering time), when usable here; when not, a warning says why;
+3. else the loaded backend of highest priority that supports the platform, dtype and shapes;
+4. else the reference backend. On an accelerator this fallback warns once, saying why.
+
+``python -m e3j info`` prints what is installed and what each op would use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import importlib.metadata
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from functools import cache
+
+import jax
+
+from e3j_core import COO_FORMAT_VERSION
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "Kernels",
+    "OpRequest",
+    "available_backends",
+    "current_backend_request",
+    "get_backend",
+    "select_backend",
+    "use_backend",
+]
+
+ENTRY_POINT_GROUP = "e3j.backends"
+ENV_VAR = "E3J_BACKEND"
+OPS = ("tensor_product", "convolution")
+
+
+class BackendError(ValueError):
+    """A requested backend is unknown, incompatible or cannot run this op here."""
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Kernel functions of a backend (each ``None`` when not provided).
+
+    - ``tensor_product(coo, x, y, *, y_channels) -> z``
+    - ``tensor_product_bwd(coo, x, y, dz, *, outs, y_channels) -> {"x": dx, "y": dy}``
+    - ``convolution(coo, x, y, s, graph, *, y_channels) -> m``
+    - ``convolution_bwd(coo, x, y, s, dm, graph, *, outs, y_channels) -> {"x"|"y"|"s": ...}``
+
+    ``coo`` is a :class:`e3j_core.TensorProductCoo`; ``graph`` an :class:`e3j.Graph`. Shapes and
+    layouts are those of :class:`e3j.TensorProduct` and :class:`e3j.Convolution`.
+    """
+
+    tensor_product: Callable | None = None
+    tensor_product_bwd: Callable | None = None
+    convolution: Callable | None = None
+    convolution_bwd: Callable | None = None
+
+    def provides(self, op: str) -> bool:
+        return getattr(self, op) is not None and getattr(self, op + "_bwd") is not None
+
+
+@dataclass(frozen=True)
+class OpRequest:
+    """What an op needs from a backend at lowering time."""
+
+    op: str
+    platform: str
+    dtype: str
+    channels: int
+    lmax: int
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A cheap backend descriptor; ``load()`` imports and returns the :class:`Kernels`.
+
+    Attributes:
+        name: unique name used by ``backend=``, :func:`use_backend` and ``E3J_BACKEND``.
+        version: the providing package's version.
+        platforms: JAX platforms it lowers for (``"cpu"``, ``"cuda"``, ``"rocm"``, ``"tpu"``).
+        priority: larger wins among usable backends (the reference has 0).
+        ops: op names it implements.
+        dtypes: supported dtypes, e.g. ``("float32", "float64")``.
+        channel_multiple: channel counts must be a multiple of this.
+        max_channels, max_l: limits, ``None`` for none.
+        deterministic: bitwise run-to-run reproducible.
+        jax_requirement: a version range like ``">=0.11.1,<0.13"``.
+        coo_format_version: the COO table format its kernels read.
+        load: returns :class:`Kernels`; called at most once.
+        check: optional extra ``(OpRequest) -> reason or None``.
+    """
+
+    name: str
+    version: str
+    platforms: tuple[str, ...]
+    load: Callable[[], Kernels] = field(repr=False)
+    priority: int = 10
+    ops: tuple[str, ...] = OPS
+    dtypes: tuple[str, ...] = ("float32", "float64")
+    channel_multiple: int = 1
+    max_channels: int | None = None
+    max_l: int | None = None
+    deterministic: bool = True
+    jax_requirement: str = ""
+    coo_format_version: int = COO_FORMAT_VERSION
+    check: Callable[[OpRequest], str | None] | None = field(default=None, repr=False)
+
+    def incompatibility(self) -> str | None:
+        """Why this backend cannot be used with the installed JAX and e3j-core, or ``None``."""
+        if self.coo_format_version != COO_FORMAT_VERSION:
+            return (
+                f"it reads COO format {self.coo_format_version}, "
+                f"but the installed e3j-core writes format {COO_FORMAT_VERSION}"
+            )
+        if self.jax_requirement and not _version_satisfies(jax.__version__, self.jax_requirement):
+            return f"it needs jax{self.jax_requirement}, but jax {jax.__version__} is installed"
+        return None
+
+    def unsupported(self, req: OpRequest) -> str | None:
+        """Why this backend cannot run ``req``, or ``None`` when it can."""
+        reason = self.incompatibility()
+        if reason:
+            return reason
+        if req.platform not in self.platforms:
+            return f"it runs on {'/'.join(self.platforms)}, not {req.platform}"
+        if req.op not in self.ops:
+            return f"it has no {req.op} kernel"
+        if req.dtype not in self.dtypes:
+            return f"it supports {'/'.join(self.dtypes)}, not {req.dtype}"
+        if req.channels % self.channel_multiple:
+            return f"it needs a channel count that is a multiple of {self.channel_multiple}, got {req.channels}"
+        if self.max_channels is not None and req.channels > self.max_channels:
+            return f"it supports at most {self.max_channels} channels, got {req.channels}"
+        if self.max_l is not None and req.lmax > self.max_l:
+            return f"it supports l <= {self.max_l}, got l = {req.lmax}"
+        if self.check is not None:
+            return self.check(req)
+        return None
+
+
+def _version_tuple(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", v.split("+")[0])[:3])
+
+
+def _version_satisfies(version: str, requirement: str) -> bool:
+    """Minimal ``>=a,<b,==c,!=d,<=e,>f`` check (no pre-release semantics)."""
+    v = _version_tuple(version)
+    for clause in filter(None, (c.strip() for c in requirement.split(","))):
+        m = re.match(r"(>=|<=|==|!=|>|<)\s*([\w.]+)$", clause)
+        if not m:
+            raise ValueError(f"cannot parse version requirement {requirement!r}")
+        op, target = m.group(1), _version_tuple(m.group(2))
+        ok = {
+            ">=": v >= target,
+            "<=": v <= target,
+            "==": v == target,
+            "!=": v != target,
+            ">": v > target,
+            "<": v < target,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def _load_reference() -> Kernels:
+    from .reference import convolution, tensor_product
+
+    return Kernels(
+        tensor_product=tensor_product.tensor_product,
+        tensor_product_bwd=tensor_product.tensor_product_bwd,
+        convolution=convolution.convolution,
+        convolution_bwd=convolution.convolution_bwd,
+    )
+
+
+def _reference() -> Backend:
+    from ._version import __version__
+
+    return Backend(
+        name="reference",
+        version=__version__,
+        platforms=("cpu", "cuda", "rocm", "tpu"),
+        load=_load_reference,
+        priority=0,
+    )
+
+
+@cache
+def _discovered() -> tuple[tuple[Backend, ...], tuple[tuple[str, str], ...]]:
+    """Backends from entry points, and ``(entry point, error)`` for those that failed to load."""
+    found, errors = [_reference()], []
+    for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            obj = ep.load()
+            backend = obj if isinstance(obj, Backend) else obj()
+            if not isinstance(backend, Backend):
+                raise TypeError(f"expected an e3j.backends.Backend, got {type(backend).__name__}")
+        except Exception as err:  # a broken plugin must not break e3j
+            errors.append((f"{ep.name} ({ep.value})", f"{type(err).__name__}: {err}"))
+            continue
+        if any(b.name == backend.name for b in found):
+            errors.append((f"{ep.name} ({ep.value})", f"duplicate backend name {backend.name!r}"))
+            continue
+        found.append(backend)
+    return tuple(found), tuple(errors)
+
+
+def available_backends() -> tuple[Backend, ...]:
+    """The reference backend and every backend discovered through ``e3j.backends`` entry points."""
+    return _discovered()[0]
+
+
+def get_backend(name: str) -> Backend:
+    for b in available_backends():
+        if b.name == name:
+            return b
+    names = ", ".join(b.name for b in available_backends())
+    raise BackendError(f"unknown e3j backend {name!r}; installed: {names}")
+
+
+@cache
+def _kernels(name: str) -> Kernels:
+    backend = get_backend(name)
+    kernels = backend.load()
+    if not isinstance(kernels, Kernels):
+        raise BackendError(f"backend {name!r}: load() returned {type(kernels).__name__}, not Kernels")
+    return kernels
+
+
+def kernels_of(backend: Backend) -> Kernels:
+    return _kernels(backend.name)
+
+
+_REQUEST: contextvars.ContextVar[str | None] = contextvars.ContextVar("e3j_backend", default=None)
+
+
+@contextlib.contextmanager
+def use_backend(name: str | None) -> Iterator[None]:
+    """Use backend ``name`` for ops called inside the ``with`` block (``None``: automatic).
+
+    The request is recorded when an op is called (traced), and resolved when it is lowered.
+    """
+    if name is not None:
+        get_backend(name)  # unknown names fail here, not at lowering
+    token = _REQUEST.set(name)
+    try:
+        yield
+    finally:
+        _REQUEST.reset(token)
+
+
+def current_backend_request(explicit: str | None = None) -> str | None:
+    """The explicit ``backend=`` argument if given, else the innermost :func:`use_backend`."""
+    if explicit is not None:
+        get_backend(explicit)
+        return explicit
+    return _REQUEST.get()
+
+
+_warned: set[tuple] = set()
+
+
+def _warn_once(key: tuple, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def select_backend(req: OpRequest, requested: str | None) -> Backend:
+    """The backend that will run ``req`` (see the module docstring for the policy)."""
+    if requested is not None:
+        backend = get_backend(requested)
+        reason = backend.unsupported(req)
+        if reason:
+            raise BackendError(f"backend {requested!r} cannot run {req.op} on {req.platform}: {reason}")
+        _check_loadable(backend)
+        return backend
+    env = os.environ.get(ENV_VAR, "").strip()
+    if env:
+        try:
+            backend = get_backend(env)
+            reason = backend.unsupported(req)
+        except BackendError as err:
+            reason = str(err)
+        if not reason:
+            _check_loadable(backend)
+            return backend
+        _warn_once(("env", env, req), f"{ENV_VAR}={env} is not used for {req.op} on {req.platform}: {reason}")
+    reasons = []
+    candidates = sorted(available_backends(), key=lambda b: -b.priority)
+    for backend in candidates:
+        if backend.name == "reference":
+            continue
+        reason = backend.unsupported(req)
+        if reason is None:
+            try:
+                _check_loadable(backend)
+                return backend
+            except BackendError as err:
+                reason = str(err)
+        reasons.append(f"{backend.name}: {reason}")
+    if req.platform != "cpu":
+        why = "; ".join(reasons) if reasons else "no kernel backend is installed (e.g. pip install e3j[cuda])"
+        _warn_once(
+            ("fallback", req.op, req.platform),
+            f"e3j {req.op} on {req.platform} falls back to the pure-JAX reference backend: {why}",
+        )
+    return get_backend("reference")
+
+
+def _check_loadable(backend: Backend) -> None:
+    try:
+        _kernels(backend.name)
+    except BackendError:
+        raise
+    except Exception as err:
+        raise BackendError(f"backend {backend.name!r} failed to load: {type(err).__name__}: {err}") from err
+
+
+def describe(backend: Backend) -> dict:
+    """A plain-dict view of a descriptor (for ``python -m e3j info``)."""
+    d = {f.name: getattr(backend, f.name) for f in dataclasses.fields(backend) if f.name not in ("load", "check")}
+    d["compatible"] = backend.incompatibility() or "yes"
+    return d
+
+
+def discovery_errors() -> tuple[tuple[str, str], ...]:
+    return _discovered()[1]

@@ -1,0 +1,86 @@
+"""The fused message-passing convolution ``m_b = Σ_{a→b} s_ab · (x_a ⊗ y_ab)``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import jax
+
+from e3j_core import Irreps, TensorProductCoo, tensor_product_coo
+
+from ._checks import check_rank, check_same_dtype
+from ._primitives.convolution import CONVOLUTION, ConvSpec
+from .backends import current_backend_request
+from .graph import Graph
+
+__all__ = ["Convolution"]
+
+
+class Convolution:
+    """Equivariant message passing: ``m_b = Σ_{a→b} s_ab[p] · (x_a ⊗ y_ab)[path p]``.
+
+    ``conv = Convolution(irreps_x, irreps_y, filter)``; ``conv(x, y, s, graph)`` with node features
+    ``x: [N, Dx, C]``, edge features ``y: [E, Dy]`` (e.g. spherical harmonics, broadcast over
+    channels) or ``[E, Dy, C]``, edge scalars ``s: [E, conv.num_paths, C]`` and an
+    :class:`e3j.Graph` returns ``[N, Dout, C]``. For every path ``p``, rows ``conv.path_slices[p]``
+    of the result equal ``Σ_{a→b} s_ab[p] · TensorProduct(irreps_x, irreps_y, filter)(x_a, y_ab)``
+    on the same rows. Padding edges (``edge_mask`` False) contribute nothing and cost nothing.
+    Messages are never materialized as an ``[E, Dout, C]`` array.
+
+    >>> import numpy as np, jax.numpy as jnp
+    >>> conv = Convolution("0e + 1o", "0e + 1o", filter="0e + 1o")
+    >>> g = Graph.from_edges(np.array([0, 1]), np.array([1, 0]), num_nodes=2)
+    >>> m = conv(jnp.ones((2, 4, 8)), jnp.ones((2, 4)), jnp.ones((2, conv.num_paths, 8)), g)
+    >>> m.shape, conv.num_paths
+    ((2, 8, 8), 4)
+    """
+
+    def __init__(
+        self,
+        irreps_x,
+        irreps_y,
+        filter: Irreps | str | Iterable | None = None,
+        *,
+        normalization: str = "component",
+        regroup_output: bool = True,
+    ) -> None:
+        self.coo: TensorProductCoo = tensor_product_coo(
+            irreps_x, irreps_y, filter, normalization=normalization, regroup_output=regroup_output
+        )
+
+    irreps_x = property(lambda self: self.coo.irreps_x)
+    irreps_y = property(lambda self: self.coo.irreps_y)
+    irreps_out = property(lambda self: self.coo.irreps_out)
+    num_paths = property(lambda self: self.coo.num_paths)
+    path_slices = property(lambda self: self.coo.path_slices)
+    paths = property(lambda self: self.coo.paths)
+
+    def __repr__(self) -> str:
+        return f"Convolution({self.irreps_x} ⊗ {self.irreps_y} -> {self.irreps_out}, {self.num_paths} paths)"
+
+    def __call__(self, x: jax.Array, y: jax.Array, s: jax.Array, graph: Graph, *, backend: str | None = None):
+        coo = self.coo
+        if not isinstance(graph, Graph):
+            raise TypeError(f"graph must be an e3j.Graph (see Graph.from_edges), got {type(graph).__name__}")
+        check_rank("x", x, (3,), f"[N, Dx={coo.dim_x}, C]")
+        check_rank("y", y, (2, 3), f"[E, Dy={coo.dim_y}] or [E, Dy, C]")
+        check_rank("s", s, (3,), f"[E, num_paths={coo.num_paths}, C]")
+        check_same_dtype(x=x, y=y, s=s)
+        n, e = graph.num_nodes, graph.num_edges
+        if x.shape[:2] != (n, coo.dim_x):
+            raise ValueError(
+                f"x must be [N={n}, Dx={coo.dim_x}, C] for irreps_x {coo.irreps_x} and this graph, got {x.shape}"
+            )
+        if y.shape[:2] != (e, coo.dim_y):
+            raise ValueError(
+                f"y must be [E={e}, Dy={coo.dim_y}(, C)] for irreps_y {coo.irreps_y} and this graph, got {y.shape}"
+            )
+        if s.shape[:2] != (e, coo.num_paths):
+            raise ValueError(f"s must be [E={e}, num_paths={coo.num_paths}, C], got {s.shape}")
+        if s.shape[2] != x.shape[2]:
+            raise ValueError(f"x has {x.shape[2]} channels but s has {s.shape[2]}")
+        if y.ndim == 3 and y.shape[2] != x.shape[2]:
+            raise ValueError(f"x has {x.shape[2]} channels but y has {y.shape[2]}")
+        spec = ConvSpec(coo, y_channels=y.ndim == 3)
+        out = CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": s}, tuple(graph), ("m",), current_backend_request(backend))
+        return out["m"]

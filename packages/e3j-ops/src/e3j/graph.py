@@ -1,0 +1,135 @@
+"""Graphs for message passing: receiver-sorted CSR with padding edges flagged.
+
+A :class:`Graph` keeps the edges in the caller's order (edge arrays ``y``, ``s`` are indexed by the
+original edge id) and adds the orders kernels traverse: ``order`` lists edge ids sorted by receiver
+(the forward's receiver-stationary CSR), ``sender_order`` by sender (backward passes); padding edges
+come last in both and are counted out by ``num_valid``, so kernels skip them entirely.
+
+>>> import numpy as np
+>>> g = Graph.from_edges(np.array([0, 1, 2, 0]), np.array([1, 0, 1, 2]), num_nodes=3,
+...                      edge_mask=np.array([True, True, True, False]))
+>>> g.order.tolist(), g.receiver_offsets.tolist(), int(g.num_valid)
+([1, 0, 2, 3], [0, 1, 3, 3], 3)
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import checkify
+
+__all__ = ["Graph"]
+
+
+class Graph(NamedTuple):
+    """Edges ``senders[e] → receivers[e]`` on ``num_nodes`` nodes, with CSR orders (a pytree).
+
+    Attributes (all ``int32`` except ``edge_mask``):
+        senders, receivers: ``[E]``, in the caller's edge order; padding edges are set to node 0.
+        edge_mask: ``bool [E]``, False for padding edges.
+        order: ``[E]`` edge ids sorted by receiver (stable), padding last.
+        receiver_offsets: ``[N + 1]``: edges into node ``b`` are ``order[offsets[b]:offsets[b+1]]``.
+        sender_order: ``[E]`` edge ids sorted by sender (stable), padding last.
+        sender_offsets: ``[N + 1]``, the CSR offsets of ``sender_order``.
+        num_valid: ``[]``, the number of non-padding edges.
+    """
+
+    senders: jax.Array
+    receivers: jax.Array
+    edge_mask: jax.Array
+    order: jax.Array
+    receiver_offsets: jax.Array
+    sender_order: jax.Array
+    sender_offsets: jax.Array
+    num_valid: jax.Array
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.receiver_offsets.shape[0]) - 1
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.senders.shape[0])
+
+    @classmethod
+    def from_edges(
+        cls,
+        senders,
+        receivers,
+        num_nodes: int,
+        edge_mask=None,
+        *,
+        check_indices: bool = False,
+    ) -> Graph:
+        """Build the CSR orders on the host (numpy input) or inside ``jit`` (traced input).
+
+        Args:
+            senders, receivers: integer ``[E]`` node indices.
+            num_nodes: static node count ``N``.
+            edge_mask: optional ``bool [E]``; False marks padding edges (their indices may be
+                anything, e.g. a padding node ``N``).
+            check_indices: under ``jit``, emit ``checkify`` checks that every non-padding index is in
+                ``[0, N)`` (wrap the function with ``jax.experimental.checkify.checkify``). On host
+                input the check always runs and raises ``ValueError``. Without it, out-of-range
+                edges under ``jit`` are treated as padding, so they can never touch memory.
+        """
+        if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, np.integer)) or num_nodes < 0:
+            raise ValueError(f"num_nodes must be a static int >= 0, got {num_nodes!r}")
+        num_nodes = int(num_nodes)
+        traced = any(isinstance(a, jax.core.Tracer) for a in (senders, receivers, edge_mask))
+        xp = jnp if traced else np
+        senders = xp.asarray(senders)
+        receivers = xp.asarray(receivers)
+        for name, a in (("senders", senders), ("receivers", receivers)):
+            if a.ndim != 1:
+                raise ValueError(f"{name} must be 1-D [E], got shape {a.shape}")
+            if not jnp.issubdtype(a.dtype, jnp.integer):
+                raise ValueError(f"{name} must have an integer dtype, got {a.dtype}")
+        if senders.shape != receivers.shape:
+            raise ValueError(f"senders {senders.shape} and receivers {receivers.shape} must have one shape")
+        num_edges = senders.shape[0]
+        if edge_mask is None:
+            mask = xp.ones((num_edges,), bool)
+        else:
+            mask = xp.asarray(edge_mask)
+            if mask.shape != (num_edges,) or mask.dtype != bool:
+                raise ValueError(f"edge_mask must be bool [{num_edges}], got {mask.dtype} {mask.shape}")
+        in_range = (senders >= 0) & (senders < num_nodes) & (receivers >= 0) & (receivers < num_nodes)
+        if not traced:
+            bad = np.flatnonzero(mask & ~in_range)
+            if bad.size:
+                e = int(bad[0])
+                which = "senders" if not 0 <= senders[e] < num_nodes else "receivers"
+                value = int((senders if which == "senders" else receivers)[e])
+                raise ValueError(
+                    f"{which}[{e}] = {value} is out of range for num_nodes={num_nodes} "
+                    f"({bad.size} non-padding edge(s) out of range)"
+                )
+        elif check_indices:
+            checkify.check(jnp.all(in_range | ~mask), "senders/receivers out of range [0, num_nodes)")
+        mask = mask & in_range
+        senders = xp.where(mask, senders, 0).astype(xp.int32)
+        receivers = xp.where(mask, receivers, 0).astype(xp.int32)
+        order, receiver_offsets = _csr(xp, receivers, mask, num_nodes)
+        sender_order, sender_offsets = _csr(xp, senders, mask, num_nodes)
+        arrays = (
+            senders,
+            receivers,
+            mask,
+            order,
+            receiver_offsets,
+            sender_order,
+            sender_offsets,
+            xp.sum(mask).astype(xp.int32),
+        )
+        return cls(*(jnp.asarray(a) for a in arrays))
+
+
+def _csr(xp, index, mask, num_nodes):
+    key = xp.where(mask, index, num_nodes)
+    order = xp.argsort(key, stable=True).astype(xp.int32)
+    offsets = xp.searchsorted(key[order], xp.arange(num_nodes + 1), side="left").astype(xp.int32)
+    return order, offsets

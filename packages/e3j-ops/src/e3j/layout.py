@@ -1,0 +1,60 @@
+"""Conversions between e3j's ``[batch, D, C]`` layout and e3nn's flat ``mul_ir`` layout.
+
+For irreps ``I = m1 x ir1 + m2 x ir2 + ...`` and ``C`` channels, the e3nn irreps are
+``(m1·C) x ir1 + (m2·C) x ir2 + ...`` with multiplicity index ``u·C + c`` (copy-major): e.g.
+``"0e + 1o"`` with ``C`` channels is e3nn's ``"Cx0e + Cx1o"``.
+
+>>> import jax.numpy as jnp
+>>> x = jnp.arange(2 * 4 * 3.0).reshape(2, 4, 3)
+>>> mul_ir_irreps("0e + 1o", 3)
+3x0e+3x1o
+>>> flat = to_mul_ir(x, "0e + 1o")
+>>> flat.shape, bool((from_mul_ir(flat, "0e + 1o", 3) == x).all())
+((2, 12), True)
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from e3j_core import Irreps
+
+__all__ = ["from_mul_ir", "mul_ir_irreps", "to_mul_ir"]
+
+
+def mul_ir_irreps(irreps, channels: int) -> Irreps:
+    """The e3nn irreps of the flat layout of ``irreps`` with ``channels`` channels."""
+    return Irreps([(mul * channels, ir) for mul, ir in Irreps(irreps)])
+
+
+def to_mul_ir(x: jax.Array, irreps) -> jax.Array:
+    """``[..., D, C] -> [..., C·D]`` in e3nn's ``mul_ir`` layout."""
+    irreps = Irreps(irreps)
+    if x.ndim < 2 or x.shape[-2] != irreps.dim:
+        raise ValueError(f"x must be [..., D={irreps.dim}, C] for {irreps}, got {x.shape}")
+    channels = x.shape[-1]
+    parts = []
+    start = 0
+    for mul, ir in irreps:
+        block = x[..., start : start + mul * ir.dim, :].reshape(*x.shape[:-2], mul, ir.dim, channels)
+        block = jnp.swapaxes(block, -1, -2)  # [..., mul, C, dim]
+        parts.append(block.reshape(*x.shape[:-2], mul * channels * ir.dim))
+        start += mul * ir.dim
+    return jnp.concatenate(parts, axis=-1) if parts else jnp.zeros((*x.shape[:-2], 0), x.dtype)
+
+
+def from_mul_ir(x: jax.Array, irreps, channels: int) -> jax.Array:
+    """``[..., C·D] -> [..., D, C]``, the inverse of :func:`to_mul_ir`."""
+    irreps = Irreps(irreps)
+    if x.ndim < 1 or x.shape[-1] != irreps.dim * channels:
+        raise ValueError(f"x must be [..., {irreps.dim * channels}] for {irreps} x {channels} channels, got {x.shape}")
+    parts = []
+    start = 0
+    for mul, ir in irreps:
+        size = mul * channels * ir.dim
+        block = x[..., start : start + size].reshape(*x.shape[:-1], mul, channels, ir.dim)
+        block = jnp.swapaxes(block, -1, -2)  # [..., mul, dim, C]
+        parts.append(block.reshape(*x.shape[:-1], mul * ir.dim, channels))
+        start += size
+    return jnp.concatenate(parts, axis=-2) if parts else jnp.zeros((*x.shape[:-1], 0, channels), x.dtype)

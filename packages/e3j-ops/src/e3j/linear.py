@@ -1,0 +1,94 @@
+"""Equivariant linear layer: per-irrep mixing of copies and channels."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from e3j_core import Irrep, Irreps
+
+from ._checks import check_rank, float_dtype
+
+__all__ = ["Linear"]
+
+
+class Linear:
+    """``[B, D_in, C_in] -> [B, D_out, C_out]`` mixing, for each irrep, all its input copies and
+    channels into each output copy and channel (the only equivariant linear maps).
+
+    Weights are plain arrays: ``params = lin.init(key)`` gives one
+    ``[mul_in(ir), mul_out(ir), C_in, C_out]`` array per output irrep (keyed by its string);
+    ``lin(params, x)`` applies them with e3nn's fan-in normalization ``1/sqrt(mul_in · C_in)``.
+    Output irreps absent from the input get zeros.
+
+    >>> import jax, jax.numpy as jnp
+    >>> lin = Linear("2x0e + 1o", "0e + 2x1o", channels_in=4, channels_out=3)
+    >>> params = lin.init(jax.random.key(0))
+    >>> {k: v.shape for k, v in params.items()}
+    {'0e': (2, 1, 4, 3), '1o': (1, 2, 4, 3)}
+    >>> lin(params, jnp.ones((5, 5, 4))).shape
+    (5, 7, 3)
+    """
+
+    def __init__(self, irreps_in, irreps_out, *, channels_in: int, channels_out: int) -> None:
+        self.irreps_in = Irreps(irreps_in)
+        self.irreps_out = Irreps(irreps_out)
+        for name, c in (("channels_in", channels_in), ("channels_out", channels_out)):
+            if isinstance(c, bool) or not isinstance(c, int) or c <= 0:
+                raise ValueError(f"{name} must be an int > 0, got {c!r}")
+        self.channels_in, self.channels_out = channels_in, channels_out
+        self._rows_in = _rows_by_irrep(self.irreps_in)
+        self._rows_out = _rows_by_irrep(self.irreps_out)
+
+    def weight_shapes(self) -> dict[str, tuple[int, int, int, int]]:
+        return {
+            str(ir): (len(self._rows_in[ir]), len(rows), self.channels_in, self.channels_out)
+            for ir, rows in self._rows_out.items()
+            if ir in self._rows_in
+        }
+
+    def init(self, key: jax.Array, dtype=jnp.float32) -> dict[str, jax.Array]:
+        shapes = self.weight_shapes()
+        keys = jax.random.split(key, max(1, len(shapes)))
+        return {name: jax.random.normal(k, shape, dtype) for k, (name, shape) in zip(keys, shapes.items())}
+
+    def __call__(self, params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+        check_rank("x", x, (3,), f"[B, D_in={self.irreps_in.dim}, C_in={self.channels_in}]")
+        dtype = float_dtype("x", x)
+        if x.shape[1:] != (self.irreps_in.dim, self.channels_in):
+            raise ValueError(
+                f"x must be [B, {self.irreps_in.dim}, {self.channels_in}] for {self.irreps_in}, got {x.shape}"
+            )
+        expected = self.weight_shapes()
+        if set(params) != set(expected):
+            raise ValueError(f"params must have keys {sorted(expected)}, got {sorted(params)}")
+        blocks = {}
+        for ir in self._rows_out:
+            if ir not in self._rows_in:
+                continue
+            w = params[str(ir)]
+            if w.shape != expected[str(ir)]:
+                raise ValueError(f"params['{ir}'] must have shape {expected[str(ir)]}, got {w.shape}")
+            rows_in = self._rows_in[ir]
+            xin = x[:, jnp.asarray(rows_in).reshape(-1), :].reshape(x.shape[0], len(rows_in), ir.dim, -1)
+            scale = 1.0 / math.sqrt(len(rows_in) * self.channels_in)
+            blocks[ir] = jnp.einsum("buic,uvcd->bvid", xin, w.astype(dtype)) * scale
+        out = jnp.zeros((x.shape[0], self.irreps_out.dim, self.channels_out), dtype)
+        for ir, out_rows in self._rows_out.items():
+            if ir in blocks:
+                idx = jnp.asarray(out_rows).reshape(-1)
+                out = out.at[:, idx, :].set(blocks[ir].reshape(x.shape[0], -1, self.channels_out))
+        return out
+
+
+def _rows_by_irrep(irreps: Irreps) -> dict[Irrep, list[list[int]]]:
+    """For each irrep, the row indices of each of its copies (in layout order)."""
+    out: dict[Irrep, list[list[int]]] = {}
+    start = 0
+    for mul, ir in irreps:
+        for _ in range(mul):
+            out.setdefault(ir, []).append(list(range(start, start + ir.dim)))
+            start += ir.dim
+    return out

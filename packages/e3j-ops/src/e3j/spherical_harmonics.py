@@ -1,0 +1,50 @@
+"""Spherical harmonics in JAX, evaluated from e3j-core's exact polynomials."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+
+from e3j_core import Irreps, spherical_harmonic_polynomials
+
+from ._checks import float_dtype
+
+__all__ = ["spherical_harmonics"]
+
+
+def spherical_harmonics(
+    irreps_out: int | Sequence[int] | Irreps | str,
+    input: jax.Array,
+    normalize: bool,
+    normalization: str = "component",
+) -> jax.Array:
+    """Real spherical harmonics ``[..., 3] -> [..., D]``, equal to ``e3nn_jax.spherical_harmonics(...).array``.
+
+    ``irreps_out`` is an int, a list of ints or irreps like ``"0e + 1o + 2e"``; conventions are
+    e3nn's (``y`` polar, ``l=1`` components ``(x, y, z)``). Monomials of the coordinates are formed
+    once and mixed by a small constant matrix. With ``normalize=True`` the input is divided by its
+    norm; the zero vector maps to ``Y_0`` and zeros, with finite (zero) gradients.
+
+    >>> spherical_harmonics("0e + 1o", jnp.array([0.0, 2.0, 0.0]), normalize=True)
+    Array([1.       , 0.       , 1.7320508, 0.       ], dtype=float32)
+    """
+    polys = spherical_harmonic_polynomials(irreps_out, normalization)
+    dtype = float_dtype("input", input)
+    x = jnp.asarray(input, dtype)
+    if x.ndim == 0 or x.shape[-1] != 3:
+        raise ValueError(f"input must have shape [..., 3], got {x.shape}")
+    if normalize:
+        r2 = jnp.sum(x * x, axis=-1, keepdims=True)
+        nonzero = r2 > 0
+        # double where: the gradient of sqrt is never evaluated at 0
+        x = jnp.where(nonzero, x / jnp.sqrt(jnp.where(nonzero, r2, 1)), 0)
+    degree = int(polys.exponents.max(initial=0))
+    powers = [jnp.ones_like(x)]
+    for _ in range(degree):
+        powers.append(powers[-1] * x)
+    powers = jnp.stack(powers, axis=-2)  # [..., degree+1, 3]
+    e = polys.exponents
+    mono = powers[..., e[:, 0], 0] * powers[..., e[:, 1], 1] * powers[..., e[:, 2], 2]
+    return mono @ jnp.asarray(polys.coefficients.T, dtype)
