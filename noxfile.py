@@ -69,6 +69,8 @@ def tests(session: nox.Session) -> None:
     """The test suite on CPU (the README's test command)."""
     session.install(*TEST_REQUIREMENTS)
     _install_packages(session)
+    # a test-only backend plugin (reference kernels under another name; see tests/ops/test_backends.py)
+    session.install(str(ROOT / "tests/plugins/e3j-test-backend"))
     session.run("python", "-m", "pytest", *(session.posargs or ["tests"]))
 
 

@@ -7,7 +7,7 @@ layout helpers, and backend selection.
 >>> import e3j, jax.numpy as jnp
 >>> tp = e3j.TensorProduct("0e + 1o", "0e + 1o")
 >>> tp(jnp.ones((3, 4, 16)), jnp.ones((3, 4))).shape
-(3, 10, 16)
+(3, 16, 16)
 """
 
 from e3j_core import Irrep, Irreps, clebsch_gordan
@@ -15,6 +15,7 @@ from e3j_core import Irrep, Irreps, clebsch_gordan
 from ._version import __version__
 from .backends import Backend, BackendError, Kernels, available_backends, use_backend
 from .convolution import Convolution
+from .distributed import PartitionedGraph, convolution_sharded, partition_graph
 from .graph import Graph
 from .layout import from_mul_ir, mul_ir_irreps, to_mul_ir
 from .linear import Linear
@@ -30,12 +31,15 @@ __all__ = [
     "Irreps",
     "Kernels",
     "Linear",
+    "PartitionedGraph",
     "TensorProduct",
     "__version__",
     "available_backends",
     "clebsch_gordan",
+    "convolution_sharded",
     "from_mul_ir",
     "mul_ir_irreps",
+    "partition_graph",
     "spherical_harmonics",
     "to_mul_ir",
     "use_backend",

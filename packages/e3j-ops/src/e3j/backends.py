@@ -298,11 +298,11 @@ def select_backend(req: OpRequest, requested: str | None) -> Backend:
         try:
             backend = get_backend(env)
             reason = backend.unsupported(req)
+            if not reason:
+                _check_loadable(backend)
+                return backend
         except BackendError as err:
             reason = str(err)
-        if not reason:
-            _check_loadable(backend)
-            return backend
         _warn_once(("env", env, req), f"{ENV_VAR}={env} is not used for {req.op} on {req.platform}: {reason}")
     reasons = []
     candidates = sorted(available_backends(), key=lambda b: -b.priority)

@@ -27,7 +27,7 @@ def spherical_harmonics(
     once and mixed by a small constant matrix. With ``normalize=True`` the input is divided by its
     norm; the zero vector maps to ``Y_0`` and zeros, with finite (zero) gradients.
 
-    >>> spherical_harmonics("0e + 1o", jnp.array([0.0, 2.0, 0.0]), normalize=True)
+    >>> spherical_harmonics("0e + 1o", jnp.array([0.0, 2.0, 0.0], jnp.float32), normalize=True)
     Array([1.       , 0.       , 1.7320508, 0.       ], dtype=float32)
     """
     polys = spherical_harmonic_polynomials(irreps_out, normalization)
@@ -36,8 +36,13 @@ def spherical_harmonics(
     if x.ndim == 0 or x.shape[-1] != 3:
         raise ValueError(f"input must have shape [..., 3], got {x.shape}")
     if normalize:
+        # divide by the largest |component| first so that the squared norm neither underflows nor
+        # overflows (|x| ~ 1e-20 or 1e20 in float32); the direction does not depend on this scale,
+        # so it carries no gradient
+        scale = jax.lax.stop_gradient(jnp.max(jnp.abs(x), axis=-1, keepdims=True))
+        nonzero = scale > 0
+        x = x / jnp.where(nonzero, scale, 1)
         r2 = jnp.sum(x * x, axis=-1, keepdims=True)
-        nonzero = r2 > 0
         # double where: the gradient of sqrt is never evaluated at 0
         x = jnp.where(nonzero, x / jnp.sqrt(jnp.where(nonzero, r2, 1)), 0)
     degree = int(polys.exponents.max(initial=0))

@@ -102,7 +102,8 @@ def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[st
             gs = g * s[e][:, i3, :]
             if "x" in outs:
                 dx = apply_table(coo.vjp_x, y[e], gs, a_channels=y_channels, b_channels=True, out_channels=True)
-                acc["x"] = acc["x"].at[snd].add(dx, mode="drop")
+                # invalid slots go to row num_nodes (dropped): 0 * non-finite padding s or y is NaN
+                acc["x"] = acc["x"].at[jnp.where(valid, snd, num_nodes)].add(dx, mode="drop")
             if "y" in outs:
                 dy = apply_table(coo.vjp_y, x[snd], gs, a_channels=True, b_channels=True, out_channels=y_channels)
                 acc["y"] = acc["y"].at[e_write].set(dy, mode="drop")

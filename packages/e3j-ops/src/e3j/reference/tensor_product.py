@@ -1,14 +1,22 @@
 """Reference (pure JAX) tensor-product kernels: trace-time unrolled sparse contractions.
 
-Every record of the COO table becomes one multiply-add in the traced program; rows that share
-``(i0, i1)`` factor ``a[i1]`` out of their sum (paper Algorithm 5's grouping). XLA fuses the whole
-thing into one pass over memory: each input row is read once, each output row written once.
+Two formulations, chosen per call:
+
+- all operands carry channels: every record of the COO table becomes one multiply-add in the
+  traced program; records that share ``(i0, i1)`` factor ``a[i1]`` out of their sum (paper
+  Algorithm 5's grouping), and XLA fuses the whole thing into one pass over memory;
+- one operand is broadcast over channels (spherical harmonics, or a cotangent summed over
+  channels): the broadcast operand is first contracted with the (small, dense) table into a
+  per-row ``[D_out, D_in]`` matrix, then one batched matrix product does the channel work. This is
+  how the work is memory-bound on CPUs, and it compiles in constant time.
 
 Layouts: operands ``[B, D]`` (broadcast over channels) or ``[B, D, C]``; the output has channels
 when requested, and is summed over channels otherwise (the cotangent of a broadcast operand).
 """
 
 from __future__ import annotations
+
+import math
 
 import jax.numpy as jnp
 
@@ -34,6 +42,11 @@ def apply_table(
     """``out[:, i0] = Σ_r c_r a[:, i1_r] b[:, i2_r]`` for a bilinear :class:`CooTable`."""
     if table.arity != 2:
         raise ValueError(f"apply_table needs a bilinear table, got arity {table.arity}")
+    if out_channels and not (a_channels or b_channels):
+        raise ValueError("an output with channels needs an operand with channels")
+    mixed = not (a_channels and b_channels and out_channels)
+    if mixed and (a_channels or b_channels) and math.prod(table.dims) <= _DENSE_LIMIT:
+        return _apply_dense(table, a, b, a_channels=a_channels, b_channels=b_channels, out_channels=out_channels)
     any_channels = a_channels or b_channels
     dtype = jnp.result_type(a, b)
     batch = a.shape[0]
@@ -50,9 +63,32 @@ def apply_table(
     out = jnp.stack([rows.get(i0, zero) for i0 in range(table.dims[0])], axis=1)
     if any_channels and not out_channels:
         out = out.sum(-1)
-    elif out_channels and not any_channels:
-        raise ValueError("an output with channels needs an operand with channels")
     return out
+
+
+# dense tables up to this many entries (lmax 3 with the usual filter: 99 x 16 x 16 = 25,344)
+_DENSE_LIMIT = 2**22
+
+
+def _dense(table: CooTable, dtype) -> jnp.ndarray:
+    return jnp.asarray(table.dense(), dtype)
+
+
+def _apply_dense(table, a, b, *, a_channels, b_channels, out_channels):
+    dtype = jnp.result_type(a, b)
+    T = _dense(table, dtype)  # [D0, D1, D2]
+    if out_channels and a_channels and not b_channels:
+        W = jnp.einsum("bk,ijk->bij", b, T)
+        return jnp.einsum("bij,bjc->bic", W, a)
+    if out_channels and b_channels and not a_channels:
+        W = jnp.einsum("bj,ijk->bik", a, T)
+        return jnp.einsum("bik,bkc->bic", W, b)
+    if not out_channels and a_channels and b_channels:
+        G = jnp.einsum("bjc,bkc->bjk", a, b)
+        return jnp.einsum("bjk,ijk->bi", G, T)
+    if not out_channels and a_channels != b_channels:
+        return _apply_dense(table, a, b, a_channels=a_channels, b_channels=b_channels, out_channels=True).sum(-1)
+    raise AssertionError("unreachable")
 
 
 def tensor_product(coo: TensorProductCoo, x: jnp.ndarray, y: jnp.ndarray, *, y_channels: bool) -> jnp.ndarray:

@@ -1,0 +1,272 @@
+"""Running :class:`e3j.Convolution` on several devices with ``jax.shard_map``.
+
+Receivers are partitioned: device ``d`` of ``D`` owns the contiguous node block
+``[d·n, (d+1)·n)`` with ``n = ceil(N / D)`` (the last block is padded with nodes that have no edges)
+and every edge pointing into that block. Node features are sharded the same way. Inside the
+``shard_map`` each device
+
+1. all-gathers the node features (``jax.lax.all_gather(..., tiled=True)``; any node may send),
+2. gathers its *local nodes*: its own ``n`` nodes, then its *halo*, the distinct remote senders of its
+   edges (padded to a common ``halo_capacity``),
+3. runs the ordinary single-device ``conv(x_local, y_local, s_local, graph_local)`` on the local
+   graph (``n + halo_capacity`` nodes, ``edge_capacity`` edges, padding edges masked out), and
+4. keeps the first ``n`` output rows, its own receivers.
+
+The partition is computed once on the host with numpy by :func:`partition_graph` (shapes depend on
+the graph), and :func:`convolution_sharded` runs it; it is differentiable in ``x``, ``y`` and ``s``
+(the all-gather transposes to a reduce-scatter) and can be jitted.
+
+Memory per device: the gathered features ``N_pad·Dx·C``, the local features and output
+``(n + halo_capacity)·(Dx + Dout)·C`` (never ``N·Dout·C``: halo nodes have no incoming edges but
+only they, not all ``N`` nodes, get output rows) and the edge operands
+``edge_capacity·(Dy + P·C)``. Edge operands ``y``, ``s`` are given in the caller's edge order and
+gathered into per-device blocks by ``partitioned.edge_ids`` before the ``shard_map``.
+
+>>> import numpy as np, jax, jax.numpy as jnp, e3j
+>>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+>>> conv = e3j.Convolution("0e + 1o", "0e + 1o", filter="0e + 1o")
+>>> pg = partition_graph(np.array([0, 1, 2]), np.array([1, 2, 0]), num_nodes=3, num_devices=1)
+>>> x, y, s = jnp.ones((3, 4, 2)), jnp.ones((3, 4)), jnp.ones((3, conv.num_paths, 2))
+>>> m = convolution_sharded(conv, x, y, s, pg, mesh, "d")
+>>> m.shape, bool(jnp.allclose(m, conv(x, y, s, e3j.Graph.from_edges(np.array([0, 1, 2]), np.array([1, 2, 0]), 3))))
+((3, 8, 2), True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import shard_map
+from jax.sharding import Mesh, PartitionSpec
+
+from ._checks import check_rank
+from .convolution import Convolution
+from .graph import Graph
+
+__all__ = ["PartitionedGraph", "convolution_sharded", "partition_graph"]
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionedGraph:
+    """A graph split by receiver blocks over ``num_devices`` devices (a pytree; sizes are static).
+
+    Array attributes carry a leading device axis ``[num_devices, ...]``:
+        graph: an :class:`e3j.Graph` per device (fields stacked) on the device's
+            ``nodes_per_device + halo_capacity`` local nodes and ``edge_capacity`` edges.
+        node_ids: ``int32 [D, nodes_per_device + halo_capacity]``: the (padded) global node of each
+            local node; own nodes first, then the halo; halo padding points at node 0.
+        edge_ids: ``int32 [D, edge_capacity]``: the caller's edge id of each local edge; padding
+            edges point at edge 0 and are masked (``graph.edge_mask``).
+
+    Static attributes: ``num_nodes`` (``N``), ``num_edges`` (``E``, the caller's edge count),
+    ``num_devices``, ``nodes_per_device`` (``ceil(N / D)``), ``edge_capacity``, ``halo_capacity``.
+    """
+
+    graph: Graph
+    node_ids: jax.Array
+    edge_ids: jax.Array
+    num_nodes: int = dataclasses.field(metadata=dict(static=True))
+    num_edges: int = dataclasses.field(metadata=dict(static=True))
+    num_devices: int = dataclasses.field(metadata=dict(static=True))
+    nodes_per_device: int = dataclasses.field(metadata=dict(static=True))
+    edge_capacity: int = dataclasses.field(metadata=dict(static=True))
+    halo_capacity: int = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def num_nodes_padded(self) -> int:
+        return self.num_devices * self.nodes_per_device
+
+    @property
+    def num_local_nodes(self) -> int:
+        return self.nodes_per_device + self.halo_capacity
+
+
+jax.tree_util.register_dataclass(
+    PartitionedGraph,
+    data_fields=["graph", "node_ids", "edge_ids"],
+    meta_fields=["num_nodes", "num_edges", "num_devices", "nodes_per_device", "edge_capacity", "halo_capacity"],
+)
+
+
+def _static_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"{name} must be a static int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def partition_graph(
+    senders,
+    receivers,
+    num_nodes: int,
+    num_devices: int,
+    edge_mask=None,
+    *,
+    edge_capacity: int | None = None,
+    halo_capacity: int | None = None,
+) -> PartitionedGraph:
+    """Split a graph by receiver blocks for :func:`convolution_sharded` (host numpy, not jittable).
+
+    Args:
+        senders, receivers: integer ``[E]`` node indices (numpy or concrete arrays).
+        num_nodes: ``N``; need not be divisible by ``num_devices`` (the last block is padded).
+        num_devices: ``D``, the size of the mesh axis the convolution will be sharded over.
+        edge_mask: optional ``bool [E]``; False marks padding edges, which are dropped.
+        edge_capacity: edges per device (default: the largest block's count); pass a fixed value to
+            keep shapes, hence compilations, stable across graphs. Must fit every block.
+        halo_capacity: remote senders per device (default: the largest halo); likewise.
+
+    Raises ``ValueError`` for out-of-range non-padding edges or too-small capacities, and
+    ``TypeError`` for traced input (the partition's shapes depend on the data).
+    """
+    num_nodes = _static_int("num_nodes", num_nodes, 0)
+    num_devices = _static_int("num_devices", num_devices, 1)
+    if any(isinstance(a, jax.core.Tracer) for a in (senders, receivers, edge_mask)):
+        raise TypeError("partition_graph runs on the host: pass concrete (numpy) arrays, not traced values")
+    senders, receivers = np.asarray(senders), np.asarray(receivers)
+    for name, a in (("senders", senders), ("receivers", receivers)):
+        if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"{name} must be a 1-D integer array [E], got {a.dtype} {a.shape}")
+    if senders.shape != receivers.shape:
+        raise ValueError(f"senders {senders.shape} and receivers {receivers.shape} must have one shape")
+    num_edges = senders.shape[0]
+    if edge_mask is None:
+        mask = np.ones(num_edges, bool)
+    else:
+        mask = np.asarray(edge_mask)
+        if mask.shape != (num_edges,) or mask.dtype != bool:
+            raise ValueError(f"edge_mask must be bool [{num_edges}], got {mask.dtype} {mask.shape}")
+    for name, a in (("senders", senders), ("receivers", receivers)):
+        bad = np.flatnonzero(mask & ((a < 0) | (a >= num_nodes)))
+        if bad.size:
+            e = int(bad[0])
+            raise ValueError(f"{name}[{e}] = {int(a[e])} is out of range for num_nodes={num_nodes}")
+
+    n = -(-num_nodes // num_devices)  # nodes per device
+    device = np.where(mask, receivers // max(n, 1), -1)
+    edges = [np.flatnonzero(device == d) for d in range(num_devices)]
+    halos = []
+    for d, e in enumerate(edges):
+        snd = senders[e]
+        halos.append(np.unique(snd[(snd < d * n) | (snd >= (d + 1) * n)]))
+
+    def capacity(name, given, needed):
+        if given is None:
+            return needed
+        given = _static_int(name, given, 0)
+        if given < needed:
+            raise ValueError(f"{name}={given} is too small: a device needs {needed}")
+        return given
+
+    e_cap = capacity("edge_capacity", edge_capacity, max(len(e) for e in edges))
+    h_cap = capacity("halo_capacity", halo_capacity, max(len(h) for h in halos))
+
+    graphs, node_ids, edge_ids = [], [], []
+    for d, (e, halo) in enumerate(zip(edges, halos)):
+        k = len(e)
+        snd, rcv = senders[e].astype(np.int64), receivers[e].astype(np.int64)
+        own = (snd >= d * n) & (snd < (d + 1) * n)
+        local_snd = np.where(own, snd - d * n, n + np.searchsorted(halo, snd))
+        pad = e_cap - k
+        graphs.append(
+            Graph.from_edges(
+                np.concatenate([local_snd, np.zeros(pad, np.int64)]),
+                np.concatenate([rcv - d * n, np.zeros(pad, np.int64)]),
+                num_nodes=n + h_cap,
+                edge_mask=np.concatenate([np.ones(k, bool), np.zeros(pad, bool)]),
+            )
+        )
+        node_ids.append(np.concatenate([np.arange(d * n, (d + 1) * n), halo, np.zeros(h_cap - len(halo), np.int64)]))
+        edge_ids.append(np.concatenate([e, np.zeros(pad, np.int64)]))
+    graph = Graph(*(jnp.asarray(np.stack([np.asarray(g[i]) for g in graphs])) for i in range(len(Graph._fields))))
+    return PartitionedGraph(
+        graph=graph,
+        node_ids=jnp.asarray(np.stack(node_ids).astype(np.int32)),
+        edge_ids=jnp.asarray(np.stack(edge_ids).astype(np.int32)),
+        num_nodes=num_nodes,
+        num_edges=num_edges,
+        num_devices=num_devices,
+        nodes_per_device=n,
+        edge_capacity=e_cap,
+        halo_capacity=h_cap,
+    )
+
+
+def _edge_blocks(a: jax.Array, pg: PartitionedGraph) -> jax.Array:
+    """``[E, ...]`` in the caller's order -> ``[D·edge_capacity, ...]`` device blocks, padding zeroed."""
+    ids = pg.edge_ids.reshape(-1)
+    mask = pg.graph.edge_mask.reshape((-1,) + (1,) * (a.ndim - 1))
+    if a.shape[0] == 0:
+        return jnp.zeros((ids.shape[0], *a.shape[1:]), a.dtype)
+    return jnp.where(mask, a[ids], 0)
+
+
+def convolution_sharded(
+    conv: Convolution,
+    x: jax.Array,
+    y: jax.Array,
+    s: jax.Array,
+    partitioned: PartitionedGraph,
+    mesh: Mesh,
+    axis_name: str,
+    *,
+    backend: str | None = None,
+) -> jax.Array:
+    """``conv(x, y, s, graph)`` computed with receivers sharded over ``mesh`` axis ``axis_name``.
+
+    Args:
+        conv: the :class:`e3j.Convolution`.
+        x: ``[N, Dx, C]`` node features; y: ``[E, Dy]`` or ``[E, Dy, C]``; s: ``[E, P, C]``, all in
+            the caller's node and edge order (the order given to :func:`partition_graph`).
+        partitioned: :func:`partition_graph` of the graph, with ``num_devices`` equal to the size of
+            the mesh axis.
+        mesh, axis_name: the device mesh and the axis to shard receivers over (other mesh axes, if
+            any, replicate the computation).
+
+    Returns ``[N, Dout, C]``, sharded by node blocks over ``axis_name`` (before slicing off the
+    padding nodes), equal to the single-device convolution up to summation order.
+    """
+    pg = partitioned
+    if not isinstance(conv, Convolution):
+        raise TypeError(f"conv must be an e3j.Convolution, got {type(conv).__name__}")
+    if not isinstance(pg, PartitionedGraph):
+        raise TypeError(f"partitioned must come from e3j.partition_graph, got {type(pg).__name__}")
+    if axis_name not in mesh.shape:
+        raise ValueError(f"mesh has no axis {axis_name!r}; its axes are {tuple(mesh.shape)}")
+    if mesh.shape[axis_name] != pg.num_devices:
+        raise ValueError(
+            f"the graph was partitioned for {pg.num_devices} devices but mesh axis {axis_name!r} "
+            f"has {mesh.shape[axis_name]}"
+        )
+    check_rank("x", x, (3,), f"[N, Dx={conv.coo.dim_x}, C]")
+    check_rank("y", y, (2, 3), f"[E, Dy={conv.coo.dim_y}] or [E, Dy, C]")
+    check_rank("s", s, (3,), f"[E, num_paths={conv.num_paths}, C]")
+    if x.shape[0] != pg.num_nodes:
+        raise ValueError(f"x has {x.shape[0]} nodes but the graph was partitioned with num_nodes={pg.num_nodes}")
+    for name, a in (("y", y), ("s", s)):
+        if a.shape[0] != pg.num_edges:
+            raise ValueError(f"{name} has {a.shape[0]} edges but the partitioned graph has {pg.num_edges}")
+
+    n, n_pad = pg.nodes_per_device, pg.num_nodes_padded
+    x_pad = jnp.pad(x, ((0, n_pad - pg.num_nodes), (0, 0), (0, 0)))
+    y_blocks, s_blocks = _edge_blocks(y, pg), _edge_blocks(s, pg)
+
+    def local(x_block, y_block, s_block, graph_block, node_ids_block):
+        x_all = jax.lax.all_gather(x_block, axis_name, tiled=True)  # [N_pad, Dx, C]
+        x_local = x_all[node_ids_block[0]]  # own nodes, then halo
+        graph = jax.tree.map(lambda a: a[0], graph_block)
+        m = conv(x_local, y_block, s_block, graph, backend=backend)
+        return m[:n]
+
+    spec = PartitionSpec(axis_name)
+    m = shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(spec, spec, spec, spec, spec),
+        out_specs=spec,
+        # the e3j primitives' abstract evaluation does not track varying manual axes
+        check_vma=False,
+    )(x_pad, y_blocks, s_blocks, pg.graph, pg.node_ids)
+    return m if n_pad == pg.num_nodes else m[: pg.num_nodes]

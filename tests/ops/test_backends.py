@@ -1,0 +1,401 @@
+"""Backend discovery, selection policy, overrides and per-platform fallback, and ``python -m e3j info``.
+
+The test plugin ``tests/plugins/e3j-test-backend`` (installed by the nox ``tests`` session) provides:
+``test`` (CPU, priority 100, the reference kernels counting their calls in
+``e3j_test_backend.calls``), ``incompatible`` (wrong COO format), ``old_jax`` (wrong JAX range),
+``load_fails`` (its ``load()`` raises), ``not_a_backend`` (not a descriptor) and ``broken`` (its
+module raises on import).
+
+Selection happens at lowering time, and JAX caches lowerings by shape: every check below lowers
+a fresh ``jit`` at a channel count no other check uses (:func:`fresh`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+import warnings
+
+import e3j_test_backend as plugin
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import e3j
+from e3j import backends
+from e3j.__main__ import main
+from e3j.backends import BackendError, OpRequest, select_backend
+
+ENV = "E3J_BACKEND"  # the documented name
+_channels = itertools.count(101)
+
+
+def fresh() -> int:
+    """A channel count no other lowering in this module has used."""
+    return next(_channels)
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    monkeypatch.delenv(ENV, raising=False)
+    backends._warned.clear()
+    plugin.calls.clear()
+    yield
+    backends._warned.clear()
+    plugin.calls.clear()
+
+
+TP = e3j.TensorProduct("0e + 1o", "0e + 1o")
+CONV = e3j.Convolution("0e + 1o", "0e + 1o", filter="0e + 1o")
+GRAPH = e3j.Graph.from_edges(np.array([0, 1, 2, 1]), np.array([1, 0, 1, 2]), num_nodes=3)
+
+
+def tp_args(c: int, dtype=np.float32):
+    rng = np.random.default_rng(c)
+    return jnp.asarray(rng.normal(size=(3, 4, c)), dtype), jnp.asarray(rng.normal(size=(3, 4)), dtype)
+
+
+def conv_args(c: int, dtype=np.float32):
+    rng = np.random.default_rng(c)
+    x = jnp.asarray(rng.normal(size=(3, 4, c)), dtype)
+    y = jnp.asarray(rng.normal(size=(4, 4)), dtype)
+    s = jnp.asarray(rng.normal(size=(4, CONV.num_paths, c)), dtype)
+    return x, y, s, GRAPH
+
+
+def _abstract(args):
+    return [jax.ShapeDtypeStruct(a.shape, a.dtype) if isinstance(a, jax.Array) else a for a in args]
+
+
+def lower_tp(platform: str = "cpu", backend: str | None = None):
+    args = _abstract(tp_args(fresh()))
+    return jax.jit(lambda x, y: TP(x, y, backend=backend)).trace(*args).lower(lowering_platforms=(platform,))
+
+
+def lower_conv(platform: str = "cpu", backend: str | None = None):
+    x, y, s, graph = _abstract(conv_args(fresh()))
+    fn = jax.jit(lambda x, y, s: CONV(x, y, s, graph, backend=backend))
+    return fn.trace(x, y, s).lower(lowering_platforms=(platform,))
+
+
+LOWER = {"tensor_product": lower_tp, "convolution": lower_conv}
+
+
+# -- discovery ------------------------------------------------------------------------------------
+
+
+def test_discovery_finds_the_plugin_backends():
+    names = [b.name for b in e3j.available_backends()]
+    assert names[0] == "reference"
+    assert {"reference", "test", "incompatible", "old_jax", "load_fails"} <= set(names)
+    assert "broken" not in names and "not_a_backend" not in names
+    test = backends.get_backend("test")
+    assert (test.platforms, test.priority, test.version) == (("cpu",), 100, plugin.__version__)
+    assert test.incompatibility() is None
+
+
+def test_broken_plugins_are_reported_not_raised():
+    errors = dict(backends.discovery_errors())
+    broken = next(v for k, v in errors.items() if k.startswith("broken ("))
+    assert "ImportError" in broken and "libe3j_missing" in broken
+    wrong = next(v for k, v in errors.items() if k.startswith("not_a_backend ("))
+    assert "TypeError" in wrong and "expected an e3j.backends.Backend" in wrong
+    # the entry point text names where it points
+    assert any("e3j_test_backend._broken:backend" in k for k in errors)
+
+
+def test_rediscovery_after_cache_clear_is_identical():
+    before = (tuple(b.name for b in e3j.available_backends()), backends.discovery_errors())
+    backends._discovered.cache_clear()
+    after = (tuple(b.name for b in e3j.available_backends()), backends.discovery_errors())
+    assert before == after
+
+
+def test_incompatible_backends_say_why():
+    coo = backends.get_backend("incompatible").incompatibility()
+    assert coo is not None and "COO format" in coo and str(e3j.backends.COO_FORMAT_VERSION) in coo
+    old = backends.get_backend("old_jax").incompatibility()
+    assert old is not None and ">=0.4,<0.5" in old and jax.__version__ in old
+    assert backends.describe(backends.get_backend("incompatible"))["compatible"] == coo
+    assert backends.describe(backends.get_backend("test"))["compatible"] == "yes"
+
+
+# -- automatic selection --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", backends.OPS)
+def test_priority_selects_the_test_backend_on_cpu(op):
+    # incompatible/old_jax (priority 1000) are rejected, load_fails (200) fails to load, test (100) wins
+    assert select_backend(OpRequest(op, "cpu", "float32", 64, 3), None).name == "test"
+    assert select_backend(OpRequest(op, "cpu", "float64", 7, 1), None).name == "test"
+    # a dtype no plugin supports: the reference, silently on CPU
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert select_backend(OpRequest(op, "cpu", "float16", 64, 3), None).name == "reference"
+
+
+def test_tensor_product_runs_the_selected_kernels_with_reference_numbers():
+    c = fresh()
+    x, y = tp_args(c, np.float64)
+    out = jax.jit(lambda x, y: TP(x, y))(x, y)
+    assert plugin.calls == ["tensor_product"]
+    ref = jax.jit(lambda x, y: TP(x, y, backend="reference"))(x, y)
+    assert plugin.calls == ["tensor_product"]
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+
+
+def test_convolution_runs_the_selected_kernels_with_reference_numbers():
+    args = conv_args(fresh(), np.float64)
+    out = jax.jit(lambda *a: CONV(*a))(*args)
+    assert plugin.calls == ["convolution"]
+    ref = jax.jit(lambda *a: CONV(*a, backend="reference"))(*args)
+    assert plugin.calls == ["convolution"]
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+
+
+def test_backward_kernels_are_selected_too():
+    x, y = tp_args(fresh(), np.float64)
+    jax.jit(jax.grad(lambda x, y: TP(x, y).sum(), argnums=(0, 1)))(x, y)
+    assert "tensor_product_bwd" in plugin.calls
+    args = conv_args(fresh(), np.float64)
+    plugin.calls.clear()
+    jax.jit(jax.grad(lambda x, y, s, g: CONV(x, y, s, g).sum(), argnums=(0, 1, 2)))(*args)
+    assert "convolution_bwd" in plugin.calls
+
+
+# -- overrides ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", backends.OPS)
+def test_backend_argument_overrides_priority(op):
+    LOWER[op](backend="reference")
+    assert plugin.calls == []
+    LOWER[op]()
+    assert plugin.calls == [op]
+
+
+@pytest.mark.parametrize("op", backends.OPS)
+def test_use_backend_overrides_priority(op):
+    with e3j.use_backend("reference"):
+        LOWER[op]()
+    assert plugin.calls == []
+    with e3j.use_backend("reference"), e3j.use_backend(None):  # None: back to automatic
+        LOWER[op]()
+    assert plugin.calls == [op]
+
+
+def test_use_backend_is_recorded_at_call_time_and_resolved_at_lowering():
+    args = _abstract(tp_args(fresh()))
+    with e3j.use_backend("reference"):
+        traced = jax.jit(lambda x, y: TP(x, y)).trace(*args)
+    traced.lower()  # outside the block: still the reference
+    assert plugin.calls == []
+
+
+def test_backend_argument_beats_use_backend():
+    with e3j.use_backend("reference"):
+        lower_tp(backend="test")
+    assert plugin.calls == ["tensor_product"]
+
+
+@pytest.mark.parametrize("op", backends.OPS)
+def test_env_var_overrides_priority(op, monkeypatch):
+    monkeypatch.setenv(ENV, "reference")
+    LOWER[op]()
+    assert plugin.calls == []
+    monkeypatch.setenv(ENV, "test")
+    LOWER[op]()
+    assert plugin.calls == [op]
+
+
+def test_eager_call_reads_env_var_at_lowering(monkeypatch):
+    monkeypatch.setenv(ENV, "reference")
+    TP(*tp_args(fresh()))
+    assert plugin.calls == []
+    monkeypatch.delenv(ENV)
+    TP(*tp_args(fresh()))  # a new shape: a new lowering
+    assert plugin.calls == ["tensor_product"]
+
+
+def test_use_backend_beats_env_var(monkeypatch):
+    monkeypatch.setenv(ENV, "reference")
+    with e3j.use_backend("test"):
+        lower_tp()
+    assert plugin.calls == ["tensor_product"]
+
+
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        ("incompatible", "COO format"),
+        ("old_jax", "needs jax>=0.4,<0.5"),
+        ("no_such_backend", "unknown e3j backend 'no_such_backend'"),
+        ("load_fails", "failed to load: RuntimeError: simulated kernel load failure"),
+    ],
+)
+def test_unusable_env_var_warns_and_falls_back_to_automatic(env, reason, monkeypatch):
+    monkeypatch.setenv(ENV, env)
+    expected = rf"{ENV}={env} is not used for tensor_product on cpu: .*{reason}"
+    with pytest.warns(RuntimeWarning, match=expected):
+        lower_tp()
+    assert plugin.calls == ["tensor_product"]  # automatic selection still picks the test backend
+
+
+# -- explicit requests that cannot be honoured -----------------------------------------------------
+
+
+def test_unknown_backend_names_raise():
+    with pytest.raises(BackendError, match=r"unknown e3j backend 'nope'.*installed: reference"):
+        TP(*tp_args(3), backend="nope")
+    with pytest.raises(BackendError, match="unknown e3j backend 'nope'"):
+        CONV(*conv_args(3), backend="nope")
+    with pytest.raises(BackendError, match="unknown e3j backend 'nope'"), e3j.use_backend("nope"):
+        pass
+    with pytest.raises(BackendError, match="unknown e3j backend 'broken'"):  # failed to load: not installed
+        backends.get_backend("broken")
+    assert issubclass(BackendError, ValueError)
+
+
+@pytest.mark.parametrize("op", backends.OPS)
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [("incompatible", "it reads COO format"), ("old_jax", "it needs jax>=0.4,<0.5")],
+)
+def test_explicit_incompatible_backend_raises_with_reason(op, name, reason):
+    with pytest.raises(BackendError, match=rf"backend '{name}' cannot run {op} on cpu: {reason}"):
+        LOWER[op](backend=name)
+    with pytest.raises(BackendError, match=rf"backend '{name}' cannot run {op} on cpu: {reason}"):
+        with e3j.use_backend(name):
+            LOWER[op]()
+
+
+def test_explicit_incompatible_backend_raises_eagerly():
+    with pytest.raises(BackendError, match="'incompatible' cannot run tensor_product on cpu: it reads COO"):
+        TP(*tp_args(fresh()), backend="incompatible")
+
+
+def test_explicit_backend_that_fails_to_load_raises():
+    with pytest.raises(BackendError, match="backend 'load_fails' failed to load: RuntimeError: simulated"):
+        lower_conv(backend="load_fails")
+
+
+def test_explicit_backend_with_unsupported_dtype_raises():
+    req = OpRequest("tensor_product", "cpu", "float16", 8, 1)
+    with pytest.raises(BackendError, match="supports float32/float64, not float16"):
+        select_backend(req, "test")
+
+
+# -- lowering for other platforms (on a CPU machine) -----------------------------------------------
+
+
+@pytest.mark.parametrize("platform", ["cuda", "tpu"])
+@pytest.mark.parametrize("op", backends.OPS)
+def test_accelerator_lowering_falls_back_to_reference_and_warns_once(op, platform):
+    with pytest.warns(RuntimeWarning) as record:
+        lowered = LOWER[op](platform)
+    assert "stablehlo" in lowered.as_text()[:2000] or "func.func" in lowered.as_text()
+    messages = [str(w.message) for w in record if "falls back" in str(w.message)]
+    assert len(messages) == 1, messages
+    (msg,) = messages
+    assert f"e3j {op} on {platform} falls back to the pure-JAX reference backend" in msg
+    assert f"test: it runs on cpu, not {platform}" in msg  # why each installed backend was not used
+    assert "incompatible: it reads COO format" in msg
+    assert plugin.calls == []
+    with warnings.catch_warnings():  # once only: a second lowering is silent
+        warnings.simplefilter("error")
+        LOWER[op](platform)
+
+
+def test_accelerator_fallback_warns_again_per_op_and_platform():
+    with pytest.warns(RuntimeWarning, match="tensor_product on cuda falls back"):
+        lower_tp("cuda")
+    with pytest.warns(RuntimeWarning, match="convolution on cuda falls back"):
+        lower_conv("cuda")
+    with pytest.warns(RuntimeWarning, match="tensor_product on tpu falls back"):
+        lower_tp("tpu")
+
+
+def test_accelerator_lowering_with_reference_requested_is_silent():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lower_tp("cuda", backend="reference")
+        lower_conv("tpu", backend="reference")
+
+
+@pytest.mark.parametrize("op", backends.OPS)
+def test_cpu_only_backend_requested_for_cuda_raises(op):
+    with pytest.raises(BackendError, match=rf"backend 'test' cannot run {op} on cuda: it runs on cpu, not cuda"):
+        LOWER[op]("cuda", backend="test")
+
+
+def test_multi_platform_lowering_selects_per_platform():
+    with pytest.warns(RuntimeWarning, match="tensor_product on cuda falls back"):
+        args = _abstract(tp_args(fresh()))
+        jax.jit(lambda x, y: TP(x, y)).trace(*args).lower(lowering_platforms=("cpu", "cuda"))
+    assert plugin.calls == ["tensor_product"]  # the cpu lowering used the test backend
+
+
+# -- python -m e3j info ---------------------------------------------------------------------------
+
+
+def _selected(text: str) -> dict[tuple[str, str], str]:
+    section = text.split("Selected backend", 1)[1].splitlines()[1:]
+    return {(p[0], p[1]): " ".join(p[2:]) for line in section if (p := line.split()) and p[0] in backends.OPS}
+
+
+def test_info_subprocess():
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    proc = subprocess.run(
+        [sys.executable, "-m", "e3j", "info"], capture_output=True, text=True, env=env, timeout=120, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert f"e3j        {e3j.__version__}" in out
+    assert f"jax        {jax.__version__}" in out
+    assert "jaxlib" in out and "python" in out and "COO format 1" in out
+    assert "JAX default platform: cpu" in out
+    for name in ("reference", "test", "incompatible", "old_jax", "load_fails"):
+        assert f"\n  {name} " in out
+    assert "compatible:    no: it reads COO format" in out
+    assert "compatible:    no: it needs jax>=0.4,<0.5" in out
+    assert "priority:      100" in out
+    assert "Backends that failed to load:" in out
+    assert "broken (e3j_test_backend._broken:backend): ImportError" in out
+    assert "not_a_backend (e3j_test_backend:not_a_backend): TypeError" in out
+    assert "float32, 64 channels, lmax 3" in out
+    assert _selected(out) == {("tensor_product", "cpu"): "test", ("convolution", "cpu"): "test"}
+
+
+def test_info_in_process_honours_env_var(capsys, monkeypatch):
+    monkeypatch.setenv(ENV, "reference")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert f"{ENV}: reference" in out
+    assert _selected(out) == {("tensor_product", "cpu"): "reference", ("convolution", "cpu"): "reference"}
+    assert backends._warned == set()  # info leaves the once-only warnings for real lowerings
+
+
+def test_info_in_process_reports_unusable_env_var_without_failing(capsys, monkeypatch):
+    monkeypatch.setenv(ENV, "incompatible")
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert _selected(out) == {("tensor_product", "cpu"): "test", ("convolution", "cpu"): "test"}
+    assert "note: E3J_BACKEND=incompatible is not used for convolution on cpu: it reads COO format" in out
+    assert backends._warned == set()
+
+
+@pytest.mark.parametrize("argv", [[], ["nope"], ["info", "--nope"]])
+def test_cli_bad_arguments_are_argparse_errors(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "usage: e3j" in capsys.readouterr().err
+
+
+def test_console_script():
+    script = os.path.join(os.path.dirname(sys.executable), "e3j")
+    proc = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0 and "info" in proc.stdout, proc.stderr

@@ -1,0 +1,219 @@
+"""``e3j.spherical_harmonics`` (the JAX evaluator) against e3nn-jax.
+
+float64 values and Jacobians must match e3nn to 1e-12 relative (per degree, relative to the largest
+|Y_l| of the sample) for l <= 11, every normalization, normalize True/False. float32 accuracy is
+measured against the float64 e3nn reference on the same (float32-rounded) inputs.
+"""
+
+import functools
+
+import e3nn_jax as e3nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import e3j
+
+LMAX = 11
+NORMALIZATIONS = ("component", "norm", "integral")
+
+
+def block(l):
+    return slice(l * l, (l + 1) ** 2)
+
+
+def vectors(n=2000, seed=0, unit=False):
+    rng = np.random.default_rng(seed)
+    v = rng.normal(size=(n, 3))
+    v /= np.linalg.norm(v, axis=-1, keepdims=True)
+    if not unit:
+        v *= rng.uniform(0.5, 2.0, size=(n, 1))
+    # the axes and a near-axis direction, where monomial cancellation would be worst
+    eye = np.eye(3)
+    return np.concatenate([v, eye, -eye, [[1e-3, 1.0, -2e-3]]])
+
+
+@functools.cache
+def e3nn_reference(normalization, normalize, seed=0):
+    """All degrees 0..11 at once (e3nn called once), float64."""
+    v = vectors(seed=seed)
+    irreps = e3nn.Irreps.spherical_harmonics(LMAX)
+    return v, np.asarray(e3nn.spherical_harmonics(irreps, jnp.asarray(v), normalize, normalization).array)
+
+
+def rel_errors(out, ref):
+    """Per degree: max |out - ref| / max |ref| over the sample."""
+    return [
+        float(np.max(np.abs(out[:, block(l)] - ref[:, block(l)])) / np.max(np.abs(ref[:, block(l)])))
+        for l in range(LMAX + 1)
+    ]
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+def test_values_match_e3nn_float64(normalization, normalize):
+    v, ref = e3nn_reference(normalization, normalize)
+    out = np.asarray(e3j.spherical_harmonics(list(range(LMAX + 1)), jnp.asarray(v), normalize, normalization))
+    assert out.dtype == np.float64 and out.shape == ref.shape == (len(v), (LMAX + 1) ** 2)
+    errs = rel_errors(out, ref)
+    assert max(errs) <= 1e-12, errs
+    # single degrees (int and irreps forms) are the same blocks
+    for l in (0, 1, 4, LMAX):
+        single = np.asarray(e3j.spherical_harmonics(l, jnp.asarray(v), normalize, normalization))
+        np.testing.assert_array_equal(single, out[:, block(l)])
+    irreps = e3j.Irreps.spherical_harmonics(3)
+    np.testing.assert_array_equal(
+        np.asarray(e3j.spherical_harmonics(irreps, jnp.asarray(v), normalize, normalization)), out[:, :16]
+    )
+
+
+def test_irreps_forms_match_e3nn():
+    """Irreps with multiplicities, any order, pseudovector parity: the matching e3nn blocks."""
+    v, ref = e3nn_reference("component", True)
+    for irreps in ("2x1o + 0e + 3o", "1e + 2e + 3e", "0e", "2e + 2e"):
+        out = np.asarray(e3j.spherical_harmonics(irreps, jnp.asarray(v), True))
+        expected = np.concatenate([ref[:, block(ir.l)] for mul, ir in e3j.Irreps(irreps) for _ in range(mul)], axis=-1)
+        assert out.shape == expected.shape, irreps
+        np.testing.assert_allclose(out, expected, rtol=0, atol=1e-13, err_msg=irreps)
+    # default normalization is "component"
+    np.testing.assert_array_equal(
+        e3j.spherical_harmonics([2, 3], jnp.asarray(v), False),
+        e3j.spherical_harmonics([2, 3], jnp.asarray(v), False, "component"),
+    )
+
+
+def test_float32_error_per_degree():
+    """float32 evaluation vs the float64 e3nn reference on the same float32 inputs."""
+    v = vectors(unit=True).astype(np.float32)  # e3nn compiled for this shape already
+    v64 = v.astype(np.float64)
+    worst = [0.0] * (LMAX + 1)
+    for normalization in NORMALIZATIONS:
+        for normalize in (True, False):
+            ref = np.asarray(
+                e3nn.spherical_harmonics(
+                    e3nn.Irreps.spherical_harmonics(LMAX), jnp.asarray(v64), normalize, normalization
+                ).array
+            )
+            out = e3j.spherical_harmonics(list(range(LMAX + 1)), jnp.asarray(v), normalize, normalization)
+            assert out.dtype == jnp.float32
+            errs = rel_errors(np.asarray(out, np.float64), ref)
+            worst = [max(a, b) for a, b in zip(worst, errs)]
+    print("float32 relative error per l:", " ".join(f"l={l}:{e:.1e}" for l, e in enumerate(worst)))
+    assert max(worst[:5]) <= 1e-6, worst  # l <= 4
+    assert max(worst) <= 5e-6, worst  # up to l = 11: errors grow ~linearly in l, no catastrophic cancellation
+
+
+def pointwise_jacobian(f, v):
+    """``[n, D, 3]``: ``d f(v)[k] / d v[k]`` of a row-wise ``f``, by forward mode (one ``jvp`` per axis)."""
+    cols = [jax.jvp(f, (v,), (jnp.zeros_like(v).at[:, i].set(1.0),))[1] for i in range(3)]
+    return jnp.stack(cols, axis=-1)
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_jacobian_matches_e3nn(normalize):
+    """e3nn's Jacobian (expensive to compile at l = 11) is taken once, in "component" normalization;
+    the other normalizations scale each degree by a constant, read off e3nn's values."""
+    v_np, comp = e3nn_reference("component", normalize)
+    v = jnp.asarray(v_np)
+    ls = list(range(LMAX + 1))
+    irreps = e3nn.Irreps.spherical_harmonics(LMAX)
+    ref_comp = pointwise_jacobian(lambda x: e3nn.spherical_harmonics(irreps, x, normalize).array, v)
+    assert ref_comp.shape == (len(v), (LMAX + 1) ** 2, 3)
+    for normalization in NORMALIZATIONS:
+        vals = e3nn_reference(normalization, normalize)[1]
+
+        def f(x, normalization=normalization):
+            return e3j.spherical_harmonics(ls, x, normalize, normalization)
+
+        jac = jax.vmap(jax.jacfwd(f))(v)
+        assert jac.shape == ref_comp.shape
+        for l in range(1, LMAX + 1):
+            a, b = vals[:, block(l)], comp[:, block(l)]
+            factor = float(np.sum(a * b) / np.sum(b * b))
+            np.testing.assert_allclose(a, factor * b, rtol=1e-13, atol=1e-13)  # a constant ratio
+            ref = factor * ref_comp[:, block(l)]
+            scale = float(jnp.max(jnp.abs(ref)))
+            assert float(jnp.max(jnp.abs(jac[:, block(l)] - ref))) <= 1e-12 * scale, (normalization, l)
+        # reverse mode agrees with forward mode
+        w = jnp.linspace(-1, 1, (LMAX + 1) ** 2)
+        grad = jax.vmap(jax.grad(lambda x, f=f, w=w: f(x) @ w))(v)
+        bound = 1e-13 * jnp.einsum("nij,i->nj", jnp.abs(jac), jnp.abs(w))  # the sum's rounding scale
+        assert bool(jnp.all(jnp.abs(grad - jnp.einsum("nij,i->nj", jac, w)) <= bound))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_normalize_at_zero_and_tiny_or_huge_vectors(dtype):
+    ls = [0, 1, 2, 3]
+    w = jnp.linspace(0.5, 2.0, 16, dtype=dtype)
+
+    @jax.jit
+    def f(x):
+        return e3j.spherical_harmonics(ls, x, True)
+
+    jac_f = jax.jit(jax.jacfwd(f))
+    grad_f = jax.jit(jax.grad(lambda x: f(x) @ w))
+
+    zero = jnp.zeros(3, dtype)
+    y0 = f(zero)
+    np.testing.assert_array_equal(y0, np.r_[1.0, np.zeros(15)])  # Y_0 and zeros, as in e3nn
+    for g in (grad_f(zero), jac_f(zero), jax.jacrev(f)(zero)):
+        assert bool(jnp.all(jnp.isfinite(g))), g
+        assert float(jnp.max(jnp.abs(g))) == 0.0
+
+    u = np.array([0.3, -0.5, 0.8])
+    u /= np.linalg.norm(u)
+    y_ref = np.asarray(e3j.spherical_harmonics(ls, jnp.asarray(u), True))  # float64
+    jac_ref = np.asarray(jax.jacfwd(lambda x: e3j.spherical_harmonics(ls, x, True))(jnp.asarray(u)))
+    tol = 1e-6 if dtype == jnp.float32 else 1e-13
+    # the direction of a vector of any normal size: no underflow/overflow of |x|^2
+    for scale in (1e-30, 1e-20, 1e20, 1e30) + ((1e-160, 1e-300, 1e160, 1e300) if dtype == jnp.float64 else ()):
+        x = jnp.asarray(u * scale, dtype)
+        np.testing.assert_allclose(f(x), y_ref, rtol=0, atol=tol * 3, err_msg=f"scale {scale}")
+        # J(s·u) = J(u) / s
+        jac = jac_f(x)
+        g = grad_f(x)
+        assert bool(jnp.all(jnp.isfinite(jac))) and bool(jnp.all(jnp.isfinite(g))), scale
+        np.testing.assert_allclose(
+            np.asarray(jac, np.float64) * scale, jac_ref, rtol=0, atol=tol * 10, err_msg=f"scale {scale}"
+        )
+        np.testing.assert_allclose(
+            np.asarray(g, np.float64) * scale, jac_ref.T @ np.asarray(w, np.float64), rtol=0, atol=tol * 30
+        )
+
+
+def test_jit_vmap_and_batch_shapes():
+    v_np, full = e3nn_reference("component", True)
+    v = jnp.asarray(v_np[:24]).reshape(3, 4, 2, 3)  # [..., 3] with several batch axes
+    ref = e3j.spherical_harmonics("0e + 1o + 2e", v, True)
+    assert ref.shape == (3, 4, 2, 9)
+    np.testing.assert_allclose(ref.reshape(24, 9), full[:24, :9], rtol=0, atol=1e-14)
+    jitted = jax.jit(lambda x: e3j.spherical_harmonics("0e + 1o + 2e", x, True))(v)
+    np.testing.assert_allclose(jitted, ref, rtol=0, atol=1e-15)
+    mapped = jax.vmap(jax.vmap(lambda x: e3j.spherical_harmonics("0e + 1o + 2e", x, True)))(v.reshape(12, 2, 3))
+    np.testing.assert_allclose(mapped.reshape(ref.shape), ref, rtol=0, atol=1e-15)
+    single = e3j.spherical_harmonics([0, 1, 2], v[0, 0, 0], True)
+    assert single.shape == (9,)
+    np.testing.assert_allclose(single, ref[0, 0, 0], rtol=0, atol=1e-15)
+    assert e3j.spherical_harmonics(2, jnp.zeros((0, 3)), False).shape == (0, 5)
+
+
+def test_bad_inputs_raise():
+    v = jnp.ones((4, 3))
+    with pytest.raises(ValueError, match=r"input must have shape \[\.\.\., 3\], got \(4, 2\)"):
+        e3j.spherical_harmonics(1, jnp.ones((4, 2)), True)
+    with pytest.raises(ValueError, match=r"input must have shape \[\.\.\., 3\]"):
+        e3j.spherical_harmonics(1, jnp.float64(1.0), True)
+    with pytest.raises(TypeError, match="input must be a floating-point array, got dtype int"):
+        e3j.spherical_harmonics(1, jnp.ones((4, 3), jnp.int32), True)
+    with pytest.raises(ValueError, match="normalization must be one of"):
+        e3j.spherical_harmonics(1, v, True, "unit")
+    with pytest.raises(ValueError, match="l must be >= 0, got -1"):
+        e3j.spherical_harmonics(-1, v, True)
+    with pytest.raises(ValueError, match="each l must be >= 0, got -2"):
+        e3j.spherical_harmonics([0, -2], v, True)
+    with pytest.raises(ValueError, match="degree l must be >= 0"):
+        e3j.spherical_harmonics("-1e", v, True)
+    for irreps in ("1o + 1e", "0o", "2o", "0e + 1o + 3e"):
+        with pytest.raises(ValueError, match="mix parities"):
+            e3j.spherical_harmonics(irreps, v, True)
