@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import jax
 
-from e3j_core import Irreps, TensorProductCoo, tensor_product_coo
-
 from ._checks import check_rank, check_same_dtype
+from ._coo_op import CooOp
 from ._primitives.convolution import CONVOLUTION, ConvSpec
 from .backends import current_backend_request
 from .graph import Graph
@@ -16,7 +13,7 @@ from .graph import Graph
 __all__ = ["Convolution"]
 
 
-class Convolution:
+class Convolution(CooOp):
     """Equivariant message passing: ``m_b = Σ_{a→b} s_ab[p] · (x_a ⊗ y_ab)[path p]``.
 
     ``conv = Convolution(irreps_x, irreps_y, filter)``; ``conv(x, y, s, graph)`` with node features
@@ -34,29 +31,6 @@ class Convolution:
     >>> m.shape, conv.num_paths
     ((2, 8, 8), 4)
     """
-
-    def __init__(
-        self,
-        irreps_x,
-        irreps_y,
-        filter: Irreps | str | Iterable | None = None,
-        *,
-        normalization: str = "component",
-        regroup_output: bool = True,
-    ) -> None:
-        self.coo: TensorProductCoo = tensor_product_coo(
-            irreps_x, irreps_y, filter, normalization=normalization, regroup_output=regroup_output
-        )
-
-    irreps_x = property(lambda self: self.coo.irreps_x)
-    irreps_y = property(lambda self: self.coo.irreps_y)
-    irreps_out = property(lambda self: self.coo.irreps_out)
-    num_paths = property(lambda self: self.coo.num_paths)
-    path_slices = property(lambda self: self.coo.path_slices)
-    paths = property(lambda self: self.coo.paths)
-
-    def __repr__(self) -> str:
-        return f"Convolution({self.irreps_x} ⊗ {self.irreps_y} -> {self.irreps_out}, {self.num_paths} paths)"
 
     def __call__(self, x: jax.Array, y: jax.Array, s: jax.Array, graph: Graph, *, backend: str | None = None):
         coo = self.coo

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import jax
 
-from e3j_core import Irreps, TensorProductCoo, tensor_product_coo
-
 from ._checks import check_rank, check_same_dtype
+from ._coo_op import CooOp
 from ._primitives.tensor_product import TENSOR_PRODUCT, TPSpec
 from .backends import current_backend_request
 
 __all__ = ["TensorProduct"]
 
 
-class TensorProduct:
+class TensorProduct(CooOp):
     """Channel-wise tensor product ``x ⊗ y`` of irreps features, equal to e3nn-jax's.
 
     ``tp = TensorProduct(irreps_x, irreps_y, filter)``; ``tp(x, y)`` with ``x: [B, Dx, C]`` and
@@ -36,46 +33,6 @@ class TensorProduct:
     >>> tp(jnp.ones((2, 4, 8)), jnp.ones((2, 3))).shape
     (2, 7, 8)
     """
-
-    def __init__(
-        self,
-        irreps_x,
-        irreps_y,
-        filter: Irreps | str | Iterable | None = None,
-        *,
-        normalization: str = "component",
-        regroup_output: bool = True,
-    ) -> None:
-        self.coo: TensorProductCoo = tensor_product_coo(
-            irreps_x, irreps_y, filter, normalization=normalization, regroup_output=regroup_output
-        )
-
-    @property
-    def irreps_x(self) -> Irreps:
-        return self.coo.irreps_x
-
-    @property
-    def irreps_y(self) -> Irreps:
-        return self.coo.irreps_y
-
-    @property
-    def irreps_out(self) -> Irreps:
-        return self.coo.irreps_out
-
-    @property
-    def num_paths(self) -> int:
-        return self.coo.num_paths
-
-    @property
-    def path_slices(self) -> tuple[slice, ...]:
-        return self.coo.path_slices
-
-    @property
-    def paths(self):
-        return self.coo.paths
-
-    def __repr__(self) -> str:
-        return f"TensorProduct({self.irreps_x} ⊗ {self.irreps_y} -> {self.irreps_out}, {self.num_paths} paths)"
 
     def __call__(self, x: jax.Array, y: jax.Array, *, backend: str | None = None) -> jax.Array:
         coo = self.coo

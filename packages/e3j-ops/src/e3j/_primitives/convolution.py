@@ -13,41 +13,24 @@ from dataclasses import dataclass, replace
 import jax
 import jax.numpy as jnp
 
-from e3j_core import TensorProductCoo
-
 from ..backends import OpRequest, kernels_of, select_backend
 from ..graph import Graph
-from .multilinear import Multilinear, Primitives
+from .multilinear import CooSpec, Multilinear, Primitives, slot_of
 
 SLOTS = ("x", "y", "s", "m")
 
 
 @dataclass(frozen=True)
-class ConvSpec:
+class ConvSpec(CooSpec):
     """Static description of one convolution call."""
-
-    coo: TensorProductCoo
-    y_channels: bool
-
-    def has_channels(self, slot: str) -> bool:
-        return slot != "y" or self.y_channels
 
     def dim(self, slot: str) -> int:
         coo = self.coo
         return {"x": coo.dim_x, "y": coo.dim_y, "s": coo.num_paths, "m": coo.dim_out}[slot]
 
-    @property
-    def lmax(self) -> int:
-        coo = self.coo
-        return max(ir.l for irreps in (coo.irreps_x, coo.irreps_y, coo.irreps_out) for _, ir in irreps)
-
-
-def _slot(key: str) -> str:
-    return key.lstrip("~")
-
 
 def _out_aval(spec: ConvSpec, slot: str, avals: dict, aux) -> jax.core.ShapedArray:
-    by_slot = {_slot(k): a for k, a in avals.items()}
+    by_slot = {slot_of(k): a for k, a in avals.items()}
     nodes = next(by_slot[k].shape[0] for k in ("x", "m") if k in by_slot)
     edges = next(by_slot[k].shape[0] for k in ("y", "s") if k in by_slot)
     channels = next(a.shape[-1] for k, a in by_slot.items() if spec.has_channels(k))
@@ -93,22 +76,22 @@ def _batch(call, spec: ConvSpec, values: dict, aux, dims: dict, auxd, outs):
     if any(d is not None for d in auxd):
         return None
     size = next(v.shape[d] for k, v in values.items() if (d := dims[k]) is not None)
-    y_mapped = any(_slot(k) == "y" and dims[k] is not None for k in values)
+    y_mapped = any(slot_of(k) == "y" and dims[k] is not None for k in values)
     promote = not spec.y_channels and (y_mapped or "y" in outs)
     channels = None
     moved = {}
     for k, v in values.items():
         d = dims[k]
-        if _slot(k) == "y" and not spec.y_channels and not promote:
+        if slot_of(k) == "y" and not spec.y_channels and not promote:
             moved[k] = v  # unmapped broadcast y: untouched
             continue
         v = jnp.moveaxis(v, d, 0) if d is not None else jnp.broadcast_to(v[None], (size, *v.shape))
         moved[k] = v
-        if spec.has_channels(_slot(k)):
+        if spec.has_channels(slot_of(k)):
             channels = v.shape[-1]
     folded = {}
     for k, v in moved.items():
-        if _slot(k) == "y" and not spec.y_channels:
+        if slot_of(k) == "y" and not spec.y_channels:
             if promote:  # [V, E, Dy] -> [E, Dy, V*C]
                 v = jnp.broadcast_to(jnp.moveaxis(v, 0, -1)[..., None], (*v.shape[1:], size, channels))
                 v = v.reshape((*v.shape[:2], size * channels))

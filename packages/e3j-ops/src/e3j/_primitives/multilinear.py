@@ -39,7 +39,28 @@ from jax._src import dispatch  # apply_primitive: the standard eager impl of a l
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
+from e3j_core import TensorProductCoo
+
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+
+
+@dataclass(frozen=True)
+class CooSpec:
+    """Static parameters shared by the tensor-product and convolution primitives.
+
+    Every slot carries channels except ``y`` when it is broadcast over them (``y_channels=False``).
+    """
+
+    coo: TensorProductCoo
+    y_channels: bool
+
+    def has_channels(self, slot: str) -> bool:
+        return slot != "y" or self.y_channels
+
+    @property
+    def lmax(self) -> int:
+        coo = self.coo
+        return max(ir.l for irreps in (coo.irreps_x, coo.irreps_y, coo.irreps_out) for _, ir in irreps)
 
 
 @dataclass(frozen=True)
@@ -243,6 +264,11 @@ class Primitives:
             return results
 
         return mlir.lower_fun(impl, multiple_results=True)
+
+
+def slot_of(key: str) -> str:
+    """The slot name of an operand key (batching rules key tangent slots as ``"~" + slot``)."""
+    return key.lstrip("~")
 
 
 def _sum(parts):

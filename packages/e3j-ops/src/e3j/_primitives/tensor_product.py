@@ -11,39 +11,23 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from e3j_core import TensorProductCoo
-
 from ..backends import OpRequest, kernels_of, select_backend
-from .multilinear import Multilinear, Primitives
+from .multilinear import CooSpec, Multilinear, Primitives, slot_of
 
 SLOTS = ("x", "y", "z")
 
 
 @dataclass(frozen=True)
-class TPSpec:
+class TPSpec(CooSpec):
     """Static description of one tensor-product call."""
-
-    coo: TensorProductCoo
-    y_channels: bool
-
-    def has_channels(self, slot: str) -> bool:
-        return slot != "y" or self.y_channels
 
     def dim(self, slot: str) -> int:
         return {"x": self.coo.dim_x, "y": self.coo.dim_y, "z": self.coo.dim_out}[slot]
 
-    @property
-    def lmax(self) -> int:
-        return max(ir.l for irreps in (self.coo.irreps_x, self.coo.irreps_y, self.coo.irreps_out) for _, ir in irreps)
-
-
-def _slot(key: str) -> str:
-    return key.lstrip("~")
-
 
 def _out_aval(spec: TPSpec, slot: str, avals: dict, aux) -> jax.core.ShapedArray:
     batch = next(iter(avals.values())).shape[0]
-    channels = next(a.shape[-1] for k, a in avals.items() if spec.has_channels(_slot(k)))
+    channels = next(a.shape[-1] for k, a in avals.items() if spec.has_channels(slot_of(k)))
     dtype = next(iter(avals.values())).dtype
     shape = (batch, spec.dim(slot)) + ((channels,) if spec.has_channels(slot) else ())
     return jax.core.ShapedArray(shape, dtype)

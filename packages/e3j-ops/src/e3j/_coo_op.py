@@ -1,0 +1,52 @@
+"""The part of TensorProduct and Convolution that is the same: one cached COO descriptor (private)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from e3j_core import Irreps, Path, TensorProductCoo, tensor_product_coo
+
+
+class CooOp:
+    """An op defined by ``tensor_product_coo(irreps_x, irreps_y, filter, ...)``."""
+
+    def __init__(
+        self,
+        irreps_x,
+        irreps_y,
+        filter: Irreps | str | Iterable | None = None,
+        *,
+        normalization: str = "component",
+        regroup_output: bool = True,
+    ) -> None:
+        self.coo: TensorProductCoo = tensor_product_coo(
+            irreps_x, irreps_y, filter, normalization=normalization, regroup_output=regroup_output
+        )
+
+    @property
+    def irreps_x(self) -> Irreps:
+        return self.coo.irreps_x
+
+    @property
+    def irreps_y(self) -> Irreps:
+        return self.coo.irreps_y
+
+    @property
+    def irreps_out(self) -> Irreps:
+        return self.coo.irreps_out
+
+    @property
+    def num_paths(self) -> int:
+        return self.coo.num_paths
+
+    @property
+    def path_slices(self) -> tuple[slice, ...]:
+        """The output rows of each path."""
+        return self.coo.path_slices
+
+    @property
+    def paths(self) -> tuple[Path, ...]:
+        return self.coo.paths
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.irreps_x} ⊗ {self.irreps_y} -> {self.irreps_out}, {self.num_paths} paths)"
