@@ -75,6 +75,26 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """The README's main command: backend info, then a quick benchmark against e3nn-jax here."""
+    session.install(JAX, "e3nn-jax==0.21.0")
+    _install_packages(session)
+    session.run("python", "-m", "e3j", "info")
+    session.run(
+        "python", "-m", "e3j", "bench", "--lmax", "2", "3", "--channels", "32", "--sizes", "2048",
+        "--degree", "16", "--runs", "10", *session.posargs,
+    )  # fmt: skip
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """The reference backend against e3nn-jax at the paper's CPU sizes (slow: ~15 minutes on 2 cores)."""
+    session.install(JAX, "e3nn-jax==0.21.0")
+    _install_packages(session)
+    session.run("python", "benchmarks/reference_vs_e3nn.py", *(session.posargs or ["--runs", "10"]))
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff check and format check."""
     session.install("ruff>=0.6")

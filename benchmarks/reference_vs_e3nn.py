@@ -30,6 +30,7 @@ import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from readme_tables import markdown
 
 import e3j
 from e3j._bench import copy_bandwidth, nbytes, time_call
@@ -200,34 +201,6 @@ def bench_conv(args, key):
     row["reference_value_and_grad_GBps"] = io_bytes / row["reference_value_and_grad_s"] / GB
     print(json.dumps(row), flush=True)
     return [row]
-
-
-def markdown(rows):
-    lines = [
-        "| op | lmax | y | reference fwd GB/s | e3nn fwd GB/s | fwd speedup | ref fwd / copy | "
-        "reference bwd GB/s | e3nn bwd GB/s | bwd speedup |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in rows:
-        if r["op"] != "tensor_product":
-            continue
-        lines.append(
-            f"| TP | {r['lmax']} | {r['y']} | {r['reference_fwd_GBps']:.2f} | {r['e3nn_fwd_GBps']:.2f} | "
-            f"{r['fwd_speedup']:.2f}x | {r['fwd_fraction_of_copy']:.0%} | {r['reference_bwd_GBps']:.2f} | "
-            f"{r['e3nn_bwd_GBps']:.2f} | {r['bwd_speedup']:.2f}x |"
-        )
-    for r in rows:
-        if r["op"].startswith("convolution"):
-            lines.append("")
-            lines.append(
-                f"Convolution value-and-gradient, lmax 3, {r['nodes']} nodes, {r['edges']} edges, "
-                f"{r['channels']} channels: inputs+outputs+cotangents {r['io_bytes'] / GB:.2f} GB, "
-                f"messages alone would be {r['message_array_bytes'] / GB:.2f} GB; XLA peak "
-                f"(arguments + outputs + temporaries): reference {r['reference_xla_peak_bytes'] / GB:.2f} GB "
-                f"({r['reference_peak_over_io']:.2f}x I/O), e3nn-jax {r['e3nn_xla_peak_bytes'] / GB:.2f} GB "
-                f"({r['e3nn_peak_over_io']:.2f}x I/O); reference time {r['reference_value_and_grad_s']:.1f} s."
-            )
-    return "\n".join(lines)
 
 
 def main(argv=None):

@@ -1,7 +1,8 @@
-"""Command line: ``python -m e3j info`` (or ``e3j info``).
+"""Command line: ``python -m e3j info`` and ``python -m e3j bench`` (or ``e3j ...``).
 
 ``info`` prints the installed versions, the JAX devices, every installed backend (and the entry
 points that failed to load), and which backend each op would use on each local platform.
+``bench`` measures every usable backend (and e3nn-jax when installed); see ``e3j bench --help``.
 """
 
 from __future__ import annotations
@@ -125,13 +126,17 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     info = sub.add_parser("info", help="versions, devices, installed backends and the backend each op uses")
     info.set_defaults(func=_info)
-    # future: sub.add_parser("bench", ...)
+    from . import _sweep
+
+    _sweep.add_parser(sub)
+    sub.choices["bench"].set_defaults(func=_sweep.main)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit code (argparse exits with 2 on bad arguments)."""
     args = _parser().parse_args(argv)
+    args.argv = None if argv is None else list(argv)
     return int(args.func(args))
 
 

@@ -70,3 +70,53 @@ def copy_bandwidth(num_bytes: int, *, runs: int = 100, dtype=jnp.float32, device
     copy = jax.jit(lambda a: a + jnp.asarray(1, dtype))
     seconds = time_call(copy, src, runs=runs)
     return seconds, throughput(2 * n * jnp.dtype(dtype).itemsize, seconds)
+
+
+# -- byte accounting (the paper's metric) ----------------------------------------------------------
+
+# datasheet memory bandwidth (bytes/s) of known accelerators, matched against device_kind
+DATASHEET_BANDWIDTH = {
+    "H200": 4.8e12,
+    "H100 80GB HBM3": 3.35e12,
+    "H100 PCIe": 2.0e12,
+    "A100-SXM4-80GB": 2.039e12,
+    "A100-SXM4-40GB": 1.555e12,
+    "TPU v5 lite": 8.19e11,
+    "TPU v6 lite": 1.64e12,
+}
+
+
+def datasheet_bandwidth(device_kind: str) -> float | None:
+    for name, bw in DATASHEET_BANDWIDTH.items():
+        if name in device_kind:
+            return bw
+    return None
+
+
+def tensor_product_bytes(coo, batch: int, channels: int, *, y_channels: bool, itemsize: int, backward: bool) -> int:
+    """Bytes moved by one tensor product call, as the paper counts them.
+
+    Forward: ``x``, ``y`` and ``z``. Backward: the primals ``x``, ``y``, the output cotangent ``dz``
+    and the input cotangents ``dx``, ``dy``.
+    """
+    x = batch * coo.dim_x * channels
+    y = batch * coo.dim_y * (channels if y_channels else 1)
+    z = batch * coo.dim_out * channels
+    elements = x + y + z if not backward else 2 * (x + y) + z
+    return elements * itemsize
+
+
+def convolution_bytes(
+    coo, nodes: int, edges: int, channels: int, *, y_channels: bool, itemsize: int, backward: bool
+) -> int:
+    """Bytes of the feature arrays of one convolution call (graph indices not counted).
+
+    Forward: ``x``, ``y``, ``s`` and ``m``. Backward: primals ``x``, ``y``, ``s``, the output
+    cotangent ``dm`` and the input cotangents ``dx``, ``dy``, ``ds``.
+    """
+    x = nodes * coo.dim_x * channels
+    y = edges * coo.dim_y * (channels if y_channels else 1)
+    s = edges * coo.num_paths * channels
+    m = nodes * coo.dim_out * channels
+    elements = x + y + s + m if not backward else 2 * (x + y + s) + m
+    return elements * itemsize

@@ -1,0 +1,288 @@
+"""``python -m e3j bench``: sweeps of the tensor product and the convolution (private).
+
+Every installed backend that can run on the default platform is measured, plus e3nn-jax when it is
+importable, over lmax, channel count and batch (or node) count, forward and backward. Each row
+carries the paper's throughput beside the bandwidth of a jitted copy measured in the same run (and
+the datasheet figure for known accelerators).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import sys
+from dataclasses import asdict, dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import backends as _backends
+from ._bench import convolution_bytes, copy_bandwidth, datasheet_bandwidth, tensor_product_bytes, time_call
+
+
+@dataclass(frozen=True)
+class Case:
+    op: str  # "tensor_product" | "convolution"
+    direction: str  # "fwd" | "bwd"
+    lmax: int
+    channels: int
+    size: int  # batch (tensor product) or nodes (convolution)
+    degree: int  # neighbours per node (convolution)
+
+
+def cases(ops, directions, lmaxes, channels, sizes, degree):
+    for op in ops:
+        for direction in directions:
+            for lmax in lmaxes:
+                for c in channels:
+                    for n in sizes:
+                        yield Case(op, direction, lmax, c, n, degree)
+
+
+def _irreps(lmax):
+    from e3j_core import Irreps
+
+    return Irreps.spherical_harmonics(lmax)
+
+
+def _graph(nodes, degree, seed=0):
+    rng = np.random.default_rng(seed)
+    receivers = np.repeat(np.arange(nodes), degree)
+    senders = (receivers + rng.integers(1, max(nodes, 2), size=receivers.shape)) % max(nodes, 1)
+    perm = rng.permutation(receivers.size)
+    return senders[perm].astype(np.int32), receivers[perm].astype(np.int32)
+
+
+def build(case: Case, impl: str, dtype=jnp.float32):
+    """``(jitted fn, args, bytes)`` for one measurement; ``impl`` is a backend name or ``"e3nn"``."""
+    from .convolution import Convolution
+    from .graph import Graph
+    from .tensor_product import TensorProduct
+
+    irreps = _irreps(case.lmax)
+    key = jax.random.key(case.lmax * 1000 + case.channels)
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    itemsize = jnp.dtype(dtype).itemsize
+    backward = case.direction == "bwd"
+    if case.op == "tensor_product":
+        op = TensorProduct(irreps, irreps, filter=irreps)
+        B, C = case.size, case.channels
+        x = jax.random.normal(k1, (B, irreps.dim, C), dtype)
+        y = jax.random.normal(k2, (B, irreps.dim), dtype)
+        dz = jax.random.normal(k3, (B, op.irreps_out.dim, C), dtype)
+        nbytes = tensor_product_bytes(op.coo, B, C, y_channels=False, itemsize=itemsize, backward=backward)
+        if impl == "e3nn":
+            f = _e3nn_tensor_product(str(irreps), C)
+        else:
+            f = lambda x, y, op=op, impl=impl: op(x, y, backend=impl)  # noqa: E731
+        if backward:
+            return jax.jit(lambda x, y, dz, f=f: jax.vjp(f, x, y)[1](dz)), (x, y, dz), nbytes
+        return jax.jit(f), (x, y), nbytes
+    op = Convolution(irreps, irreps, filter=irreps)
+    N, C = case.size, case.channels
+    snd, rcv = _graph(N, case.degree)
+    E = snd.size
+    graph = Graph.from_edges(snd, rcv, N)
+    x = jax.random.normal(k1, (N, irreps.dim, C), dtype)
+    y = jax.random.normal(k2, (E, irreps.dim), dtype)
+    s = jax.random.normal(k3, (E, op.num_paths, C), dtype)
+    dm = jax.random.normal(k4, (N, op.irreps_out.dim, C), dtype)
+    nbytes = convolution_bytes(op.coo, N, E, C, y_channels=False, itemsize=itemsize, backward=backward)
+    if impl == "e3nn":
+        f = _e3nn_convolution(str(irreps), op.coo.i3, snd, rcv, N)
+    else:
+        f = lambda x, y, s, op=op, g=graph, impl=impl: op(x, y, s, g, backend=impl)  # noqa: E731
+    if backward:
+        return jax.jit(lambda x, y, s, dm, f=f: jax.vjp(f, x, y, s)[1](dm)), (x, y, s, dm), nbytes
+    return jax.jit(f), (x, y, s), nbytes
+
+
+def _e3nn_tensor_product(irreps: str, channels: int):
+    import e3nn_jax as e3nn
+
+    def f(x, y):
+        def one(a, b):  # one channel: e3nn's tensor product of the irreps features
+            return e3nn.tensor_product(
+                e3nn.IrrepsArray(irreps, a), e3nn.IrrepsArray(irreps, b), filter_ir_out=irreps
+            ).array
+
+        return jax.vmap(one, in_axes=(-1, None), out_axes=-1)(x, y)
+
+    return f
+
+
+def _e3nn_convolution(irreps: str, i3, senders, receivers, nodes):
+    import e3nn_jax as e3nn
+
+    i3 = jnp.asarray(i3)
+    snd, rcv = jnp.asarray(senders), jnp.asarray(receivers)
+
+    def f(x, y, s):
+        def one(a, b):
+            return e3nn.tensor_product(
+                e3nn.IrrepsArray(irreps, a), e3nn.IrrepsArray(irreps, b), filter_ir_out=irreps
+            ).array
+
+        msg = jax.vmap(one, in_axes=(-1, None), out_axes=-1)(x[snd], y) * s[:, i3, :]
+        return jax.ops.segment_sum(msg, rcv, nodes)
+
+    return f
+
+
+def implementations(include_e3nn: bool = True) -> list[str]:
+    """Backends usable on the default platform (reference included), then ``"e3nn"`` if importable."""
+    platform_ = jax.default_backend()
+    names = []
+    for b in _backends.available_backends():
+        if b.incompatibility() is None and platform_ in b.platforms:
+            names.append(b.name)
+    if include_e3nn:
+        try:
+            import e3nn_jax  # noqa: F401
+
+            names.append("e3nn")
+        except ImportError:
+            pass
+    return names
+
+
+def _progress(i, n, label, stream=sys.stderr):
+    width = 30
+    done = int(width * i / max(n, 1))
+    stream.write(f"\r[{'#' * done}{'.' * (width - done)}] {i}/{n} {label[:60]:60s}")
+    if i == n:
+        stream.write("\n")
+    stream.flush()
+
+
+def run(args) -> dict:
+    impls = args.backends or implementations(include_e3nn=not args.no_e3nn)
+    todo = list(cases(args.ops, args.directions, args.lmax, args.channels, args.sizes, args.degree))
+    device = jax.devices()[0]
+    kind = getattr(device, "device_kind", device.platform)
+    copy_s, copy_bw = copy_bandwidth(args.copy_bytes, runs=args.runs)
+    rows = []
+    total = len(todo) * len(impls)
+    step = 0
+    for case in todo:
+        for impl in impls:
+            step += 1
+            if not args.no_progress:
+                _progress(
+                    step - 1, total, f"{case.op} {case.direction} l={case.lmax} C={case.channels} n={case.size} {impl}"
+                )
+            row = {**asdict(case), "impl": impl}
+            try:
+                fn, fargs, nbytes = build(case, impl)
+                seconds = time_call(fn, *fargs, runs=args.runs)
+                row.update(
+                    seconds=seconds,
+                    bytes=nbytes,
+                    GBps=nbytes / seconds / 1e9,
+                    fraction_of_copy=nbytes / seconds / copy_bw,
+                )
+            except Exception as err:  # e.g. out of memory for e3nn's materialized messages
+                row.update(error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+            rows.append(row)
+    if not args.no_progress:
+        _progress(total, total, "done")
+    return {
+        "command": "python -m e3j " + " ".join(sys.argv[1:] if args.argv is None else args.argv),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": {"platform": device.platform, "kind": kind, "host": platform.machine(), "cores": os.cpu_count()},
+        "versions": {"jax": jax.__version__, **_versions(impls)},
+        "copy": {"bytes": args.copy_bytes, "seconds": copy_s, "GBps": copy_bw / 1e9},
+        "datasheet_GBps": (datasheet_bandwidth(kind) or 0) / 1e9 or None,
+        "method": f"mean of the fastest 20% of {args.runs} runs, gc disabled; bytes of inputs + outputs "
+        "(backward: primals, output cotangents, input cotangents)",
+        "rows": rows,
+    }
+
+
+def _versions(impls):
+    out = {}
+    for b in _backends.available_backends():
+        if b.name in impls:
+            out[b.name] = b.version
+    if "e3nn" in impls:
+        import e3nn_jax
+
+        out["e3nn_jax"] = e3nn_jax.__version__
+    return out
+
+
+def table(result: dict) -> str:
+    """A Markdown table (the paper's Table 1 style: GB/s per op, direction and implementation)."""
+    rows = result["rows"]
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    head = "| op | dir | lmax | C | size | " + " | ".join(f"{i} GB/s" for i in impls) + " |"
+    lines = [head, "|" + " --- |" * (5 + len(impls))]
+    keys = list(dict.fromkeys((r["op"], r["direction"], r["lmax"], r["channels"], r["size"]) for r in rows))
+    for k in keys:
+        cells = []
+        for i in impls:
+            r = next(
+                (
+                    r
+                    for r in rows
+                    if (r["op"], r["direction"], r["lmax"], r["channels"], r["size"]) == k and r["impl"] == i
+                ),
+                None,
+            )
+            cells.append("error" if r is None or "error" in r else f"{r['GBps']:.2f}")
+        lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {k[4]} | " + " | ".join(cells) + " |")
+    copy = result["copy"]["GBps"]
+    lines.append("")
+    lines.append(
+        f"Device: {result['device']['kind']}; jitted copy in the same run: {copy:.2f} GB/s"
+        + (f"; datasheet {result['datasheet_GBps']:.0f} GB/s" if result["datasheet_GBps"] else "")
+    )
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    if args.quick:
+        args.lmax = args.lmax or [1, 2]
+        args.channels = args.channels or [16]
+        args.sizes = args.sizes or [256]
+        args.degree = min(args.degree, 8)
+        args.runs = min(args.runs, 10)
+        args.copy_bytes = min(args.copy_bytes, 2**22)
+    args.lmax = args.lmax or [1, 2, 3]
+    args.channels = args.channels or [32, 64, 128]
+    args.sizes = args.sizes or [4096]
+    result = run(args)
+    text = table(result)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1)
+            fh.write("\n")
+    if args.markdown:
+        with open(args.markdown, "w") as fh:
+            fh.write(text + "\n")
+    failed = [r for r in result["rows"] if "error" in r and r["impl"] != "e3nn"]
+    return 1 if failed else 0
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="throughput sweeps of the tensor product and the convolution")
+    p.add_argument(
+        "--ops", nargs="+", default=["tensor_product", "convolution"], choices=["tensor_product", "convolution"]
+    )
+    p.add_argument("--directions", nargs="+", default=["fwd", "bwd"], choices=["fwd", "bwd"])
+    p.add_argument("--lmax", nargs="+", type=int, default=None)
+    p.add_argument("--channels", nargs="+", type=int, default=None)
+    p.add_argument("--sizes", nargs="+", type=int, default=None, help="batch (TP) or node (convolution) counts")
+    p.add_argument("--degree", type=int, default=45, help="neighbours per node in the convolution graph")
+    p.add_argument("--runs", type=int, default=100)
+    p.add_argument("--copy-bytes", type=int, default=2**28)
+    p.add_argument("--backends", nargs="+", default=None, help="implementations (backend names or 'e3nn')")
+    p.add_argument("--no-e3nn", action="store_true")
+    p.add_argument("--quick", action="store_true", help="small sizes and few runs: a smoke test")
+    p.add_argument("--json", default=None, help="write the results as JSON here")
+    p.add_argument("--markdown", default=None, help="write the Markdown table here")
+    p.add_argument("--no-progress", action="store_true")

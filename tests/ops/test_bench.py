@@ -1,0 +1,77 @@
+"""The benchmark machinery: the paper's byte accounting and ``python -m e3j bench``."""
+
+import json
+
+import pytest
+
+from e3j.__main__ import main
+from e3j._bench import convolution_bytes, datasheet_bandwidth, tensor_product_bytes, time_call
+from e3j_core import tensor_product_coo
+
+
+@pytest.fixture(scope="module")
+def coo():
+    # 0e+1o ⊗ 0e+1o filtered to 0e+1o: outputs 0e, 1o, 1o, 0e -> 2x0e+2x1o, D_out = 8, 4 paths
+    c = tensor_product_coo("0e + 1o", "0e + 1o", filter="0e + 1o")
+    assert (c.dim_x, c.dim_y, c.dim_out, c.num_paths) == (4, 4, 8, 4)
+    return c
+
+
+def test_tensor_product_bytes_by_hand(coo):
+    # B=10, C=3, float32, y broadcast: x 10*4*3=120, y 10*4=40, z 10*8*3=240 elements
+    assert tensor_product_bytes(coo, 10, 3, y_channels=False, itemsize=4, backward=False) == (120 + 40 + 240) * 4
+    # backward: x, y, dz, dx, dy
+    assert (
+        tensor_product_bytes(coo, 10, 3, y_channels=False, itemsize=4, backward=True) == (120 + 40 + 240 + 120 + 40) * 4
+    )
+    # channel-wise y in float64: y is 10*4*3 = 120
+    assert tensor_product_bytes(coo, 10, 3, y_channels=True, itemsize=8, backward=False) == (120 + 120 + 240) * 8
+
+
+def test_convolution_bytes_by_hand(coo):
+    # N=5, E=7, C=2: x 5*4*2=40, y 7*4=28, s 7*4*2=56, m 5*8*2=80
+    assert convolution_bytes(coo, 5, 7, 2, y_channels=False, itemsize=4, backward=False) == (40 + 28 + 56 + 80) * 4
+    assert (
+        convolution_bytes(coo, 5, 7, 2, y_channels=False, itemsize=4, backward=True)
+        == (40 + 28 + 56 + 80 + 40 + 28 + 56) * 4
+    )
+
+
+def test_time_call_and_datasheet():
+    calls = []
+    seconds = time_call(lambda: calls.append(1) or 0, runs=10, warmup=2)
+    assert seconds >= 0 and len(calls) == 12
+    with pytest.raises(ValueError, match="runs"):
+        time_call(lambda: 0, runs=0)
+    with pytest.raises(ValueError, match="fastest"):
+        time_call(lambda: 0, fastest=0)
+    assert datasheet_bandwidth("NVIDIA H200") == 4.8e12
+    assert datasheet_bandwidth("cpu") is None
+
+
+def test_bench_quick_writes_parsable_results(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    md = tmp_path / "bench.md"
+    code = main(
+        [
+            "bench", "--quick", "--lmax", "1", "--channels", "8", "--sizes", "32", "--degree", "4",
+            "--runs", "3", "--backends", "reference", "e3nn", "--json", str(out), "--markdown", str(md),
+            "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["copy"]["GBps"] > 0 and "fastest 20%" in result["method"]
+    rows = result["rows"]
+    assert {(r["op"], r["direction"], r["impl"]) for r in rows} == {
+        (op, d, impl)
+        for op in ("tensor_product", "convolution")
+        for d in ("fwd", "bwd")
+        for impl in ("reference", "e3nn")
+    }
+    for r in rows:
+        assert "error" not in r, r
+        assert r["GBps"] == pytest.approx(r["bytes"] / r["seconds"] / 1e9)
+    text = capsys.readouterr().out
+    assert "| tensor_product | fwd | 1 | 8 | 32 |" in text
+    assert md.read_text().startswith("| op | dir | lmax | C | size | reference GB/s | e3nn GB/s |")
