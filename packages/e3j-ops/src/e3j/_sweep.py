@@ -133,11 +133,15 @@ def _e3nn_convolution(irreps: str, i3, senders, receivers, nodes):
 
 
 def implementations(include_e3nn: bool = True) -> list[str]:
-    """Backends usable on the default platform (reference included), then ``"e3nn"`` if importable."""
+    """Loadable backends for the default platform (reference included), then ``"e3nn"`` if importable."""
     platform_ = jax.default_backend()
     names = []
     for b in _backends.available_backends():
         if b.incompatibility() is None and platform_ in b.platforms:
+            try:
+                _backends.kernels_of(b)
+            except Exception:  # a backend that cannot load is reported by `e3j info`, not measured
+                continue
             names.append(b.name)
     if include_e3nn:
         try:
