@@ -180,3 +180,22 @@ def test_errors(mesh, conv):
         e3j.convolution_sharded(conv, x, y, s[:2], pg, mesh, "d")
     with pytest.raises(TypeError, match=r"must come from e3j\.partition_graph"):
         e3j.convolution_sharded(conv, x, y, s, e3j.Graph.from_edges(senders, receivers, 3), mesh, "d")
+
+
+def test_tensor_product_under_shard_map_with_vma_checks():
+    """Primitive results carry their operands' varying manual axes, so check_vma=True works."""
+    from jax import shard_map
+    from jax.sharding import Mesh, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("d",))
+    tp = e3j.TensorProduct("0e + 1o", "0e + 1o")
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.normal(size=(8, 4, 3)))
+    y = jnp.asarray(rng.normal(size=(8, 4)))
+    spec = PartitionSpec("d")
+    f = shard_map(lambda x, y: tp(x, y), mesh=mesh, in_specs=(spec, spec), out_specs=spec, check_vma=True)
+    np.testing.assert_allclose(jax.jit(f)(x, y), tp(x, y), atol=1e-14)
+    g = jax.grad(lambda x, y: jnp.sum(f(x, y) ** 2), argnums=(0, 1))(x, y)
+    g_ref = jax.grad(lambda x, y: jnp.sum(tp(x, y) ** 2), argnums=(0, 1))(x, y)
+    for a, b in zip(g, g_ref):
+        np.testing.assert_allclose(a, b, atol=1e-12)

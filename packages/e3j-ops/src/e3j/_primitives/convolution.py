@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from ..backends import OpRequest, kernels_of, select_backend
 from ..graph import Graph
-from .multilinear import CooSpec, Multilinear, Primitives, slot_of
+from .multilinear import CooSpec, Multilinear, Primitives, out_aval, slot_of
 
 SLOTS = ("x", "y", "s", "m")
 
@@ -37,7 +37,7 @@ def _out_aval(spec: ConvSpec, slot: str, avals: dict, aux) -> jax.core.ShapedArr
     dtype = next(iter(avals.values())).dtype
     rows = nodes if slot in ("x", "m") else edges
     shape = (rows, spec.dim(slot)) + ((channels,) if spec.has_channels(slot) else ())
-    return jax.core.ShapedArray(shape, dtype)
+    return out_aval(shape, dtype, list(avals.values()))
 
 
 def _evaluate(platform, requested, spec: ConvSpec, A: dict, aux, outs) -> dict:

@@ -266,6 +266,16 @@ class Primitives:
         return mlir.lower_fun(impl, multiple_results=True)
 
 
+def out_aval(shape: tuple[int, ...], dtype, operands: Sequence) -> jax.core.ShapedArray:
+    """A result aval that varies over the manual mesh axes its operands vary over (shard_map)."""
+    varying = [a for a in operands if getattr(a, "mat", None) is not None and not a.mat.empty]
+    if not varying:
+        return jax.core.ShapedArray(shape, dtype)
+    widest = max(varying, key=lambda a: len(a.mat.varying))
+    sharding = jax.sharding.NamedSharding(widest.sharding.mesh, jax.sharding.PartitionSpec(*([None] * len(shape))))
+    return jax.core.ShapedArray(shape, dtype, sharding=sharding, manual_axis_type=widest.mat)
+
+
 def slot_of(key: str) -> str:
     """The slot name of an operand key (batching rules key tangent slots as ``"~" + slot``)."""
     return key.lstrip("~")

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from ..backends import OpRequest, kernels_of, select_backend
-from .multilinear import CooSpec, Multilinear, Primitives, slot_of
+from .multilinear import CooSpec, Multilinear, Primitives, out_aval, slot_of
 
 SLOTS = ("x", "y", "z")
 
@@ -30,7 +30,7 @@ def _out_aval(spec: TPSpec, slot: str, avals: dict, aux) -> jax.core.ShapedArray
     channels = next(a.shape[-1] for k, a in avals.items() if spec.has_channels(slot_of(k)))
     dtype = next(iter(avals.values())).dtype
     shape = (batch, spec.dim(slot)) + ((channels,) if spec.has_channels(slot) else ())
-    return jax.core.ShapedArray(shape, dtype)
+    return out_aval(shape, dtype, list(avals.values()))
 
 
 def _evaluate(platform, requested, spec: TPSpec, A: dict, aux, outs) -> dict:
