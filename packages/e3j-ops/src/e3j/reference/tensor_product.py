@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 
 from e3j_core import CooTable, TensorProductCoo
@@ -47,6 +48,8 @@ def apply_table(
     mixed = not (a_channels and b_channels and out_channels)
     if mixed and (a_channels or b_channels) and math.prod(table.dims) <= _DENSE_LIMIT:
         return _apply_dense(table, a, b, a_channels=a_channels, b_channels=b_channels, out_channels=out_channels)
+    if a_channels and b_channels and table.num_records > _UNROLL_LIMIT:
+        return _apply_gathered(table, a, b, out_channels=out_channels)
     any_channels = a_channels or b_channels
     dtype = jnp.result_type(a, b)
     batch = a.shape[0]
@@ -64,6 +67,31 @@ def apply_table(
     if any_channels and not out_channels:
         out = out.sum(-1)
     return out
+
+
+# Unrolling costs compile time per record (~10 ms on a small CPU); beyond this many records the
+# gathered formulation below compiles in constant time.
+_UNROLL_LIMIT = 2048
+_GATHER_TILE = 16
+
+
+def _apply_gathered(table: CooTable, a, b, *, out_channels: bool):
+    """All records at once per batch row: gather, multiply, segment-sum over ``i0``.
+
+    Batch rows go through ``lax.map`` in tiles so the ``[tile, records, C]`` products stay small.
+    """
+    dtype = jnp.result_type(a, b)
+    i0, i1, i2 = (jnp.asarray(i) for i in table.indices)
+    c = jnp.asarray(table.coefficients, dtype)
+    d0 = table.dims[0]
+
+    def row(ab):
+        a_r, b_r = ab  # [D1, C], [D2, C]
+        products = a_r[i1] * b_r[i2] * c[:, None]
+        out = jax.ops.segment_sum(products, i0, num_segments=d0, indices_are_sorted=True)
+        return out if out_channels else out.sum(-1)
+
+    return jax.lax.map(row, (a, b), batch_size=_GATHER_TILE)
 
 
 # dense tables up to this many entries (lmax 3 with the usual filter: 99 x 16 x 16 = 25,344)
