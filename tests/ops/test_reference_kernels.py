@@ -84,3 +84,19 @@ def test_large_table_compiles_fast_and_matches_e3nn():
         -1,
     )
     np.testing.assert_allclose(z, ref, atol=1e-12)
+
+
+def test_linear_transpose_of_the_forward_ops():
+    """The forward primitive is linear in each operand: jax.linear_transpose uses its transpose rule."""
+    rng = np.random.default_rng(2)
+    tp = e3j.TensorProduct("0e + 1o + 2e", "0e + 1o", filter="0e + 1o + 2e")
+    x = jnp.asarray(rng.normal(size=(3, tp.coo.dim_x, 2)))
+    y = jnp.asarray(rng.normal(size=(3, tp.coo.dim_y)))
+    dz = jnp.asarray(rng.normal(size=(3, tp.coo.dim_out, 2)))
+    (tx,) = jax.linear_transpose(lambda x: tp(x, y), x)(dz)
+    (ty,) = jax.linear_transpose(lambda y: tp(x, y), y)(dz)
+    vx, vy = jax.vjp(tp, x, y)[1](dz)
+    np.testing.assert_allclose(tx, vx, atol=1e-12)
+    np.testing.assert_allclose(ty, vy, atol=1e-12)
+    # <dz, tp(x, y)> = <transpose(dz), x>
+    np.testing.assert_allclose(jnp.vdot(dz, tp(x, y)), jnp.vdot(tx, x), rtol=1e-12)

@@ -98,6 +98,7 @@ class Primitives:
         self.L.def_abstract_eval(self._abstract_L)
         ad.primitive_jvps[self.M] = self._jvp_M
         ad.primitive_jvps[self.L] = self._jvp_L
+        ad.primitive_transposes[self.M] = self._transpose_M
         ad.primitive_transposes[self.L] = self._transpose_L
         batching.primitive_batchers[self.M] = self._batch_M
         batching.primitive_batchers[self.L] = self._batch_L
@@ -186,10 +187,23 @@ class Primitives:
         return [out[j] for j in outs], tangent_out
 
     # -- transpose ----------------------------------------------------------------------------
+    def _transpose_M(self, cts, *args, spec, q_slots, outs, n_aux, backend):
+        # M is linear in any one operand slot k: its transpose is contract_k of the cotangents
+        Q, _, aux = self._split(args, q_slots, (), n_aux)
+        undefined = [k for k, v in Q.items() if ad.is_undefined_primal(v)]
+        if len(undefined) != 1:
+            raise ValueError(f"{self.M.name} is linear in one operand at a time, got {undefined} as linear inputs")
+        (k,) = undefined
+        known = {s: v for s, v in Q.items() if s != k}
+        G = {j: ct for j, ct in zip(outs, cts) if type(ct) is not ad.Zero}
+        res = self.bind_L(spec, known, G, aux, [k], backend) if G else {}
+        ct_k = res[k] if k in res else ad.Zero(Q[k].aval)
+        return [ct_k if s == k else None for s in Q] + [None] * len(aux)
+
     def _transpose_L(self, cts, *args, spec, q_slots, t_slots, outs, n_aux, backend):
         Q, T, aux = self._split(args, q_slots, t_slots, n_aux)
         if any(ad.is_undefined_primal(v) for v in Q.values()):
-            raise NotImplementedError(f"{self.L.name} is linear in its tangent operands only")
+            raise ValueError(f"{self.L.name} is transposed in its tangent operands only")
         undefined = [k for k, v in T.items() if ad.is_undefined_primal(v)]
         G = {j: ct for j, ct in zip(outs, cts) if type(ct) is not ad.Zero}
         res = self.bind_L(spec, Q, G, aux, undefined, backend) if G else {}
