@@ -56,8 +56,12 @@ def _graph(nodes, degree, seed=0):
     return senders[perm].astype(np.int32), receivers[perm].astype(np.int32)
 
 
-def build(case: Case, impl: str, dtype=jnp.float32):
-    """``(jitted fn, args, bytes)`` for one measurement; ``impl`` is a backend name or ``"e3nn"``."""
+def build(case: Case, impl: str, dtype=jnp.float32, *, abstract: bool = False):
+    """``(jitted fn, args, bytes)`` for one measurement; ``impl`` is a backend name or ``"e3nn"``.
+
+    With ``abstract=True`` the float operands are ``ShapeDtypeStruct``s (for compile-only memory
+    analysis at sizes that need not fit in memory).
+    """
     from .convolution import Convolution
     from .graph import Graph
     from .tensor_product import TensorProduct
@@ -86,10 +90,11 @@ def build(case: Case, impl: str, dtype=jnp.float32):
     snd, rcv = _graph(N, case.degree)
     E = snd.size
     graph = Graph.from_edges(snd, rcv, N)
-    x = jax.random.normal(k1, (N, irreps.dim, C), dtype)
-    y = jax.random.normal(k2, (E, irreps.dim), dtype)
-    s = jax.random.normal(k3, (E, op.num_paths, C), dtype)
-    dm = jax.random.normal(k4, (N, op.irreps_out.dim, C), dtype)
+    shapes = [(N, irreps.dim, C), (E, irreps.dim), (E, op.num_paths, C), (N, op.irreps_out.dim, C)]
+    if abstract:
+        x, y, s, dm = (jax.ShapeDtypeStruct(shape, dtype) for shape in shapes)
+    else:
+        x, y, s, dm = (jax.random.normal(k, shape, dtype) for k, shape in zip((k1, k2, k3, k4), shapes))
     nbytes = convolution_bytes(op.coo, N, E, C, y_channels=False, itemsize=itemsize, backward=backward)
     if impl == "e3nn":
         f = _e3nn_convolution(str(irreps), op.coo.i3, snd, rcv, N)
@@ -130,6 +135,59 @@ def _e3nn_convolution(irreps: str, i3, senders, receivers, nodes):
         return jax.ops.segment_sum(msg, rcv, nodes)
 
     return f
+
+
+def peak_bytes(impl: str, lmax: int, channels: int, nodes: int, degree: int) -> tuple[int, int]:
+    """``(XLA peak, I/O bytes)`` of the convolution's jitted backward pass (VJP), compile only.
+
+    Peak is arguments + outputs + temporaries of XLA's buffer assignment; I/O is the paper's
+    backward count: primals, the output cotangent and the input cotangents.
+    """
+    fn, args, nbytes = build(Case("convolution", "bwd", lmax, channels, nodes, degree), impl, abstract=True)
+    mem = fn.lower(*args).compile().memory_analysis()
+    peak = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes - mem.alias_size_in_bytes
+    return int(peak), int(nbytes)
+
+
+def max_nodes(impl: str, lmax: int, channels: int, degree: int, budget: int, *, start: int = 1024) -> int:
+    """The largest node count (to ~3 %) whose convolution backward pass fits in ``budget`` bytes."""
+    lo, hi = 0, start
+    while peak_bytes(impl, lmax, channels, hi, degree)[0] <= budget:
+        lo, hi = hi, hi * 2
+        if hi > 2**31 // max(degree, 1):
+            return lo
+    while hi - lo > max(1, lo // 32):
+        mid = (lo + hi) // 2
+        if peak_bytes(impl, lmax, channels, mid, degree)[0] <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def device_memory(device) -> int:
+    """Bytes of memory of ``device`` (accelerator memory, or the host's RAM for a CPU)."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def memory_rows(args, impls) -> list[dict]:
+    budget = args.memory_budget or device_memory(jax.devices()[0])
+    rows = []
+    for lmax in args.lmax:
+        for c in args.channels:
+            for impl in impls:
+                row = {"op": "convolution_memory", "impl": impl, "lmax": lmax, "channels": c, "degree": args.degree}
+                try:
+                    peak, io = peak_bytes(impl, lmax, c, args.sizes[0], args.degree)
+                    row.update(nodes=args.sizes[0], peak_bytes=peak, io_bytes=io, peak_over_io=peak / io)
+                    row.update(budget_bytes=budget, max_nodes=max_nodes(impl, lmax, c, args.degree, budget))
+                except Exception as err:
+                    row.update(error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+                rows.append(row)
+    return rows
 
 
 def implementations(include_e3nn: bool = True) -> list[str]:
@@ -193,6 +251,8 @@ def run(args) -> dict:
             rows.append(row)
     if not args.no_progress:
         _progress(total, total, "done")
+    if args.memory:
+        rows += memory_rows(args, impls)
     return {
         "command": "python -m e3j " + " ".join(sys.argv[1:] if args.argv is None else args.argv),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -224,6 +284,8 @@ def table(result: dict) -> str:
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     head = "| op | dir | lmax | C | size | " + " | ".join(f"{i} GB/s" for i in impls) + " |"
     lines = [head, "|" + " --- |" * (5 + len(impls))]
+    memory = [r for r in rows if r["op"] == "convolution_memory"]
+    rows = [r for r in rows if r["op"] != "convolution_memory"]
     keys = list(dict.fromkeys((r["op"], r["direction"], r["lmax"], r["channels"], r["size"]) for r in rows))
     for k in keys:
         cells = []
@@ -238,6 +300,23 @@ def table(result: dict) -> str:
             )
             cells.append("error" if r is None or "error" in r else f"{r['GBps']:.2f}")
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {k[4]} | " + " | ".join(cells) + " |")
+    if memory:
+        lines += [
+            "",
+            "| convolution backward memory | lmax | C | degree | nodes | XLA peak GB | peak / I/O | max nodes |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for r in memory:
+            if "error" in r:
+                lines.append(f"| {r['impl']} | {r['lmax']} | {r['channels']} | {r['degree']} | error | | | |")
+                continue
+            lines.append(
+                f"| {r['impl']} | {r['lmax']} | {r['channels']} | {r['degree']} | {r['nodes']} | "
+                f"{r['peak_bytes'] / 1e9:.3f} | {r['peak_over_io']:.2f} | {r['max_nodes']} |"
+            )
+        budget = memory[0].get("budget_bytes")
+        if budget:
+            lines.append(f"max nodes: largest node count whose backward pass fits in {budget / 1e9:.1f} GB")
     copy = result["copy"]["GBps"]
     lines.append("")
     lines.append(
@@ -290,3 +369,9 @@ def add_parser(sub) -> None:
     p.add_argument("--json", default=None, help="write the results as JSON here")
     p.add_argument("--markdown", default=None, help="write the Markdown table here")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--memory",
+        action="store_true",
+        help="also report the convolution backward's XLA peak memory and the largest node count that fits",
+    )
+    p.add_argument("--memory-budget", type=int, default=None, help="bytes (default: the device's memory)")
