@@ -34,6 +34,8 @@ from readme_tables import markdown
 
 import e3j
 from e3j._bench import copy_bandwidth, nbytes, time_call
+from e3j._sweep import _e3nn_convolution as e3nn_convolution
+from e3j._sweep import _graph as random_graph
 from e3j.layout import mul_ir_irreps, to_mul_ir
 
 GB = 1e9
@@ -128,20 +130,11 @@ def bench_tp(args, key):
     return rows
 
 
-def random_graph(rng, num_nodes, degree):
-    receivers = np.repeat(np.arange(num_nodes), degree)
-    senders = (receivers + rng.integers(1, num_nodes, size=receivers.shape)) % num_nodes
-    perm = rng.permutation(receivers.size)  # edges arrive in no particular order
-    return senders[perm], receivers[perm]
-
-
 def bench_conv(args, key):
     irreps = e3j.Irreps.spherical_harmonics(3)
     conv = e3j.Convolution(irreps, irreps, filter=irreps)
-    irreps_s = str(irreps)
     N, C, K = args.nodes, args.conv_channels, args.degree
-    rng = np.random.default_rng(0)
-    snd, rcv = random_graph(rng, N, K)
+    snd, rcv = random_graph(N, K)  # the graph `e3j bench` uses: K in-edges per node, shuffled
     E = snd.size
     graph = e3j.Graph.from_edges(snd, rcv, N)
     kx, ky, ks, kg = jax.random.split(key, 4)
@@ -154,23 +147,7 @@ def bench_conv(args, key):
         m, vjp = jax.vjp(lambda x, y, s: conv(x, y, s, graph), x, y, s)
         return m, vjp(dm)
 
-    i3 = jnp.asarray(conv.coo.i3)
-    snd_j, rcv_j = jnp.asarray(snd), jnp.asarray(rcv)
-
-    def e3nn_conv(x, y, s):
-        def per_edge(xa, ya):
-            return jax.vmap(
-                lambda a, b: (
-                    e3nn.tensor_product(
-                        e3nn.IrrepsArray(irreps_s, a), e3nn.IrrepsArray(irreps_s, b), filter_ir_out=irreps_s
-                    ).array
-                ),
-                in_axes=(-1, None),
-                out_axes=-1,
-            )(xa, ya)
-
-        msg = per_edge(x[snd_j], y) * s[:, i3, :]
-        return jax.ops.segment_sum(msg, rcv_j, N)
+    e3nn_conv = e3nn_convolution(str(irreps), conv.coo.i3, snd, rcv, N)
 
     def e3nn_vg(x, y, s, dm):
         m, vjp = jax.vjp(e3nn_conv, x, y, s)
