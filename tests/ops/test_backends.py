@@ -4,7 +4,12 @@ The test plugin ``tests/plugins/e3j-test-backend`` (installed by the nox ``tests
 ``test`` (CPU, priority 100, the reference kernels counting their calls in
 ``e3j_test_backend.calls``), ``incompatible`` (wrong COO format), ``old_jax`` (wrong JAX range),
 ``load_fails`` (its ``load()`` raises), ``not_a_backend`` (not a descriptor) and ``broken`` (its
-module raises on import).
+module raises on import), ``as_mapping`` (a plain-mapping descriptor, ``auto=False``) and
+``bad_mapping`` (a mapping with an unknown field).
+
+Real kernel packages (e3j-pallas-gpu, ...) may be installed in the same environment; the policy
+tests here hide them (:func:`_only_test_plugins`) so that the outcome depends on the test plugin
+alone. Their own selection is tested with the packages.
 
 Selection happens at lowering time, and JAX caches lowerings by shape: every check below lowers
 a fresh ``jit`` at a channel count no other check uses (:func:`fresh`).
@@ -36,6 +41,17 @@ _channels = itertools.count(101)
 def fresh() -> int:
     """A channel count no other lowering in this module has used."""
     return next(_channels)
+
+
+_REAL_DISCOVERED = backends._discovered
+PLUGIN_BACKENDS = {"reference", "test", "incompatible", "old_jax", "load_fails", "as_mapping"}
+
+
+@pytest.fixture(autouse=True)
+def _only_test_plugins(monkeypatch):
+    found, errors = backends._discovered()
+    kept = tuple(b for b in found if b.name in PLUGIN_BACKENDS)
+    monkeypatch.setattr(backends, "_discovered", lambda: (kept, errors))
 
 
 @pytest.fixture(autouse=True)
@@ -107,10 +123,27 @@ def test_broken_plugins_are_reported_not_raised():
     assert any("e3j_test_backend._broken:backend" in k for k in errors)
 
 
+def test_mapping_descriptors_and_explicit_only_backends():
+    b = backends.get_backend("as_mapping")
+    assert b.platforms == ("cpu",) and b.priority == 500 and not b.auto
+    errors = dict(backends.discovery_errors())
+    bad = next(v for k, v in errors.items() if k.startswith("bad_mapping ("))
+    assert "unknown backend descriptor field(s) ['speed']" in bad
+    # priority 500 beats the test backend's 100, but auto=False keeps it out of automatic selection
+    for op in backends.OPS:
+        assert select_backend(OpRequest(op, "cpu", "float32", 64, 3), None).name == "test"
+        assert select_backend(OpRequest(op, "cpu", "float32", 64, 3), "as_mapping").name == "as_mapping"
+    # by name it runs (its load() returned a mapping of kernels) and gives the reference's numbers
+    tp = e3j.TensorProduct("0e + 1o", "1o")
+    x, y = jnp.ones((2, 4, 3)), jnp.ones((2, 3))
+    np.testing.assert_allclose(tp(x, y, backend="as_mapping"), tp(x, y, backend="reference"), rtol=1e-12)
+    assert isinstance(backends.kernels_of(b), e3j.Kernels)
+
+
 def test_rediscovery_after_cache_clear_is_identical():
-    before = (tuple(b.name for b in e3j.available_backends()), backends.discovery_errors())
-    backends._discovered.cache_clear()
-    after = (tuple(b.name for b in e3j.available_backends()), backends.discovery_errors())
+    before = _REAL_DISCOVERED()
+    _REAL_DISCOVERED.cache_clear()
+    after = _REAL_DISCOVERED()
     assert before == after
 
 

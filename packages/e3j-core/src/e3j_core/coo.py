@@ -36,10 +36,10 @@ output-row order, so ``i3`` is non-decreasing in ``i0``.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cache, cached_property
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -237,6 +237,33 @@ class CooTable:
             out.append((rows[start][0], rows[start][1], tuple((*rows[r][2:], coefs[r]) for r in range(start, stop))))
             start = stop
         return tuple(out)
+
+    def contract(self, a_row: Callable[[int], Any], b_row: Callable[[int], Any]) -> dict[int, Any]:
+        """Trace-time unrolled bilinear contraction: ``{i0: Σ_r c_r · a_row(i1_r) · b_row(i2_r)}``.
+
+        The one routine every unrolling kernel uses (reference, Pallas GPU, Pallas TPU): records are
+        visited grouped by ``(i0, i1)`` so ``a_row(i1)`` multiplies the group's inner sum once
+        (Algorithm 5). ``a_row``/``b_row`` return array-likes (numpy, ``jax.Array``, Pallas values)
+        and should cache their loads; coefficients enter as Python floats (weakly typed), so the
+        operands' dtype is kept. Only ``i0`` with records appear in the result.
+
+        >>> t = tensor_product_coo("1o", "1o", filter="0e").table
+        >>> x, y = np.array([1.0, 2.0, 3.0]), np.array([4.0, 5.0, 6.0])
+        >>> rows = t.contract(lambda i: x[i], lambda i: y[i])
+        >>> bool(np.isclose(rows[0], x @ y / np.sqrt(3)))
+        True
+        """
+        if self.arity != 2:
+            raise ValueError(f"contract needs a bilinear table, got arity {self.arity}")
+        rows: dict[int, Any] = {}
+        for i0, i1, records in self.by_i0_i1:
+            inner = None
+            for i2, c in records:
+                term = c * b_row(i2)
+                inner = term if inner is None else inner + term
+            term = a_row(i1) * inner
+            rows[i0] = term if i0 not in rows else rows[i0] + term
+        return rows
 
 
 def _run_ends(keys: np.ndarray) -> list[int]:

@@ -66,7 +66,7 @@ def _info(args: argparse.Namespace) -> int:
         d = backends.describe(b)
         w(f"  {b.name} {b.version}\n")
         w(f"    platforms:     {', '.join(b.platforms)}\n")
-        w(f"    priority:      {b.priority}\n")
+        w(f"    priority:      {b.priority}{'' if b.auto else ' (used only when asked for by name)'}\n")
         w(f"    ops:           {', '.join(b.ops)}\n")
         w(f"    dtypes:        {', '.join(b.dtypes)}\n")
         limits = [f"channels multiple of {b.channel_multiple}"] if b.channel_multiple != 1 else []

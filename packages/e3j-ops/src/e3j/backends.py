@@ -2,15 +2,18 @@
 
 A backend is a set of plain jittable kernel functions taking core's COO tables (see
 :class:`Kernels`). A kernel package advertises one with an entry point in the group
-``e3j.backends`` whose object is a :class:`Backend` descriptor (or a zero-argument callable returning
-one): cheap to import, with a ``load()`` that imports the kernels and registers any FFI targets.
+``e3j.backends`` whose object is a :class:`Backend` descriptor, or a plain mapping of its fields (so
+kernel packages need not import ``e3j``), or a zero-argument callable returning either: cheap to
+import, with a ``load()`` that imports the kernels and registers any FFI targets, returning
+:class:`Kernels` or a mapping of its fields.
 
 Selection happens when a primitive is lowered, for the platform it is lowered for:
 
 1. an explicit request — the ``backend=`` argument of an op, else the innermost
    :func:`use_backend` context at the time the op was called — must be usable, or lowering raises;
 2. else ``E3J_BACKEND`` (read at lowering time), when usable here; when not, a warning says why;
-3. else the loaded backend of highest priority that supports the platform, dtype and shapes;
+3. else the loaded backend of highest priority that supports the platform, dtype and shapes
+   (backends with ``auto=False``, such as interpreters of accelerator kernels, only run by name);
 4. else the reference backend. On an accelerator this fallback warns once, saying why.
 
 ``python -m e3j info`` prints what is installed and what each op would use.
@@ -25,9 +28,10 @@ import importlib.metadata
 import os
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
+from typing import Any
 
 import jax
 
@@ -105,6 +109,8 @@ class Backend:
         coo_format_version: the COO table format its kernels read.
         load: returns :class:`Kernels`; called at most once.
         check: optional extra ``(OpRequest) -> reason or None``.
+        auto: chosen by the automatic policy; ``False`` for backends that must be asked for by name
+            (e.g. accelerator kernels run by an interpreter on the CPU, for testing).
     """
 
     name: str
@@ -121,6 +127,20 @@ class Backend:
     jax_requirement: str = ""
     coo_format_version: int = COO_FORMAT_VERSION
     check: Callable[[OpRequest], str | None] | None = field(default=None, repr=False)
+    auto: bool = True
+
+    @classmethod
+    def from_mapping(cls, fields: Mapping[str, Any]) -> Backend:
+        """A descriptor from a plain mapping of its fields (unknown keys are an error)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise TypeError(f"unknown backend descriptor field(s) {unknown}; known: {sorted(known)}")
+        values = dict(fields)
+        for name in ("platforms", "ops", "dtypes"):
+            if name in values:
+                values[name] = tuple(values[name])
+        return cls(**values)
 
     def incompatibility(self) -> str | None:
         """Why this backend cannot be used with the installed JAX and e3j-core, or ``None``."""
@@ -210,7 +230,9 @@ def _discovered() -> tuple[tuple[Backend, ...], tuple[tuple[str, str], ...]]:
     for ep in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
         try:
             obj = ep.load()
-            backend = obj if isinstance(obj, Backend) else obj()
+            backend = obj if isinstance(obj, (Backend, Mapping)) else obj()
+            if isinstance(backend, Mapping):
+                backend = Backend.from_mapping(backend)
             if not isinstance(backend, Backend):
                 raise TypeError(f"expected an e3j.backends.Backend, got {type(backend).__name__}")
         except Exception as err:  # a broken plugin must not break e3j
@@ -240,6 +262,11 @@ def get_backend(name: str) -> Backend:
 def _kernels(name: str) -> Kernels:
     backend = get_backend(name)
     kernels = backend.load()
+    if isinstance(kernels, Mapping):
+        unknown = sorted(set(kernels) - {f.name for f in dataclasses.fields(Kernels)})
+        if unknown:
+            raise BackendError(f"backend {name!r}: load() returned unknown kernel name(s) {unknown}")
+        kernels = Kernels(**kernels)
     if not isinstance(kernels, Kernels):
         raise BackendError(f"backend {name!r}: load() returned {type(kernels).__name__}, not Kernels")
     return kernels
@@ -307,7 +334,7 @@ def select_backend(req: OpRequest, requested: str | None) -> Backend:
     reasons = []
     candidates = sorted(available_backends(), key=lambda b: -b.priority)
     for backend in candidates:
-        if backend.name == "reference":
+        if backend.name == "reference" or not backend.auto:
             continue
         reason = backend.unsupported(req)
         if reason is None:

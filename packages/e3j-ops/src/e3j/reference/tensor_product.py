@@ -54,14 +54,9 @@ def apply_table(
     dtype = jnp.result_type(a, b)
     batch = a.shape[0]
     channel_shape = (a.shape[-1],) if a_channels else ((b.shape[-1],) if b_channels else ())
-    rows: dict[int, jnp.ndarray] = {}
-    for i0, i1, records in table.by_i0_i1:
-        inner = None
-        for i2, c in records:
-            term = jnp.asarray(c, dtype) * _row(b, i2, b_channels, any_channels)
-            inner = term if inner is None else inner + term
-        contribution = _row(a, i1, a_channels, any_channels) * inner
-        rows[i0] = contribution if i0 not in rows else rows[i0] + contribution
+    rows = table.contract(
+        lambda i: _row(a, i, a_channels, any_channels), lambda i: _row(b, i, b_channels, any_channels)
+    )
     zero = jnp.zeros((batch, *channel_shape), dtype)
     out = jnp.stack([rows.get(i0, zero) for i0 in range(table.dims[0])], axis=1)
     if any_channels and not out_channels:

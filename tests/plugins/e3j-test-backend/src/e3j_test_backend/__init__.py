@@ -7,6 +7,10 @@
 - ``old_jax``: requires a JAX older than any supported one (priority 1000, likewise).
 - ``load_fails``: compatible, but its ``load()`` raises (priority 200, CPU): selection must skip it.
 - ``not_a_backend``: an entry point that yields something other than a descriptor.
+- ``as_mapping``: a descriptor given as a plain mapping (how kernel packages that must not import
+  ``e3j`` register), priority 500 but ``auto=False``: used only when asked for by name; its
+  ``load()`` returns a mapping of reference kernels.
+- ``bad_mapping``: a mapping with a field :class:`e3j.backends.Backend` does not have.
 - ``broken`` (``e3j_test_backend._broken``): the module raises on import.
 """
 
@@ -90,3 +94,20 @@ load_fails = Backend(
 
 def not_a_backend() -> str:
     return "not a Backend"
+
+
+def _load_mapping() -> dict:
+    ref = get_backend("reference").load()
+    return {op: getattr(ref, op) for op in ("tensor_product", "tensor_product_bwd", "convolution", "convolution_bwd")}
+
+
+as_mapping = {
+    "name": "as_mapping",
+    "version": __version__,
+    "platforms": ["cpu"],
+    "load": _load_mapping,
+    "priority": 500,
+    "auto": False,
+}
+
+bad_mapping = {"name": "bad_mapping", "version": __version__, "platforms": ("cpu",), "load": _load_mapping, "speed": 11}
