@@ -1,0 +1,60 @@
+"""Block shapes, row caches and padding shared by the kernels of this package.
+
+Triton tensors must have power-of-two extents, so a program works on a ``[rows, cb]`` tile whose
+channel block ``cb`` is the largest power of two dividing the channel count (capped at
+:data:`MAX_CHANNEL_BLOCK`). Feature rows (the ``D`` axis) are never a tensor axis: the contraction
+is unrolled over them at trace time, one ``[rows, cb]`` value per feature row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+
+#: Channel lanes one program covers (one per thread at 4 warps).
+MAX_CHANNEL_BLOCK = 128
+#: Elements of one ``[rows, cb]`` tile: one per thread of a 4-warp program.
+TILE_ELEMENTS = 128
+
+
+def channel_block(channels: int) -> int:
+    """The largest power of two dividing ``channels``, at most :data:`MAX_CHANNEL_BLOCK`.
+
+    Channel counts with a small power-of-two factor (e.g. 24 → 8) give narrow tiles: correct, but
+    the batch axis of the tile must then fill the program (see :func:`row_block`).
+    """
+    if channels <= 0:
+        raise ValueError(f"channels must be positive, got {channels}")
+    return min(MAX_CHANNEL_BLOCK, channels & -channels)
+
+
+def row_block(cb: int, rows: int) -> int:
+    """Batch rows per tile so that a ``[rows, cb]`` tile has about :data:`TILE_ELEMENTS` elements."""
+    target = max(1, TILE_ELEMENTS // cb)
+    return max(1, min(target, 1 << max(0, (rows - 1).bit_length())))
+
+
+def num_warps(elements: int) -> int:
+    """Warps for a program whose tiles have ``elements`` elements (one per thread, 1 to 4 warps)."""
+    return max(1, min(4, elements // 32))
+
+
+def pad_rows(a: jnp.ndarray | None, rows: int) -> jnp.ndarray | None:
+    """``a`` padded with zero rows along axis 0 to ``rows`` (no copy when already that long)."""
+    if a is None or a.shape[0] == rows:
+        return a
+    return jnp.pad(a, [(0, rows - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
+
+
+def row_cache(load: Callable[[int], Any]) -> Callable[[int], Any]:
+    """Memoize ``load(i)``: each feature row is loaded once per program (or loop iteration)."""
+    cache: dict[int, Any] = {}
+
+    def row(i: int) -> Any:
+        if i not in cache:
+            cache[i] = load(i)
+        return cache[i]
+
+    return row

@@ -1,0 +1,114 @@
+"""e3j-pallas-gpu: the Triton kernels, run by Pallas's interpreter on the CPU and lowered for CUDA.
+
+Values are checked against the reference backend (float64) on the shared conformance cases; the same
+kernel configurations are then lowered for ``cuda`` and must emit the Triton custom call.
+"""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AbstractDevice, AbstractMesh
+from kernel_cases import (
+    CONV_CASES,
+    TP_CASES,
+    Case,
+    check_convolution,
+    check_deterministic,
+    check_gradients_through_primitives,
+    check_tensor_product,
+    conv_operands,
+    tp_operands,
+)
+
+import e3j
+from e3j.backends import get_backend, kernels_of
+
+INTERPRET = "pallas_gpu_interpret"
+TRITON_CALL = "__gpu$xla.gpu.triton"
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    return kernels_of(get_backend(INTERPRET))
+
+
+@pytest.mark.parametrize("case", TP_CASES, ids=str)
+def test_tensor_product_matches_reference(kernels, case):
+    check_tensor_product(kernels, case)
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=str)
+def test_convolution_matches_reference(kernels, case):
+    check_convolution(kernels, case)
+
+
+def test_bitwise_deterministic(kernels):
+    check_deterministic(kernels, Case(2, 32, 9, False))
+
+
+def test_gradients_through_primitives():
+    check_gradients_through_primitives(
+        INTERPRET, Case(2, 16, 5, True, dtype="float64"), Case(2, 16, 6, False, dtype="float64")
+    )
+
+
+def test_descriptors():
+    gpu, interp = get_backend("pallas_gpu"), get_backend(INTERPRET)
+    assert gpu.platforms == ("cuda",) and gpu.auto and gpu.deterministic
+    assert interp.platforms == ("cpu",) and not interp.auto
+    assert gpu.incompatibility() is None
+    # never chosen automatically on the CPU
+    req = e3j.backends.OpRequest("convolution", "cpu", "float32", 64, 2)
+    assert e3j.backends.select_backend(req, None).name != INTERPRET
+    assert gpu.unsupported(e3j.backends.OpRequest("convolution", "cuda", "float32", 64, 5)) is not None
+
+
+# -- lowering for CUDA on this (GPU-less) machine ----------------------------------------------
+
+_H100 = AbstractMesh(
+    (1,), ("x",), abstract_device=AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=None, platform="cuda")
+)
+
+
+def _lower_cuda(fn, *args) -> str:
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
+    with jax.sharding.use_abstract_mesh(_H100):
+        return jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("case", TP_CASES, ids=str)
+def test_tensor_product_lowers_for_cuda(case):
+    kernels = kernels_of(get_backend("pallas_gpu"))
+    coo, x, y, dz = tp_operands(case)
+    yc = case.y_channels
+    assert TRITON_CALL in _lower_cuda(functools.partial(kernels.tensor_product, coo, y_channels=yc), x, y)
+    bwd = functools.partial(kernels.tensor_product_bwd, coo, outs=("x", "y"), y_channels=yc)
+    assert TRITON_CALL in _lower_cuda(bwd, x, y, dz)
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=str)
+def test_convolution_lowers_for_cuda(case):
+    kernels = kernels_of(get_backend("pallas_gpu"))
+    coo, graph, x, y, s, dm = conv_operands(case)
+    yc = case.y_channels
+    text = _lower_cuda(lambda x, y, s, g: kernels.convolution(coo, x, y, s, g, y_channels=yc), x, y, s, graph)
+    assert TRITON_CALL in text
+    for outs in (("x", "y", "s"), ("x",), ("y", "s")):
+        fn = functools.partial(kernels.convolution_bwd, coo, outs=outs, y_channels=yc)
+        assert TRITON_CALL in _lower_cuda(lambda x, y, s, dm, g, fn=fn: fn(x, y, s, dm, g), x, y, s, dm, graph)
+
+
+def test_e3j_ops_select_pallas_gpu_when_lowered_for_cuda():
+    """Without any request, e3j's primitives lower to these kernels on CUDA (forward and backward)."""
+    case = Case(2, 64, 8, False)
+    coo, graph, x, y, s, _ = conv_operands(case)
+    conv = e3j.Convolution(coo.irreps_x, coo.irreps_y, coo.irreps_out)
+
+    def loss(x, y, s, g):
+        return jax.numpy.sin(conv(x, y, s, g)).sum()
+
+    text = _lower_cuda(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
+    assert text.count(TRITON_CALL) == 2  # the forward and one fused backward
+    assert 'name = "e3j_convolution"' in text and 'name = "e3j_convolution_bwd"' in text
