@@ -1,0 +1,42 @@
+"""Row caches and padding shared by the kernels of this package."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+def x32(kernel: Callable) -> Callable:
+    """Trace ``kernel`` with 64-bit types off: Mosaic has no 64-bit scalars or indices, and a caller's
+    ``jax_enable_x64`` would otherwise turn index constants into ``i64``. Operands keep their dtypes
+    (the TPU kernels take float32 and int32 only)."""
+
+    @functools.wraps(kernel)
+    def wrapped(*args, **kwargs):
+        with jax.enable_x64(False):
+            return kernel(*args, **kwargs)
+
+    return wrapped
+
+
+def pad_rows(a: jnp.ndarray | None, rows: int) -> jnp.ndarray | None:
+    """``a`` padded with zero rows along axis 0 to ``rows`` (no copy when already that long)."""
+    if a is None or a.shape[0] == rows:
+        return a
+    return jnp.pad(a, [(0, rows - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
+
+
+def row_cache(load: Callable[[int], Any]) -> Callable[[int], Any]:
+    """Memoize ``load(i)``: each feature row is read once per tile."""
+    cache: dict[int, Any] = {}
+
+    def row(i: int) -> Any:
+        if i not in cache:
+            cache[i] = load(i)
+        return cache[i]
+
+    return row

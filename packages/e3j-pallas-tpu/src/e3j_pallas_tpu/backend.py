@@ -1,0 +1,87 @@
+"""The ``e3j.backends`` descriptors of this package (plain mappings: no ``e3j`` import needed)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ._version import __version__
+
+__all__ = ["backend", "interpret_backend"]
+
+#: The COO table format these kernels read (e3j-core's ``COO_FORMAT_VERSION`` they were written for).
+COO_FORMAT = 1
+#: The JAX range this package is tested with (Pallas TPU's API is not stable across releases).
+JAX_REQUIREMENT = ">=0.11.1,<0.13"
+#: Unrolled programs grow as l^5 in the number of records (and spill VMEM); beyond this, the reference.
+MAX_L = 4
+
+
+def _hosted(kernel):
+    """Run an interpreted kernel as its own jitted program behind a ``pure_callback``.
+
+    The TPU interpreter threads ordered I/O effects through its program; e3j lowers kernels inside
+    its primitives' (effect-free) lowerings, which cannot carry them. Outside a primitive the
+    interpreted kernel runs as usual.
+    """
+    import jax
+
+    def run(coo, *args, **options):
+        fn = jax.jit(lambda *a: kernel(coo, *a, **options))
+        shapes = jax.eval_shape(fn, *args)
+        return jax.pure_callback(fn, shapes, *args)
+
+    return run
+
+
+def _load(interpret: bool) -> dict[str, Any]:
+    from . import convolution, tensor_product
+
+    if interpret:
+        from jax.experimental.pallas import tpu as pltpu
+
+        def bind(fn):
+            return _hosted(functools.partial(fn, interpret=pltpu.InterpretParams()))
+
+    else:
+
+        def bind(fn):
+            return functools.partial(fn, interpret=None)
+
+    return {
+        "tensor_product": bind(tensor_product.tensor_product),
+        "tensor_product_bwd": bind(tensor_product.tensor_product_bwd),
+        "convolution": bind(convolution.convolution),
+        "convolution_bwd": bind(convolution.convolution_bwd),
+    }
+
+
+_COMMON: dict[str, Any] = {
+    "version": __version__,
+    "ops": ("tensor_product", "convolution"),
+    # Mosaic has no float64 vector unit
+    "dtypes": ("float32",),
+    "max_l": MAX_L,
+    "deterministic": True,
+    "jax_requirement": JAX_REQUIREMENT,
+    "coo_format_version": COO_FORMAT,
+}
+
+#: Mosaic-compiled Pallas kernels on TPUs.
+backend: dict[str, Any] = {
+    **_COMMON,
+    "name": "pallas_tpu",
+    "platforms": ("tpu",),
+    "priority": 20,
+    "load": functools.partial(_load, False),
+}
+
+#: The same kernels in Pallas's TPU interpreter on the CPU: for tests, only used when asked for by name.
+interpret_backend: dict[str, Any] = {
+    **_COMMON,
+    "name": "pallas_tpu_interpret",
+    "platforms": ("cpu",),
+    "priority": 0,
+    "auto": False,
+    "load": functools.partial(_load, True),
+}

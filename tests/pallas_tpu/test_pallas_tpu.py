@@ -1,0 +1,187 @@
+"""e3j-pallas-tpu: the Mosaic kernels, run by Pallas's TPU interpreter on the CPU and lowered for TPU.
+
+Values are checked against the reference backend (float64) on the shared conformance cases (in
+float32: Mosaic has no float64), with edge tiles small enough that receivers and senders straddle
+tile boundaries; one run has the interpreter's race detector on. The same configurations are then
+lowered for ``tpu`` and must emit the Mosaic custom call.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+import pytest
+from e3j_pallas_tpu import convolution as tpu_conv
+from e3j_pallas_tpu import tensor_product as tpu_tp
+from e3j_pallas_tpu import vmem
+from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interpreter
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import AbstractDevice, AbstractMesh
+from kernel_cases import (
+    CONV_CASES,
+    TP_CASES,
+    Case,
+    check_convolution,
+    check_deterministic,
+    check_gradients_through_primitives,
+    check_tensor_product,
+    conv_operands,
+    tp_operands,
+)
+
+import e3j
+from e3j.backends import get_backend, kernels_of
+from e3j_core import tensor_product_coo
+
+INTERPRET = "pallas_tpu_interpret"
+MOSAIC_CALL = "tpu_custom_call"
+
+
+def _f32(cases):
+    return list(dict.fromkeys(dataclasses.replace(c, dtype="float32") for c in cases))
+
+
+def interpreted(edge_tile=None, **params) -> e3j.Kernels:
+    ip = pltpu.InterpretParams(**params)
+    return e3j.Kernels(
+        tensor_product=functools.partial(tpu_tp.tensor_product, interpret=ip),
+        tensor_product_bwd=functools.partial(tpu_tp.tensor_product_bwd, interpret=ip),
+        convolution=functools.partial(tpu_conv.convolution, interpret=ip, edge_tile=edge_tile),
+        convolution_bwd=functools.partial(tpu_conv.convolution_bwd, interpret=ip, edge_tile=edge_tile),
+    )
+
+
+@pytest.mark.parametrize("case", _f32(TP_CASES), ids=str)
+def test_tensor_product_matches_reference(case):
+    check_tensor_product(kernels_of(get_backend(INTERPRET)), case)
+
+
+@pytest.mark.parametrize("case", _f32(CONV_CASES), ids=str)
+def test_convolution_matches_reference_across_tile_boundaries(case):
+    # 8- and 16-edge tiles: receiver runs (and the high-valency node's) straddle many tiles
+    check_convolution(interpreted(edge_tile=8 if case.lmax != 2 else 16), case)
+
+
+def test_convolution_with_budget_chosen_tiles():
+    check_convolution(kernels_of(get_backend(INTERPRET)), Case(2, 32, 10, True))
+
+
+def test_no_races_and_bitwise_deterministic():
+    tpu_interpreter.reset_tpu_interpret_mode_state()
+    check_deterministic(interpreted(edge_tile=8, detect_races=True), Case(1, 16, 9, False))
+    assert tpu_interpreter.races is not None, "the race detector did not run"
+    assert not tpu_interpreter.races.races_found
+
+
+def test_uninitialized_memory_never_reaches_outputs():
+    # the interpreter fills fresh buffers with NaN: every output row must be written by the kernels
+    kernels = interpreted(edge_tile=8, uninitialized_memory="nan")
+    coo, graph, x, y, s, dm = conv_operands(Case(1, 16, 12, True))
+    m = kernels.convolution(coo, x, y, s, graph, y_channels=True)
+    d = kernels.convolution_bwd(coo, x, y, s, dm, graph, outs=("x", "y", "s"), y_channels=True)
+    assert np.isfinite(m).all() and all(np.isfinite(v).all() for v in d.values())
+
+
+def test_gradients_through_primitives():
+    check_gradients_through_primitives(INTERPRET, Case(1, 16, 5, True), Case(1, 16, 6, False))
+
+
+def test_edge_tile_must_be_a_multiple_of_8():
+    coo, graph, x, y, s, _ = conv_operands(Case(1, 16, 5, False))
+    with pytest.raises(ValueError, match="edge_tile must be a positive multiple of 8, got 12"):
+        tpu_conv.convolution(coo, x, y, s, graph, y_channels=False, edge_tile=12)
+
+
+def test_descriptors():
+    tpu, interp = get_backend("pallas_tpu"), get_backend(INTERPRET)
+    assert tpu.platforms == ("tpu",) and tpu.auto and tpu.dtypes == ("float32",)
+    assert interp.platforms == ("cpu",) and not interp.auto
+    assert tpu.incompatibility() is None
+    req = e3j.backends.OpRequest("convolution", "tpu", "float64", 128, 2)
+    assert "float64" in tpu.unsupported(req)
+
+
+# -- VMEM budget (paper Table 4) ---------------------------------------------------------------
+
+
+def test_buffer_bytes_round_to_vmem_tiles():
+    assert vmem.buffer_bytes((16, 3), 4) == 16 * 128 * 4  # lanes round up to 128
+    assert vmem.buffer_bytes((3, 256), 4) == 8 * 256 * 4  # sublanes round up to 8
+    assert vmem.buffer_bytes((32, 16, 128), 4) == 32 * 16 * 128 * 4
+    assert vmem.buffer_bytes((5,), 4) == 8 * 128 * 4
+    assert vmem.buffer_bytes((4, 9, 16), 2) == 4 * 16 * 128 * 2  # bf16 packs 16 rows per tile
+
+
+def test_vmem_budget_lmax3_128_channels_f32():
+    coo = tensor_product_coo(*(["0e + 1o + 2e + 3o"] * 3))
+    for tile in (
+        vmem.convolution_tile(coo, channels=128, itemsize=4, y_channels=False),
+        vmem.convolution_bwd_tile(coo, channels=128, itemsize=4, y_channels=False),
+        vmem.tensor_product_tile(coo, channels=128, itemsize=4, y_channels=False),
+        vmem.tensor_product_tile(coo, channels=128, itemsize=4, y_channels=False, backward=True),
+    ):
+        assert tile.channels == 128 and tile.edges >= 8
+        assert tile.total <= vmem.BUFFER_BUDGET < vmem.VMEM_PER_CORE
+    fwd = vmem.convolution_tile(coo, channels=128, itemsize=4, y_channels=False)
+    # hand count, in whole (8 sublanes, 128 lanes) tiles: x [B, 16, 128], y [B, 16 -> 128 lanes],
+    # s [B, P, 128], messages [B, Dout, 128], accumulator [8, Dout, 128], two [Dout, 128] rows
+    b, p, d = fwd.edges, -(-coo.num_paths // 8) * 8, -(-coo.dim_out // 8) * 8
+    want = 4 * 128 * (b * 16 + b + b * p + b * d + 8 * d + 2 * d)
+    assert fwd.total == want
+
+
+def test_small_channel_counts_take_whole_lanes():
+    coo = tensor_product_coo("0e + 1o", "0e + 1o")
+    t16 = vmem.convolution_tile(coo, channels=16, itemsize=4, y_channels=False)
+    t128 = vmem.convolution_tile(coo, channels=128, itemsize=4, y_channels=False)
+    assert t16.channels == 16 and t16.edges == t128.edges and t16.total == t128.total
+    assert vmem.channel_block(256) == 128 and vmem.channel_block(192) == 192
+
+
+# -- lowering for TPU on this (TPU-less) machine ----------------------------------------------
+
+_V5E = AbstractMesh(
+    (1,), ("x",), abstract_device=AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
+)
+
+
+def _lower_tpu(fn, *args) -> str:
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
+    with jax.sharding.use_abstract_mesh(_V5E):
+        return jax.jit(fn).trace(*shapes).lower(lowering_platforms=("tpu",)).as_text()
+
+
+@pytest.mark.parametrize("case", _f32(TP_CASES), ids=str)
+def test_tensor_product_lowers_for_tpu(case):
+    kernels = kernels_of(get_backend("pallas_tpu"))
+    coo, x, y, dz = tp_operands(case)
+    yc = case.y_channels
+    assert MOSAIC_CALL in _lower_tpu(functools.partial(kernels.tensor_product, coo, y_channels=yc), x, y)
+    for outs in (("x", "y"), ("x",), ("y",)):
+        bwd = functools.partial(kernels.tensor_product_bwd, coo, outs=outs, y_channels=yc)
+        assert MOSAIC_CALL in _lower_tpu(bwd, x, y, dz)
+
+
+@pytest.mark.parametrize("case", _f32(CONV_CASES), ids=str)
+def test_convolution_lowers_for_tpu(case):
+    kernels = kernels_of(get_backend("pallas_tpu"))
+    coo, graph, x, y, s, dm = conv_operands(case)
+    yc = case.y_channels
+    for tile in (None, 8):
+        fwd = functools.partial(kernels.convolution, coo, y_channels=yc, edge_tile=tile)
+        assert MOSAIC_CALL in _lower_tpu(lambda x, y, s, g, f=fwd: f(x, y, s, g), x, y, s, graph)
+        for outs in (("x", "y", "s"), ("x",), ("y", "s")):
+            fn = functools.partial(kernels.convolution_bwd, coo, outs=outs, y_channels=yc, edge_tile=tile)
+            assert MOSAIC_CALL in _lower_tpu(lambda x, y, s, dm, g, fn=fn: fn(x, y, s, dm, g), x, y, s, dm, graph)
+
+
+def test_e3j_ops_select_pallas_tpu_when_lowered_for_tpu():
+    coo, graph, x, y, s, _ = conv_operands(Case(2, 128, 8, False))
+    conv = e3j.Convolution(coo.irreps_x, coo.irreps_y, coo.irreps_out)
+
+    def loss(x, y, s, g):
+        return jax.numpy.sin(conv(x, y, s, g)).sum()
+
+    text = _lower_tpu(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
+    assert text.count(MOSAIC_CALL) == 2  # the forward and one fused backward
