@@ -15,7 +15,7 @@ from pathlib import Path
 import nox
 
 ROOT = Path(__file__).parent
-PACKAGES = ["packages/e3j-core", "packages/e3j-ops"]
+PACKAGES = ["packages/e3j-core", "packages/e3j-ops", "packages/e3j-pallas-gpu", "packages/e3j-pallas-tpu"]
 JAX = "jax==0.11.2"  # the primary JAX (the GPU machine image's)
 TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", JAX]
 
@@ -71,7 +71,7 @@ def tests(session: nox.Session) -> None:
     _install_packages(session)
     # a test-only backend plugin (reference kernels under another name; see tests/ops/test_backends.py)
     session.install(str(ROOT / "tests/plugins/e3j-test-backend"))
-    session.run("python", "-m", "pytest", *(session.posargs or ["tests"]))
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests", "-m", "not gpu"]))
 
 
 @nox.session(python=PYTHON)

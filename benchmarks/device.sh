@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One prepared run on the GPU machine (the device tool): install the packages from this checkout,
+# run tests/gpu, then the paper-size benchmarks; results under $OUT.
+#
+# The machine has no network. Its image has JAX 0.11.2 (CUDA 13), nanobind, scikit-build-core and
+# pytest, but not hatchling or e3nn-jax: fetch their wheels here first, into the ignored .whl/
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 -d .whl hatchling pathspec trove-classifiers e3nn-jax==0.21.0
+# and call the device tool with carry [".whl"] and the command `bash benchmarks/device.sh`.
+set -uo pipefail
+OUT=${OUT:-/tmp/e3j-device-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+log() { echo "== $*" | tee -a "$OUT/log.txt"; }
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+log "install"
+python3 -m pip install -q --no-index --no-deps --no-build-isolation \
+  packages/e3j-core packages/e3j-ops packages/e3j-pallas-gpu $( [ -d packages/e3j-cuda ] && echo packages/e3j-cuda ) \
+  2>&1 | tee -a "$OUT/log.txt" || exit 1
+log "info"
+python3 -m e3j info 2>&1 | tee "$OUT/info.txt"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv >> "$OUT/info.txt" 2>&1
+log "tests/gpu"
+timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/tests-gpu.txt" | tail -5
+log "benchmarks"
+mkdir -p /tmp/e3j-results
+timeout 300 python3 benchmarks/paper_sizes.py --out /tmp/e3j-results --suites table1 fig1 --runs 20 2>&1 | tail -40 | tee -a "$OUT/log.txt"
+tar czf "$OUT/results.tgz" -C /tmp e3j-results
+log "done"

@@ -1,0 +1,80 @@
+"""The paper's unit benchmarks at its sizes, on whatever accelerator this machine has (GPU or TPU).
+
+Runs ``python -m e3j bench`` once per suite and writes ``<out>/<device>-<suite>.json`` and ``.md``:
+
+- ``fig1``: tensor product, forward and backward, lmax 2 and 3, 32–256 channels, batch 2^12–2^17
+  (paper Fig. 1);
+- ``fig2``: convolution, forward and backward, lmax 3, 256 channels, 45 neighbours, 2^9–2^13 nodes
+  (paper Fig. 2);
+- ``table1``: convolution, forward and backward, 45 neighbours, N·C = 2^22 at lmax 2 and 2^21 at
+  lmax 3, 64–1024 channels (paper Table 1).
+
+Every installed backend for the platform is measured (the kernel backends and the reference), plus
+e3nn-jax when importable, each beside a device copy measured in the same run. Sizes that do not fit
+are recorded as errors, not fatal. Example (on the TPU or GPU machine)::
+
+    python benchmarks/paper_sizes.py --out benchmarks/results --suites fig1 fig2 table1 --runs 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+SUITES = {
+    "fig1": ["--ops", "tensor_product", "--lmax", "2", "3", "--channels", "32", "64", "128", "256"]
+    + ["--sizes", *(str(2**k) for k in range(12, 18))],
+    "fig2": ["--ops", "convolution", "--lmax", "3", "--channels", "256", "--degree", "45"]
+    + ["--sizes", *(str(2**k) for k in range(9, 14))],
+}
+
+
+def _table1(lmax: int) -> list[list[str]]:
+    total = 2**22 if lmax == 2 else 2**21
+    return [
+        ["--ops", "convolution", "--lmax", str(lmax), "--channels", str(c), "--degree", "45"]
+        + ["--sizes", str(total // c)]
+        for c in (64, 128, 256, 512, 1024)
+    ]
+
+
+def _device_slug() -> str:
+    import jax
+
+    d = jax.devices()[0]
+    kind = getattr(d, "device_kind", d.platform)
+    return "".join(ch if ch.isalnum() else "-" for ch in kind.lower()).strip("-")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--suites", nargs="+", default=["fig1", "fig2", "table1"], choices=["fig1", "fig2", "table1"])
+    p.add_argument("--runs", type=int, default=100)
+    p.add_argument("--no-e3nn", action="store_true")
+    p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    slug = "DEVICE" if args.dry_run else _device_slug()
+    if not args.dry_run:
+        out.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for suite in args.suites:
+        runs = [SUITES[suite]] if suite != "table1" else _table1(2) + _table1(3)
+        for k, extra in enumerate(runs):
+            stem = out / (f"{slug}-{suite}" + (f"-{k}" if len(runs) > 1 else ""))
+            cmd = [sys.executable, "-m", "e3j", "bench", *extra, "--runs", str(args.runs)]
+            cmd += ["--json", f"{stem}.json", "--markdown", f"{stem}.md", "--no-progress"]
+            if args.no_e3nn:
+                cmd.append("--no-e3nn")
+            print("+", " ".join(cmd), flush=True)
+            if args.dry_run:
+                continue
+            failed += subprocess.run(cmd, check=False).returncode != 0
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
