@@ -136,6 +136,11 @@ def test_packing_roundtrip_and_index_width():
             assert records is table.packed(dtype)
     with pytest.raises(ValueError, match="coefficient_dtype"):
         small.table.packed(np.int32)
+    # C struct layouts (what the CUDA kernels load): {u8 i0, i1, i2; f32 c} is 8 bytes, c at offset 4
+    assert small.table.record_dtype(np.float32).itemsize == 8 and small.table.record_dtype().fields["c"][1] == 4
+    assert large.table.record_dtype(np.float32).itemsize == 16 and large.table.record_dtype().fields["c"][1] == 12
+    assert small.table.record_dtype(np.float64).itemsize == 16 and small.trilinear.record_dtype().itemsize == 8
+    assert large.table.record_dtype(np.float64).itemsize == 24
 
 
 def test_groupings_reconstruct_records():

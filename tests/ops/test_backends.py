@@ -388,7 +388,7 @@ def test_info_subprocess():
     out = proc.stdout
     assert f"e3j        {e3j.__version__}" in out
     assert f"jax        {jax.__version__}" in out
-    assert "jaxlib" in out and "python" in out and "COO format 1" in out
+    assert "jaxlib" in out and "python" in out and f"COO format {e3j.backends.COO_FORMAT_VERSION}" in out
     assert "JAX default platform: cpu" in out
     for name in ("reference", "test", "incompatible", "old_jax", "load_fails"):
         assert f"\n  {name} " in out

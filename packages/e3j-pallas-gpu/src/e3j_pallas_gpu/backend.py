@@ -10,7 +10,7 @@ from ._version import __version__
 __all__ = ["backend", "interpret_backend"]
 
 #: The COO table format these kernels read (e3j-core's ``COO_FORMAT_VERSION`` they were written for).
-COO_FORMAT = 1
+COO_FORMAT = 2
 #: The JAX range this package is tested with (Pallas's Triton lowering is not a stable API).
 JAX_REQUIREMENT = ">=0.11.1,<0.13"
 #: Unrolled programs grow as l^5 in the number of records; beyond this the compile time is not worth it.
