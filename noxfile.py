@@ -15,7 +15,13 @@ from pathlib import Path
 import nox
 
 ROOT = Path(__file__).parent
-PACKAGES = ["packages/e3j-core", "packages/e3j-ops", "packages/e3j-pallas-gpu", "packages/e3j-pallas-tpu"]
+PACKAGES = [
+    "packages/e3j-core",
+    "packages/e3j-ops",
+    "packages/e3j-pallas-gpu",
+    "packages/e3j-pallas-tpu",
+    "packages/e3j-cuda",
+]
 JAX = "jax==0.11.2"  # the primary JAX (the GPU machine image's)
 TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", JAX]
 

@@ -19,6 +19,12 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   export PYTHONPATH=/tmp/site
 fi
 log "install"
+# e3j-cuda's CUDA target needs nvcc: on PATH, in /usr/local/cuda, or from the image's cuda-toolkit wheel
+if ! command -v nvcc >/dev/null; then
+  NVCC=$(ls /usr/local/cuda/bin/nvcc 2>/dev/null || find / -name nvcc -type f -perm -u+x 2>/dev/null | head -1)
+  [ -n "$NVCC" ] && export CUDACXX="$NVCC" PATH="$(dirname "$NVCC"):$PATH"
+fi
+export E3J_CUDA=ON
 python3 -m pip install -q --no-index --no-deps --no-build-isolation \
   packages/e3j-core packages/e3j-ops packages/e3j-pallas-gpu $( [ -d packages/e3j-cuda ] && echo packages/e3j-cuda ) \
   2>&1 | tee -a "$OUT/log.txt" || exit 1

@@ -8,9 +8,6 @@ is skipped with that reason.
 import jax
 import numpy as np
 import pytest
-
-import e3j
-from e3j.backends import available_backends, get_backend, kernels_of
 from kernel_cases import (
     CONV_CASES,
     TP_CASES,
@@ -21,6 +18,9 @@ from kernel_cases import (
     check_tensor_product,
     conv_operands,
 )
+
+import e3j
+from e3j.backends import available_backends, get_backend, kernels_of
 
 pytestmark = [
     pytest.mark.gpu,
@@ -61,6 +61,4 @@ def test_gpu_selects_a_kernel_backend_without_warning(recwarn):
     text = jax.jit(lambda x, y, s: conv(x, y, s, graph)).lower(x, y, s).as_text()
     assert not [w for w in recwarn if "falls back" in str(w.message)]
     assert "e3j_convolution" in text or "e3j_cuda" in text
-    np.testing.assert_allclose(
-        conv(x, y, s, graph), conv(x, y, s, graph, backend="reference"), rtol=1e-4, atol=1e-4
-    )
+    np.testing.assert_allclose(conv(x, y, s, graph), conv(x, y, s, graph, backend="reference"), rtol=1e-4, atol=1e-4)

@@ -6,7 +6,7 @@ import pkgutil
 
 import pytest
 
-PACKAGES = ["e3j_pallas_gpu", "e3j_pallas_tpu"]
+PACKAGES = ["e3j_pallas_gpu", "e3j_pallas_tpu", "e3j_cuda"]
 MODULES = [
     name
     for pkg in PACKAGES

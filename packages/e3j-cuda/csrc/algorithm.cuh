@@ -1,0 +1,76 @@
+// The per-thread algorithm of e3j's CUDA kernels (paper Algorithm 1), written once for host and
+// device: the host FFI target runs it in CPU loops, the CUDA target in GPU threads.
+//
+// A thread owns V consecutive channels (V = 4, 2 or 1: float4/float2-style vectorization) and a
+// range of output rows [lo, hi). For each output row i0 it walks that row's records (CSR over the
+// records, which e3j-core sorts by i0), accumulates c * a[i1] * b[i2] in registers and hands the
+// row's V sums to an `emit` callback — which stores them, scales and accumulates them (the
+// convolution's edge scalar), or reduces them (cotangents of broadcast operands).
+//
+// Records are e3j-core's packed records (COO format 2): {Idx i0, i1, i2; T c} with natural
+// alignment, Idx = uint8_t when every dimension is <= 255 (8-byte records for float32) else int32_t.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define E3J_HD __host__ __device__ __forceinline__
+#else
+#define E3J_HD inline
+#endif
+
+namespace e3j {
+
+template <typename Idx, typename T>
+struct Record {
+  Idx i0, i1, i2;
+  T c;
+};
+
+// Rows of one operand for one batch row / node / edge: value(i, v) = base[i * row + v * lane].
+// lane == 0 broadcasts the row over channels (spherical harmonics y_ab, shared by every channel).
+template <typename T>
+struct Rows {
+  const T* base;
+  int64_t row;
+  int64_t lane;
+  E3J_HD T at(int i, int v) const { return base[i * row + v * lane]; }
+};
+
+// value(i, v) = a(i, v) * s(map[i], v): the convolution's output cotangent mixed with the edge scalar
+// of the path that row i0 belongs to (w = s[i3(i0)] * dm[i0], paper Algorithm 7).
+template <typename T>
+struct ScaledRows {
+  Rows<T> a;
+  Rows<T> s;
+  const int32_t* map;
+  E3J_HD T at(int i, int v) const { return a.at(i, v) * s.at(map[i], v); }
+};
+
+// Algorithm 1 over output rows [lo, hi) for V channels: emit(i0, acc[V]) once per row, in order
+// (a row without records emits zeros).
+template <int V, typename T, typename Rec, typename A, typename B, typename Emit>
+E3J_HD void contract(const Rec* rec, const int32_t* rowptr, int lo, int hi, const A& a, const B& b, Emit&& emit) {
+  for (int i0 = lo; i0 < hi; ++i0) {
+    T acc[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[v] = T(0);
+    const int end = rowptr[i0 + 1];
+    for (int p = rowptr[i0]; p < end; ++p) {
+      const Rec r = rec[p];
+      const T c = static_cast<T>(r.c);
+#pragma unroll
+      for (int v = 0; v < V; ++v) acc[v] += c * a.at(r.i1, v) * b.at(r.i2, v);
+    }
+    emit(i0, acc);
+  }
+}
+
+// Shapes shared by the handlers (all operands are row-major with trailing channels).
+struct TableView {
+  const void* records;  // packed records
+  const int32_t* rowptr;  // [rows + 1]
+  int rows;  // output dimension of the table
+};
+
+}  // namespace e3j

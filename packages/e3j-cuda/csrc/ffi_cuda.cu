@@ -1,0 +1,411 @@
+// CUDA XLA FFI handlers: the per-thread algorithm of algorithm.cuh / ops.cuh as GPU kernels.
+//
+// Threads: x = channel lanes (V channels each), y = a split of the output rows into ranges of about
+// equal record counts (Algorithm 1's coefficient loop split for occupancy). No atomics anywhere:
+// every output element has one writer, every reduction a fixed order, so results are bitwise
+// reproducible.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "dispatch.h"
+#include "handlers.h"
+#include "ops.cuh"
+
+namespace e3j {
+namespace {
+
+constexpr int kMaxLanes = 64;
+constexpr int kThreads = 256;
+constexpr size_t kDefaultSmem = 48 * 1024;
+
+// First row of part `part` of `parts`: rows split where the record count crosses part / parts.
+__device__ int split_begin(const int32_t* rowptr, int rows, int part, int parts) {
+  if (part <= 0) return 0;
+  if (part >= parts) return rows;
+  const int64_t target = static_cast<int64_t>(rowptr[rows]) * part / parts;
+  int lo = 0, hi = rows;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (rowptr[mid] < target)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+template <typename T>
+__device__ void stage(T* dst, const T* src, int rows, int width, int block_channels, int64_t src_row) {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+  for (int k = tid; k < rows * width; k += nt) {
+    const int i = k / width, c = k % width;
+    dst[i * block_channels + c] = src[i * src_row + c];
+  }
+}
+
+// Tensor product forward: block = one batch row × a block of channels; x, y rows staged in smem.
+template <int V, typename T, typename Rec>
+__global__ void tp_fwd_kernel(const Rec* rec, const int32_t* rowptr, const T* x, const T* y, T* z, int Dx, int Dy,
+                              int Dz, int C, bool y_channels) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sx = reinterpret_cast<T*>(smem_raw);
+  const int CB = blockDim.x * V;
+  const int64_t b = blockIdx.x;
+  const int cbase = blockIdx.y * CB;
+  const int width = min(CB, C - cbase);
+  T* sy = sx + Dx * CB;
+  stage(sx, x + b * Dx * C + cbase, Dx, width, CB, C);
+  if (y_channels)
+    stage(sy, y + b * Dy * C + cbase, Dy, width, CB, C);
+  else
+    stage(sy, y + b * Dy, 1, Dy, Dy, 0);
+  __syncthreads();
+  const int c0 = threadIdx.x * V;
+  if (c0 >= width) return;
+  const int lo = split_begin(rowptr, Dz, threadIdx.y, blockDim.y);
+  const int hi = split_begin(rowptr, Dz, threadIdx.y + 1, blockDim.y);
+  const Rows<T> a{sx + c0, CB, 1};
+  const Rows<T> bb = y_channels ? Rows<T>{sy + c0, CB, 1} : Rows<T>{sy, 1, 0};
+  store_contraction<V, T>(rec, rowptr, lo, hi, a, bb, z + b * Dz * C + cbase + c0, C);
+}
+
+// Tensor product backward: block = one batch row, all channels (lanes loop over channel groups),
+// streaming x, y, dz once for both cotangents; a broadcast y's cotangent is reduced over lanes in smem.
+template <int V, typename T, typename Rec>
+__global__ void tp_bwd_kernel(const Rec* rx, const int32_t* px, const Rec* ry, const int32_t* py, const T* x,
+                              const T* y, const T* dz, T* dx, T* dy, int Dx, int Dy, int Dz, int C, bool y_channels,
+                              bool want_x, bool want_y) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* red = reinterpret_cast<T*>(smem_raw);  // [Dy][blockDim.x]
+  const int64_t b = blockIdx.x;
+  const int lx = split_begin(px, Dx, threadIdx.y, blockDim.y), hx = split_begin(px, Dx, threadIdx.y + 1, blockDim.y);
+  const int ly = split_begin(py, Dy, threadIdx.y, blockDim.y), hy = split_begin(py, Dy, threadIdx.y + 1, blockDim.y);
+  const bool reduce = want_y && !y_channels;
+  if (reduce)
+    for (int i = ly; i < hy; ++i) red[i * blockDim.x + threadIdx.x] = T(0);
+  for (int c0 = threadIdx.x * V; c0 < C; c0 += blockDim.x * V) {
+    const Rows<T> dzr = channel_rows(dz, b, Dz, C, c0);
+    if (want_x)
+      store_contraction<V, T>(rx, px, lx, hx, y_rows(y, b, Dy, C, c0, y_channels), dzr, dx + b * Dx * C + c0, C);
+    if (want_y) {
+      const Rows<T> xr = channel_rows(x, b, Dx, C, c0);
+      if (y_channels) {
+        store_contraction<V, T>(ry, py, ly, hy, xr, dzr, dy + b * Dy * C + c0, C);
+      } else {
+        contract<V, T>(ry, py, ly, hy, xr, dzr, [&](int i, const T* acc) {
+          T sum = T(0);
+#pragma unroll
+          for (int v = 0; v < V; ++v) sum += acc[v];
+          red[i * blockDim.x + threadIdx.x] += sum;
+        });
+      }
+    }
+  }
+  if (!reduce) return;
+  __syncthreads();
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+  for (int i = tid; i < Dy; i += nt) {
+    T sum = T(0);
+    for (int l = 0; l < blockDim.x; ++l) sum += red[i * blockDim.x + l];
+    dy[b * Dy + i] = sum;
+  }
+}
+
+// Convolution forward: block = one receiver × a block of channels; the CSR loop over its edges
+// accumulates messages in shared memory when they fit (else in the output row), one write per node.
+template <int V, typename T, typename Rec>
+__global__ void conv_fwd_kernel(const Rec* rec, const int32_t* rowptr, const int32_t* i3, const int32_t* offsets,
+                                const int32_t* order, const int32_t* senders, const T* x, const T* y, const T* s, T* m,
+                                int Dx, int Dy, int P, int Dz, int C, bool y_channels, bool smem_acc) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int CB = blockDim.x * V;
+  const int64_t b = blockIdx.x;
+  const int cbase = blockIdx.y * CB;
+  const int c0 = cbase + threadIdx.x * V;
+  if (c0 >= C) return;
+  T* acc = smem_acc ? reinterpret_cast<T*>(smem_raw) + threadIdx.x * V : m + b * Dz * C + c0;
+  const int64_t row = smem_acc ? CB : C;
+  for (int i = 0; i < Dz; ++i)
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[i * row + v] = T(0);
+  for (int k = offsets[b]; k < offsets[b + 1]; ++k) {
+    const int64_t e = order[k], a = senders[e];
+    accumulate_message<V, T>(rec, rowptr, 0, Dz, channel_rows(x, a, Dx, C, c0), y_rows(y, e, Dy, C, c0, y_channels),
+                             channel_rows(s, e, P, C, c0), i3, acc, row);
+  }
+  if (smem_acc)
+    for (int i = 0; i < Dz; ++i)
+#pragma unroll
+      for (int v = 0; v < V; ++v) m[(b * Dz + i) * C + c0 + v] = acc[i * row + v];
+}
+
+// Convolution backward: block = one sender (the transposed graph's CSR), all channels; dx is
+// accumulated in the sender's own row, dy and ds written per edge; block N zeroes padding edges.
+template <int V, typename T, typename Rec>
+__global__ void conv_bwd_kernel(const Rec* rt, const int32_t* pt, const Rec* rx, const int32_t* px, const Rec* ry,
+                                const int32_t* py, const int32_t* i3, const int32_t* offsets, const int32_t* order,
+                                const int32_t* receivers, const int32_t* num_valid, const T* x, const T* y,
+                                const T* s, const T* dm, T* dx, T* dy, T* ds, int N, int E, int Dx, int Dy, int P,
+                                int Pds, int Dz, int C, bool y_channels, bool want_x, bool want_y, bool want_s) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* red = reinterpret_cast<T*>(smem_raw);  // [Dy][blockDim.x]
+  const int tid = threadIdx.x, nt = blockDim.x;
+  const int64_t a = blockIdx.x;
+  const int64_t dy_row = y_channels ? int64_t(Dy) * C : Dy;
+  if (a == N) {  // padding edges: zero cotangent rows
+    for (int k = num_valid[0]; k < E; ++k) {
+      const int64_t e = order[k];
+      if (want_y)
+        for (int64_t j = tid; j < dy_row; j += nt) dy[e * dy_row + j] = T(0);
+      if (want_s)
+        for (int64_t j = tid; j < int64_t(Pds) * C; j += nt) ds[e * Pds * C + j] = T(0);
+    }
+    return;
+  }
+  if (want_x)
+    for (int c0 = tid * V; c0 < C; c0 += nt * V)
+      for (int i = 0; i < Dx; ++i)
+#pragma unroll
+        for (int v = 0; v < V; ++v) dx[(a * Dx + i) * C + c0 + v] = T(0);
+  const bool reduce = want_y && !y_channels;
+  for (int k = offsets[a]; k < offsets[a + 1]; ++k) {
+    const int64_t e = order[k], b = receivers[e];
+    if (reduce)
+      for (int i = 0; i < Dy; ++i) red[i * nt + tid] = T(0);
+    for (int c0 = tid * V; c0 < C; c0 += nt * V) {
+      const Rows<T> dmb = channel_rows(dm, b, Dz, C, c0);
+      const ScaledRows<T> g{dmb, channel_rows(s, e, P, C, c0), i3};
+      if (want_x)
+        contract<V, T>(rx, px, 0, Dx, y_rows(y, e, Dy, C, c0, y_channels), g, [&](int i, const T* acc) {
+          T* out = dx + (a * Dx + i) * C + c0;
+#pragma unroll
+          for (int v = 0; v < V; ++v) out[v] += acc[v];
+        });
+      if (want_y) {
+        const Rows<T> xa = channel_rows(x, a, Dx, C, c0);
+        if (y_channels) {
+          store_contraction<V, T>(ry, py, 0, Dy, xa, g, dy + e * Dy * C + c0, C);
+        } else {
+          contract<V, T>(ry, py, 0, Dy, xa, g, [&](int i, const T* acc) {
+            T sum = T(0);
+#pragma unroll
+            for (int v = 0; v < V; ++v) sum += acc[v];
+            red[i * nt + tid] += sum;
+          });
+        }
+      }
+      if (want_s)
+        edge_scalar_cotangent<V, T>(rt, pt, Dz, channel_rows(x, a, Dx, C, c0), y_rows(y, e, Dy, C, c0, y_channels),
+                                    dmb, i3, ds + e * Pds * C + c0, C, Pds);
+    }
+    if (reduce) {
+      __syncthreads();
+      for (int i = tid; i < Dy; i += nt) {
+        T sum = T(0);
+        for (int l = 0; l < nt; ++l) sum += red[i * nt + l];
+        dy[e * Dy + i] = sum;
+      }
+      __syncthreads();
+    }
+  }
+}
+
+ffi::Error launched(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return ffi::Error::Success();
+  return ffi::Error::Internal(std::string("e3j_cuda: ") + what + ": " + cudaGetErrorString(err));
+}
+
+template <typename K>
+ffi::Error allow_smem(K kernel, size_t bytes) {
+  if (bytes <= kDefaultSmem) return ffi::Error::Success();
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) !=
+      cudaSuccess)
+    return ffi::Error::Internal("e3j_cuda: " + std::to_string(bytes) + " bytes of shared memory are not available");
+  return ffi::Error::Success();
+}
+
+int lanes_for(int64_t groups) { return static_cast<int>(std::min<int64_t>(groups, kMaxLanes)); }
+
+template <typename T>
+const T* in(const ffi::AnyBuffer& b) {
+  return static_cast<const T*>(b.untyped_data());
+}
+template <typename T>
+T* out(ffi::Result<ffi::AnyBuffer>& b) {
+  return static_cast<T*>(b->untyped_data());
+}
+
+ffi::Error TpFwd(cudaStream_t stream, ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr, ffi::AnyBuffer x,
+                 ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> z, int64_t index_bytes, bool y_channels) {
+  const int64_t B = dim(x, 0), Dx = dim(x, 1), C = dim(x, 2), Dy = dim(y, 1), Dz = dim(*z, 1);
+  if (B == 0 || C == 0) return ffi::Error::Success();
+  return dispatch(x.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
+    using T = typename decltype(t)::type;
+    using Rec = Record<typename decltype(i)::type, T>;
+    constexpr int V = decltype(w)::value;
+    const int lanes = lanes_for(C / V), splits = std::max(1, std::min(4, kThreads / lanes));
+    const int CB = lanes * V;
+    const size_t smem = (Dx * CB + (y_channels ? Dy * CB : Dy)) * sizeof(T);
+    auto kernel = tp_fwd_kernel<V, T, Rec>;
+    if (auto err = allow_smem(kernel, smem); err.failure()) return err;
+    const dim3 grid(static_cast<unsigned>(B), static_cast<unsigned>((C + CB - 1) / CB));
+    kernel<<<grid, dim3(lanes, splits), smem, stream>>>(static_cast<const Rec*>(records.untyped_data()),
+                                                        rowptr.typed_data(), in<T>(x), in<T>(y), out<T>(z), Dx, Dy,
+                                                        Dz, C, y_channels);
+    return launched("tensor product forward");
+  });
+}
+
+ffi::Error TpBwd(cudaStream_t stream, ffi::AnyBuffer rec_x, ffi::Buffer<ffi::S32> rowptr_x, ffi::AnyBuffer rec_y,
+                 ffi::Buffer<ffi::S32> rowptr_y, ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer dz,
+                 ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dy, int64_t index_bytes, bool y_channels,
+                 bool want_x, bool want_y) {
+  const int64_t B = dim(dz, 0), Dz = dim(dz, 1), C = dim(dz, 2);
+  const int64_t Dx = rowptr_x.element_count() - 1, Dy = rowptr_y.element_count() - 1;
+  if (B == 0 || C == 0) return ffi::Error::Success();
+  return dispatch(dz.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
+    using T = typename decltype(t)::type;
+    using Rec = Record<typename decltype(i)::type, T>;
+    constexpr int V = decltype(w)::value;
+    const int lanes = lanes_for(C / V), splits = std::max(1, std::min(4, kThreads / lanes));
+    const size_t smem = (want_y && !y_channels) ? Dy * lanes * sizeof(T) : 0;
+    auto kernel = tp_bwd_kernel<V, T, Rec>;
+    if (auto err = allow_smem(kernel, smem); err.failure()) return err;
+    kernel<<<dim3(static_cast<unsigned>(B)), dim3(lanes, splits), smem, stream>>>(
+        static_cast<const Rec*>(rec_x.untyped_data()), rowptr_x.typed_data(),
+        static_cast<const Rec*>(rec_y.untyped_data()), rowptr_y.typed_data(), in<T>(x), in<T>(y), in<T>(dz),
+        out<T>(dx), out<T>(dy), Dx, Dy, Dz, C, y_channels, want_x, want_y);
+    return launched("tensor product backward");
+  });
+}
+
+ffi::Error ConvFwd(cudaStream_t stream, ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr,
+                   ffi::Buffer<ffi::S32> i3, ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::S32> order,
+                   ffi::Buffer<ffi::S32> senders, ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer s,
+                   ffi::Result<ffi::AnyBuffer> m, int64_t index_bytes, bool y_channels) {
+  const int64_t N = dim(x, 0), Dx = dim(x, 1), C = dim(x, 2), Dy = dim(y, 1), P = dim(s, 1), Dz = dim(*m, 1);
+  if (N == 0 || C == 0) return ffi::Error::Success();
+  return dispatch(x.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
+    using T = typename decltype(t)::type;
+    using Rec = Record<typename decltype(i)::type, T>;
+    constexpr int V = decltype(w)::value;
+    const int lanes = lanes_for(C / V), CB = lanes * V;
+    const size_t acc_bytes = Dz * CB * sizeof(T);
+    const bool smem_acc = acc_bytes <= kDefaultSmem;
+    const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>((C + CB - 1) / CB));
+    conv_fwd_kernel<V, T, Rec><<<grid, dim3(lanes), smem_acc ? acc_bytes : 0, stream>>>(
+        static_cast<const Rec*>(records.untyped_data()), rowptr.typed_data(), i3.typed_data(), offsets.typed_data(),
+        order.typed_data(), senders.typed_data(), in<T>(x), in<T>(y), in<T>(s), out<T>(m), Dx, Dy, P, Dz, C,
+        y_channels, smem_acc);
+    return launched("convolution forward");
+  });
+}
+
+ffi::Error ConvBwd(cudaStream_t stream, ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::AnyBuffer rec_x,
+                   ffi::Buffer<ffi::S32> rowptr_x, ffi::AnyBuffer rec_y, ffi::Buffer<ffi::S32> rowptr_y,
+                   ffi::Buffer<ffi::S32> i3, ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::S32> order,
+                   ffi::Buffer<ffi::S32> receivers, ffi::Buffer<ffi::S32> num_valid, ffi::AnyBuffer x,
+                   ffi::AnyBuffer y, ffi::AnyBuffer s, ffi::AnyBuffer dm, ffi::Result<ffi::AnyBuffer> dx,
+                   ffi::Result<ffi::AnyBuffer> dy, ffi::Result<ffi::AnyBuffer> ds, int64_t index_bytes,
+                   bool y_channels, bool want_x, bool want_y, bool want_s) {
+  const int64_t N = dim(dm, 0), Dz = dim(dm, 1), C = dim(dm, 2), E = order.element_count();
+  const int64_t Dx = rowptr_x.element_count() - 1, Dy = rowptr_y.element_count() - 1;
+  const int64_t P = rank(s) == 3 ? dim(s, 1) : 0;
+  const int64_t Pds = want_s ? dim(*ds, 1) : 0;
+  if (N == 0 || C == 0) return ffi::Error::Success();
+  return dispatch(dm.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
+    using T = typename decltype(t)::type;
+    using Rec = Record<typename decltype(i)::type, T>;
+    constexpr int V = decltype(w)::value;
+    const int lanes = lanes_for(C / V);
+    const size_t smem = (want_y && !y_channels) ? Dy * lanes * sizeof(T) : 0;
+    auto kernel = conv_bwd_kernel<V, T, Rec>;
+    if (auto err = allow_smem(kernel, smem); err.failure()) return err;
+    kernel<<<dim3(static_cast<unsigned>(N + 1)), dim3(lanes), smem, stream>>>(
+        static_cast<const Rec*>(rec_t.untyped_data()), rowptr_t.typed_data(),
+        static_cast<const Rec*>(rec_x.untyped_data()), rowptr_x.typed_data(),
+        static_cast<const Rec*>(rec_y.untyped_data()), rowptr_y.typed_data(), i3.typed_data(), offsets.typed_data(),
+        order.typed_data(), receivers.typed_data(), num_valid.typed_data(), in<T>(x), in<T>(y), in<T>(s), in<T>(dm),
+        out<T>(dx), out<T>(dy), out<T>(ds), N, E, Dx, Dy, P, Pds, Dz, C, y_channels, want_x, want_y, want_s);
+    return launched("convolution backward");
+  });
+}
+
+}  // namespace
+}  // namespace e3j
+
+namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(e3j_tp_fwd, e3j::TpFwd,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("index_bytes")
+                                  .Attr<bool>("y_channels"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(e3j_tp_bwd, e3j::TpBwd,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("index_bytes")
+                                  .Attr<bool>("y_channels")
+                                  .Attr<bool>("want_x")
+                                  .Attr<bool>("want_y"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(e3j_conv_fwd, e3j::ConvFwd,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("index_bytes")
+                                  .Attr<bool>("y_channels"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(e3j_conv_bwd, e3j::ConvBwd,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::PlatformStream<cudaStream_t>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("index_bytes")
+                                  .Attr<bool>("y_channels")
+                                  .Attr<bool>("want_x")
+                                  .Attr<bool>("want_y")
+                                  .Attr<bool>("want_s"));

@@ -1,0 +1,219 @@
+// Host (CPU) XLA FFI handlers: the per-thread algorithm of algorithm.cuh / ops.cuh run by loops,
+// one "thread" per (unit, channel group), in the order a GPU would assign them. Deterministic: every
+// reduction visits its terms in a fixed order.
+#include <cstring>
+#include <vector>
+
+#include "dispatch.h"
+#include "handlers.h"
+#include "ops.cuh"
+
+namespace e3j {
+namespace {
+
+template <typename T>
+const T* data(const ffi::AnyBuffer& b) {
+  return static_cast<const T*>(b.untyped_data());
+}
+template <typename T>
+T* data(ffi::Result<ffi::AnyBuffer>& b) {
+  return static_cast<T*>(b->untyped_data());
+}
+
+ffi::Error TpFwd(ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr, ffi::AnyBuffer x, ffi::AnyBuffer y,
+                 ffi::Result<ffi::AnyBuffer> z, int64_t index_bytes, bool y_channels) {
+  const int64_t B = dim(x, 0), Dx = dim(x, 1), C = dim(x, 2), Dy = dim(y, 1), Dz = dim(*z, 1);
+  return dispatch(x.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
+    using T = typename decltype(t)::type;
+    using Rec = Record<typename decltype(i)::type, T>;
+    constexpr int V = decltype(w)::value;
+    const Rec* rec = static_cast<const Rec*>(records.untyped_data());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t c0 = 0; c0 < C; c0 += V)
+        store_contraction<V, T>(rec, rowptr.typed_data(), 0, Dz, channel_rows(data<T>(x), b, Dx, C, c0),
+                                y_rows(data<T>(y), b, Dy, C, c0, y_channels), data<T>(z) + (b * Dz * C + c0), C);
+    return ffi::Error::Success();
+  });
+}
+
+ffi::Error TpBwd(ffi::AnyBuffer rec_x, ffi::Buffer<ffi::S32> rowptr_x, ffi::AnyBuffer rec_y,
+                 ffi::Buffer<ffi::S32> rowptr_y, ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer dz,
+                 ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dy, int64_t index_bytes, bool y_channels,
+                 bool want_x, bool want_y) {
+  const int64_t B = dim(dz, 0), Dz = dim(dz, 1), C = dim(dz, 2);
+  const int64_t Dx = rowptr_x.element_count() - 1, Dy = rowptr_y.element_count() - 1;
+  return dispatch(dz.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
+    using T = typename decltype(t)::type;
+    using Rec = Record<typename decltype(i)::type, T>;
+    constexpr int V = decltype(w)::value;
+    const Rec* rx = static_cast<const Rec*>(rec_x.untyped_data());
+    const Rec* ry = static_cast<const Rec*>(rec_y.untyped_data());
+    if (want_y && !y_channels) std::memset(dy->untyped_data(), 0, dy->size_bytes());
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t c0 = 0; c0 < C; c0 += V) {
+        const Rows<T> dzr = channel_rows(data<T>(dz), b, Dz, C, c0);
+        if (want_x)
+          store_contraction<V, T>(rx, rowptr_x.typed_data(), 0, Dx, y_rows(data<T>(y), b, Dy, C, c0, y_channels), dzr,
+                                  data<T>(dx) + (b * Dx * C + c0), C);
+        if (want_y) {
+          const Rows<T> xr = channel_rows(data<T>(x), b, Dx, C, c0);
+          if (y_channels)
+            store_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xr, dzr, data<T>(dy) + (b * Dy * C + c0), C);
+          else
+            channel_sum_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xr, dzr, data<T>(dy) + b * Dy);
+        }
+      }
+    return ffi::Error::Success();
+  });
+}
+
+ffi::Error ConvFwd(ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr, ffi::Buffer<ffi::S32> i3,
+                   ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::S32> order, ffi::Buffer<ffi::S32> senders,
+                   ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer s, ffi::Result<ffi::AnyBuffer> m,
+                   int64_t index_bytes, bool y_channels) {
+  const int64_t N = dim(x, 0), Dx = dim(x, 1), C = dim(x, 2), Dy = dim(y, 1), P = dim(s, 1), Dz = dim(*m, 1);
+  return dispatch(x.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
+    using T = typename decltype(t)::type;
+    using Rec = Record<typename decltype(i)::type, T>;
+    constexpr int V = decltype(w)::value;
+    const Rec* rec = static_cast<const Rec*>(records.untyped_data());
+    std::memset(m->untyped_data(), 0, m->size_bytes());
+    for (int64_t b = 0; b < N; ++b)
+      for (int64_t k = offsets.typed_data()[b]; k < offsets.typed_data()[b + 1]; ++k) {
+        const int64_t e = order.typed_data()[k], a = senders.typed_data()[e];
+        for (int64_t c0 = 0; c0 < C; c0 += V)
+          accumulate_message<V, T>(rec, rowptr.typed_data(), 0, Dz, channel_rows(data<T>(x), a, Dx, C, c0),
+                                   y_rows(data<T>(y), e, Dy, C, c0, y_channels), channel_rows(data<T>(s), e, P, C, c0),
+                                   i3.typed_data(), data<T>(m) + (b * Dz * C + c0), C);
+      }
+    return ffi::Error::Success();
+  });
+}
+
+ffi::Error ConvBwd(ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::AnyBuffer rec_x,
+                   ffi::Buffer<ffi::S32> rowptr_x, ffi::AnyBuffer rec_y, ffi::Buffer<ffi::S32> rowptr_y,
+                   ffi::Buffer<ffi::S32> i3, ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::S32> order,
+                   ffi::Buffer<ffi::S32> receivers, ffi::Buffer<ffi::S32> num_valid, ffi::AnyBuffer x,
+                   ffi::AnyBuffer y, ffi::AnyBuffer s, ffi::AnyBuffer dm, ffi::Result<ffi::AnyBuffer> dx,
+                   ffi::Result<ffi::AnyBuffer> dy, ffi::Result<ffi::AnyBuffer> ds, int64_t index_bytes,
+                   bool y_channels, bool want_x, bool want_y, bool want_s) {
+  const int64_t N = dim(dm, 0), Dz = dim(dm, 1), C = dim(dm, 2), E = order.element_count();
+  const int64_t Dx = rowptr_x.element_count() - 1, Dy = rowptr_y.element_count() - 1;
+  // unneeded operands and unwanted results are 0-size placeholders
+  const int64_t P = rank(s) == 3 ? dim(s, 1) : 0;
+  const int64_t ds_paths = want_s ? dim(*ds, 1) : 0;
+  return dispatch(dm.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
+    using T = typename decltype(t)::type;
+    using Rec = Record<typename decltype(i)::type, T>;
+    constexpr int V = decltype(w)::value;
+    const Rec* rt = static_cast<const Rec*>(rec_t.untyped_data());
+    const Rec* rx = static_cast<const Rec*>(rec_x.untyped_data());
+    const Rec* ry = static_cast<const Rec*>(rec_y.untyped_data());
+    const int32_t* map = i3.typed_data();
+    if (want_x) std::memset(dx->untyped_data(), 0, dx->size_bytes());
+    if (want_y) std::memset(dy->untyped_data(), 0, dy->size_bytes());  // padding edges stay zero
+    if (want_s) std::memset(ds->untyped_data(), 0, ds->size_bytes());
+    for (int64_t a = 0; a < N; ++a)
+      for (int64_t k = offsets.typed_data()[a]; k < offsets.typed_data()[a + 1]; ++k) {
+        const int64_t e = order.typed_data()[k], b = receivers.typed_data()[e];
+        for (int64_t c0 = 0; c0 < C; c0 += V) {
+          const Rows<T> dmb = channel_rows(data<T>(dm), b, Dz, C, c0);
+          if (want_x || want_y) {
+            const ScaledRows<T> g{dmb, channel_rows(data<T>(s), e, P, C, c0), map};
+            if (want_x)
+              contract<V, T>(rx, rowptr_x.typed_data(), 0, Dx, y_rows(data<T>(y), e, Dy, C, c0, y_channels), g,
+                             [&](int r, const T* acc) {
+                               T* out = data<T>(dx) + (a * Dx + r) * C + c0;
+                               for (int v = 0; v < V; ++v) out[v] += acc[v];
+                             });
+            if (want_y) {
+              const Rows<T> xa = channel_rows(data<T>(x), a, Dx, C, c0);
+              if (y_channels)
+                store_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xa, g, data<T>(dy) + (e * Dy * C + c0), C);
+              else
+                channel_sum_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xa, g, data<T>(dy) + e * Dy);
+            }
+          }
+          if (want_s)
+            edge_scalar_cotangent<V, T>(rt, rowptr_t.typed_data(), Dz, channel_rows(data<T>(x), a, Dx, C, c0),
+                                        y_rows(data<T>(y), e, Dy, C, c0, y_channels), dmb, map,
+                                        data<T>(ds) + (e * ds_paths * C + c0), C, static_cast<int>(ds_paths));
+        }
+      }
+    (void)num_valid;
+    (void)E;
+    return ffi::Error::Success();
+  });
+}
+
+}  // namespace
+}  // namespace e3j
+
+namespace ffi = xla::ffi;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(e3j_tp_fwd, e3j::TpFwd,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("index_bytes")
+                                  .Attr<bool>("y_channels"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(e3j_tp_bwd, e3j::TpBwd,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("index_bytes")
+                                  .Attr<bool>("y_channels")
+                                  .Attr<bool>("want_x")
+                                  .Attr<bool>("want_y"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(e3j_conv_fwd, e3j::ConvFwd,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("index_bytes")
+                                  .Attr<bool>("y_channels"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(e3j_conv_bwd, e3j::ConvBwd,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Attr<int64_t>("index_bytes")
+                                  .Attr<bool>("y_channels")
+                                  .Attr<bool>("want_x")
+                                  .Attr<bool>("want_y")
+                                  .Attr<bool>("want_s"));

@@ -1,0 +1,33 @@
+// Python module of one target (_host or _cuda): the FFI handler capsules and what it was built with.
+#include <nanobind/nanobind.h>
+
+#include "handlers.h"
+#include "xla/ffi/api/c_api.h"
+
+namespace nb = nanobind;
+
+namespace {
+template <typename F>
+nb::capsule handler(F* fn) {
+  return nb::capsule(reinterpret_cast<void*>(fn));
+}
+}  // namespace
+
+NB_MODULE(E3J_MODULE_NAME, m) {
+  m.doc() = "e3j XLA FFI handlers (see e3j_cuda._ffi)";
+  m.def("handlers", []() {
+    nb::dict d;
+    d["e3j_tp_fwd"] = handler(e3j_tp_fwd);
+    d["e3j_tp_bwd"] = handler(e3j_tp_bwd);
+    d["e3j_conv_fwd"] = handler(e3j_conv_fwd);
+    d["e3j_conv_bwd"] = handler(e3j_conv_bwd);
+    return d;
+  });
+  m.attr("FFI_API_VERSION") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
+  m.attr("BUILT_WITH_JAX") = E3J_BUILT_WITH_JAX;
+#ifdef E3J_WITH_CUDA
+  m.attr("PLATFORM") = "CUDA";
+#else
+  m.attr("PLATFORM") = "cpu";
+#endif
+}

@@ -1,0 +1,69 @@
+// One work unit of each op, for one thread's V channels (host and device share these).
+//
+// Layouts (trailing channels, row-major): x [B|N, Dx, C], y [B|E, Dy] (broadcast) or [B|E, Dy, C],
+// s [E, P, C], z/m [B|N, Dout, C]. `c0` is the thread's first channel; `lo..hi` its output rows.
+#pragma once
+
+#include "algorithm.cuh"
+
+namespace e3j {
+
+template <typename T>
+E3J_HD Rows<T> channel_rows(const T* base, int64_t unit, int dim, int channels, int c0) {
+  return Rows<T>{base + unit * dim * channels + c0, channels, 1};
+}
+
+// y rows of one batch row / edge: per channel, or one value per row broadcast over channels.
+template <typename T>
+E3J_HD Rows<T> y_rows(const T* y, int64_t unit, int dim, int channels, int c0, bool y_channels) {
+  return y_channels ? channel_rows(y, unit, dim, channels, c0) : Rows<T>{y + unit * dim, 1, 0};
+}
+
+// z[unit] rows [lo, hi) = table(a, b) (tensor product forward, and each cotangent of its backward).
+template <int V, typename T, typename Rec, typename A, typename B>
+E3J_HD void store_contraction(const Rec* rec, const int32_t* rowptr, int lo, int hi, const A& a, const B& b, T* out,
+                              int64_t row) {
+  contract<V, T>(rec, rowptr, lo, hi, a, b, [&](int i, const T* acc) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) out[i * row + v] = acc[v];
+  });
+}
+
+// out[i] += sum over the thread's V channels of table(a, b)[i]: one thread's share of the
+// cotangent of an operand broadcast over channels (the caller adds the shares in a fixed order).
+template <int V, typename T, typename Rec, typename A, typename B>
+E3J_HD void channel_sum_contraction(const Rec* rec, const int32_t* rowptr, int lo, int hi, const A& a, const B& b,
+                                    T* out) {
+  contract<V, T>(rec, rowptr, lo, hi, a, b, [&](int i, const T* acc) {
+    T sum = T(0);
+#pragma unroll
+    for (int v = 0; v < V; ++v) sum += acc[v];
+    out[i] += sum;
+  });
+}
+
+// Convolution forward, one edge: acc[i0] += s[e, i3(i0)] * (x_a ⊗ y_e)[i0] (the edge scalar is
+// factored out of the row's record sum).
+template <int V, typename T, typename Rec, typename A, typename B>
+E3J_HD void accumulate_message(const Rec* rec, const int32_t* rowptr, int lo, int hi, const A& xa, const B& ye,
+                               const Rows<T>& se, const int32_t* i3, T* acc, int64_t row) {
+  contract<V, T>(rec, rowptr, lo, hi, xa, ye, [&](int i0, const T* z) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) acc[i0 * row + v] += se.at(i3[i0], v) * z[v];
+  });
+}
+
+// Convolution backward, ds of one edge: ds[p] = Σ_{i0: i3(i0)=p} (x_a ⊗ y_e)[i0] * dm_b[i0].
+template <int V, typename T, typename Rec, typename A, typename B>
+E3J_HD void edge_scalar_cotangent(const Rec* rec, const int32_t* rowptr, int rows, const A& xa, const B& ye,
+                                  const Rows<T>& dmb, const int32_t* i3, T* ds, int64_t row, int paths) {
+  for (int p = 0; p < paths; ++p)
+#pragma unroll
+    for (int v = 0; v < V; ++v) ds[p * row + v] = T(0);
+  contract<V, T>(rec, rowptr, 0, rows, xa, ye, [&](int i0, const T* z) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) ds[i3[i0] * row + v] += z[v] * dmb.at(i0, v);
+  });
+}
+
+}  // namespace e3j

@@ -1,0 +1,56 @@
+"""The ``e3j.backends`` descriptors of this package (plain mappings: no ``e3j`` import needed)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from ._version import __version__
+
+__all__ = ["backend", "host_backend"]
+
+#: The COO table format these kernels read (e3j-core's packed records, C struct alignment).
+COO_FORMAT = 2
+#: The JAX range this package is tested with; the compiled module also checks its FFI API version.
+JAX_REQUIREMENT = ">=0.11.1,<0.13"
+
+
+def _load(module: str) -> dict[str, Any]:
+    from . import _ffi, kernels
+
+    _ffi.load_target(module)
+    return {
+        "tensor_product": kernels.tensor_product,
+        "tensor_product_bwd": kernels.tensor_product_bwd,
+        "convolution": kernels.convolution,
+        "convolution_bwd": kernels.convolution_bwd,
+    }
+
+
+_COMMON: dict[str, Any] = {
+    "version": __version__,
+    "ops": ("tensor_product", "convolution"),
+    "dtypes": ("float32", "float64"),
+    "deterministic": True,
+    "jax_requirement": JAX_REQUIREMENT,
+    "coo_format_version": COO_FORMAT,
+}
+
+#: The CUDA kernels (needs the ``_cuda`` module, built when nvcc was found at install time).
+backend: dict[str, Any] = {
+    **_COMMON,
+    "name": "cuda",
+    "platforms": ("cuda",),
+    "priority": 15,
+    "load": functools.partial(_load, "_cuda"),
+}
+
+#: The same algorithm compiled for the host: runs on the CPU, for tests; only used when asked for by name.
+host_backend: dict[str, Any] = {
+    **_COMMON,
+    "name": "cuda_host",
+    "platforms": ("cpu",),
+    "priority": 0,
+    "auto": False,
+    "load": functools.partial(_load, "_host"),
+}

@@ -1,0 +1,154 @@
+"""The kernel functions of the ``cuda`` and ``cuda_host`` backends: ``jax.ffi.ffi_call`` wrappers.
+
+The COO tables travel as operands: e3j-core's packed records (format 2, as raw bytes) and a CSR row
+pointer over their output index; both are small numpy constants built once per table and dtype.
+Unneeded operands and unwanted results are 0-size placeholders, skipped by the handlers.
+
+Layouts are e3j's: ``x [B|N, Dx, C]``, ``y [B|E, Dy]`` or ``[B|E, Dy, C]``, ``s [E, P, C]``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from e3j_core import CooTable, TensorProductCoo
+
+__all__ = ["convolution", "convolution_bwd", "tensor_product", "tensor_product_bwd"]
+
+
+@functools.lru_cache(maxsize=512)
+def _table_arrays(table: CooTable, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    records = np.frombuffer(table.packed(np.dtype(dtype)).tobytes(), np.uint8)
+    rowptr = np.searchsorted(table.i0, np.arange(table.dims[0] + 1), side="left").astype(np.int32)
+    return records, rowptr
+
+
+def _table(table: CooTable, dtype) -> list[jax.Array]:
+    records, rowptr = _table_arrays(table, jnp.dtype(dtype).name)
+    return [jnp.asarray(records), jnp.asarray(rowptr)]
+
+
+def _index_bytes(coo: TensorProductCoo) -> np.int64:
+    return np.int64(coo.table.index_dtype.itemsize)
+
+
+def _none(dtype) -> jax.Array:
+    return jnp.zeros((0,), dtype)
+
+
+def _shape(shape, dtype) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def tensor_product(coo: TensorProductCoo, x: jax.Array, y: jax.Array, *, y_channels: bool) -> jax.Array:
+    """``z = x ⊗ y``: ``[B, Dx, C]``, ``[B, Dy(, C)]`` → ``[B, Dout, C]``."""
+    dtype = jnp.result_type(x, y)
+    batch, _, channels = x.shape
+    call = jax.ffi.ffi_call("e3j_tp_fwd", _shape((batch, coo.dim_out, channels), dtype))
+    return call(
+        *_table(coo.table, dtype),
+        x.astype(dtype),
+        y.astype(dtype),
+        index_bytes=_index_bytes(coo),
+        y_channels=bool(y_channels),
+    )
+
+
+def tensor_product_bwd(
+    coo: TensorProductCoo, x: jax.Array | None, y: jax.Array | None, dz: jax.Array, *, outs, y_channels: bool
+) -> dict[str, jax.Array]:
+    """``dx = vjp_x(y, dz)`` and/or ``dy = vjp_y(x, dz)`` in one pass over ``dz``."""
+    want_x, want_y = "x" in outs, "y" in outs
+    if not (want_x or want_y):
+        return {}
+    dtype = jnp.result_type(*[a for a in (x, y, dz) if a is not None])
+    batch, _, channels = dz.shape
+    dy_shape = (batch, coo.dim_y, channels) if y_channels else (batch, coo.dim_y)
+    call = jax.ffi.ffi_call(
+        "e3j_tp_bwd",
+        (
+            _shape((batch, coo.dim_x, channels) if want_x else (0,), dtype),
+            _shape(dy_shape if want_y else (0,), dtype),
+        ),
+    )
+    dx, dy = call(
+        *_table(coo.vjp_x, dtype),
+        *_table(coo.vjp_y, dtype),
+        x.astype(dtype) if want_y else _none(dtype),
+        y.astype(dtype) if want_x else _none(dtype),
+        dz.astype(dtype),
+        index_bytes=_index_bytes(coo),
+        y_channels=bool(y_channels),
+        want_x=bool(want_x),
+        want_y=bool(want_y),
+    )
+    return {k: v for k, v, want in (("x", dx, want_x), ("y", dy, want_y)) if want}
+
+
+def _i3(coo: TensorProductCoo) -> jax.Array:
+    return jnp.asarray(np.asarray(coo.i3, np.int32))
+
+
+def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool) -> jax.Array:
+    """``m_b = Σ_{a→b} s_ab · (x_a ⊗ y_ab)`` by a CSR loop over each receiver's edges."""
+    dtype = jnp.result_type(x, y, s)
+    num_nodes, _, channels = x.shape
+    if num_nodes == 0 or y.shape[0] == 0:
+        return jnp.zeros((num_nodes, coo.dim_out, channels), dtype)
+    call = jax.ffi.ffi_call("e3j_conv_fwd", _shape((num_nodes, coo.dim_out, channels), dtype))
+    return call(
+        *_table(coo.table, dtype),
+        _i3(coo),
+        graph.receiver_offsets,
+        graph.order,
+        graph.senders,
+        x.astype(dtype),
+        y.astype(dtype),
+        s.astype(dtype),
+        index_bytes=_index_bytes(coo),
+        y_channels=bool(y_channels),
+    )
+
+
+def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs, y_channels: bool) -> dict[str, jax.Array]:
+    """Cotangents for ``outs ⊆ {x, y, s}`` in one sender-ordered sweep (``dx`` without atomics)."""
+    want = {o: o in outs for o in ("x", "y", "s")}
+    if not any(want.values()):
+        return {}
+    dtype = jnp.result_type(*[a for a in (x, y, s, dm) if a is not None])
+    num_nodes, _, channels = dm.shape
+    num_edges = graph.senders.shape[0]
+    shapes = {
+        "x": (num_nodes, coo.dim_x, channels),
+        "y": (num_edges, coo.dim_y, channels) if y_channels else (num_edges, coo.dim_y),
+        "s": (num_edges, coo.num_paths, channels),
+    }
+    if num_nodes == 0 or num_edges == 0:
+        return {o: jnp.zeros(shapes[o], dtype) for o in want if want[o]}
+    need = {"x": want["y"] or want["s"], "y": want["x"] or want["s"], "s": want["x"] or want["y"]}
+    operands = {"x": x, "y": y, "s": s}
+    call = jax.ffi.ffi_call(
+        "e3j_conv_bwd", tuple(_shape(shapes[o] if want[o] else (0,), dtype) for o in ("x", "y", "s"))
+    )
+    results = call(
+        *_table(coo.table, dtype),
+        *_table(coo.vjp_x, dtype),
+        *_table(coo.vjp_y, dtype),
+        _i3(coo),
+        graph.sender_offsets,
+        graph.sender_order,
+        graph.receivers,
+        graph.num_valid.reshape(1),
+        *(operands[o].astype(dtype) if need[o] else _none(dtype) for o in ("x", "y", "s")),
+        dm.astype(dtype),
+        index_bytes=_index_bytes(coo),
+        y_channels=bool(y_channels),
+        want_x=want["x"],
+        want_y=want["y"],
+        want_s=want["s"],
+    )
+    return {o: r for o, r in zip(("x", "y", "s"), results, strict=True) if want[o]}

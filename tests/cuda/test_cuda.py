@@ -1,0 +1,190 @@
+"""e3j-cuda: the host build of the CUDA algorithm against the reference, and the FFI plumbing.
+
+The host target (``_host``) runs the same per-thread code as the CUDA kernels (csrc/ops.cuh), with
+the same packed records, FFI binding and attributes, so these tests exercise everything but the
+GPU launch. The CUDA target is checked for being built (where nvcc exists) and for lowering.
+"""
+
+import functools
+import importlib
+import importlib.util
+import re
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from e3j_cuda import _ffi, kernels
+from kernel_cases import (
+    CONV_CASES,
+    IRREPS,
+    TP_CASES,
+    Case,
+    assert_close,
+    check_convolution,
+    check_deterministic,
+    check_gradients_through_primitives,
+    check_tensor_product,
+    hard_graph,
+)
+
+import e3j
+from e3j.backends import get_backend, kernels_of
+from e3j.reference import convolution as ref_conv
+from e3j.reference import tensor_product as ref_tp
+from e3j_core import tensor_product_coo
+
+HOST = "cuda_host"
+
+
+@pytest.fixture(scope="module")
+def host():
+    return kernels_of(get_backend(HOST))
+
+
+@pytest.mark.parametrize("case", TP_CASES, ids=str)
+def test_tensor_product_matches_reference(host, case):
+    check_tensor_product(host, case)
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=str)
+def test_convolution_matches_reference(host, case):
+    check_convolution(host, case)
+
+
+@pytest.mark.parametrize(("dtype", "y_channels"), [("float32", True), ("float64", False)])
+def test_int32_records(host, dtype, y_channels):
+    """lmax 3 ⊗ lmax 3 unfiltered: 256 output rows, so records carry int32 indices (16/24 bytes)."""
+    coo = tensor_product_coo(IRREPS[3], IRREPS[3])
+    assert coo.table.index_dtype == np.int32
+    rng = np.random.default_rng(5)
+    f64 = functools.partial(jnp.asarray, dtype=jnp.float64)
+    c, n = 6, 5
+    x = rng.normal(size=(n, coo.dim_x, c)).astype(dtype)
+    y = rng.normal(size=(n, coo.dim_y, c) if y_channels else (n, coo.dim_y)).astype(dtype)
+    dz = rng.normal(size=(n, coo.dim_out, c)).astype(dtype)
+    z = host.tensor_product(coo, x, y, y_channels=y_channels)
+    assert_close(z, ref_tp.tensor_product(coo, f64(x), f64(y), y_channels=y_channels), dtype, "z")
+    got = host.tensor_product_bwd(coo, x, y, dz, outs=("x", "y"), y_channels=y_channels)
+    want = ref_tp.tensor_product_bwd(coo, f64(x), f64(y), f64(dz), outs=("x", "y"), y_channels=y_channels)
+    for o in "xy":
+        assert_close(got[o], want[o], dtype, f"d{o}")
+    graph = hard_graph(n)
+    e = graph.num_edges
+    y = rng.normal(size=(e, coo.dim_y, c) if y_channels else (e, coo.dim_y)).astype(dtype)
+    s = rng.normal(size=(e, coo.num_paths, c)).astype(dtype)
+    m = host.convolution(coo, x, y, s, graph, y_channels=y_channels)
+    assert_close(m, ref_conv.convolution(coo, f64(x), f64(y), f64(s), graph, y_channels=y_channels), dtype, "m")
+    got = host.convolution_bwd(coo, x, y, s, dz, graph, outs=("x", "y", "s"), y_channels=y_channels)
+    want = ref_conv.convolution_bwd(
+        coo, f64(x), f64(y), f64(s), f64(dz), graph, outs=("x", "y", "s"), y_channels=y_channels
+    )
+    for o in "xys":
+        assert_close(got[o], want[o], dtype, f"conv d{o}")
+
+
+def test_bitwise_deterministic(host):
+    check_deterministic(host, Case(3, 64, 10, False))
+
+
+def test_gradients_through_primitives():
+    check_gradients_through_primitives(
+        HOST, Case(2, 16, 5, True, dtype="float64"), Case(2, 16, 6, False, dtype="float64")
+    )
+    check_gradients_through_primitives(HOST, Case(1, 32, 5, False), Case(1, 16, 6, True))
+
+
+def test_descriptors():
+    cuda, host_backend = get_backend("cuda"), get_backend(HOST)
+    assert cuda.platforms == ("cuda",) and cuda.auto and cuda.deterministic
+    assert host_backend.platforms == ("cpu",) and not host_backend.auto
+    assert cuda.incompatibility() is None
+    req = e3j.backends.OpRequest("convolution", "cpu", "float32", 64, 2)
+    assert e3j.backends.select_backend(req, None).name != HOST
+
+
+# -- build records and compatibility ---------------------------------------------------------
+
+
+def test_host_module_records_its_build():
+    host_module = importlib.import_module("e3j_cuda._host")
+    assert host_module.PLATFORM == "cpu"
+    assert tuple(host_module.FFI_API_VERSION) == _ffi.runtime_ffi_api_version()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", host_module.BUILT_WITH_JAX)
+    assert set(host_module.handlers()) == {"e3j_tp_fwd", "e3j_tp_bwd", "e3j_conv_fwd", "e3j_conv_bwd"}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA target is only built where nvcc exists")
+def test_cuda_module_is_built_where_nvcc_exists():
+    assert importlib.util.find_spec("e3j_cuda._cuda") is not None, "nvcc is on PATH but _cuda was not built"
+    cuda_module = importlib.import_module("e3j_cuda._cuda")
+    assert cuda_module.PLATFORM == "CUDA"
+    assert tuple(cuda_module.FFI_API_VERSION) == _ffi.runtime_ffi_api_version()
+
+
+def test_compatibility_rules():
+    ok = ((0, 4), "0.11.1", (0, 4), "0.11.2")
+    _ffi.check_compatible(*ok)  # built on older headers: loads
+    with pytest.raises(_ffi.IncompatibleBuild, match=r"FFI API 1\.0 .* provides FFI API 0\.4"):
+        _ffi.check_compatible((1, 0), "0.11.1", (0, 4), "0.11.2")
+    with pytest.raises(_ffi.IncompatibleBuild, match=r"FFI API 0\.5 .*provides FFI API 0\.4"):
+        _ffi.check_compatible((0, 5), "0.12.0", (0, 4), "0.11.2")
+    with pytest.raises(
+        _ffi.IncompatibleBuild, match=re.escape("compiled against jax 0.12.0, newer than the installed jax 0.11.2")
+    ):
+        _ffi.check_compatible((0, 4), "0.12.0", (0, 4), "0.11.2")
+
+
+def test_incompatible_build_refuses_to_load(monkeypatch):
+    module = importlib.import_module("e3j_cuda._host")
+    monkeypatch.setattr(_ffi, "runtime_ffi_api_version", lambda: (module.FFI_API_VERSION[0] + 1, 0))
+    _ffi.load_target.cache_clear()
+    try:
+        with pytest.raises(_ffi.IncompatibleBuild, match="rebuild e3j-cuda"):
+            _ffi.load_target("_host")
+    finally:
+        monkeypatch.undo()
+        _ffi.load_target.cache_clear()
+        _ffi.load_target("_host")
+
+
+# -- lowering for CUDA ------------------------------------------------------------------------------
+
+CALLS = {"e3j_tp_fwd", "e3j_tp_bwd", "e3j_conv_fwd", "e3j_conv_bwd"}
+
+
+def _lower_cuda(fn, *args) -> str:
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
+    return jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("case", [Case(2, 32, 6, False), Case(3, 64, 6, True, dtype="float64")], ids=str)
+def test_kernels_lower_to_ffi_calls_for_cuda(case):
+    from kernel_cases import conv_operands, tp_operands
+
+    coo, x, y, dz = tp_operands(case)
+    yc = case.y_channels
+    text = _lower_cuda(functools.partial(kernels.tensor_product, coo, y_channels=yc), x, y)
+    text += _lower_cuda(functools.partial(kernels.tensor_product_bwd, coo, outs=("x", "y"), y_channels=yc), x, y, dz)
+    coo, graph, x, y, s, dm = conv_operands(case)
+    text += _lower_cuda(lambda x, y, s, g: kernels.convolution(coo, x, y, s, g, y_channels=yc), x, y, s, graph)
+    bwd = functools.partial(kernels.convolution_bwd, coo, outs=("x", "y", "s"), y_channels=yc)
+    text += _lower_cuda(lambda x, y, s, dm, g: bwd(x, y, s, dm, g), x, y, s, dm, graph)
+    assert set(re.findall(r"custom_call @(e3j_\w+)", text)) == CALLS
+    assert "index_bytes = 1 : i64" in text
+
+
+def test_e3j_ops_lower_to_the_cuda_backend():
+    """With only e3j-cuda eligible, e3j's primitives lower to its FFI calls on CUDA."""
+    case = Case(2, 64, 8, False)
+    from kernel_cases import conv_operands
+
+    coo, graph, x, y, s, _ = conv_operands(case)
+    conv = e3j.Convolution(coo.irreps_x, coo.irreps_y, coo.irreps_out)
+
+    def loss(x, y, s, g):
+        return jnp.sin(conv(x, y, s, g, backend="cuda")).sum()
+
+    text = _lower_cuda(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
+    assert set(re.findall(r"custom_call @(e3j_\w+)", text)) == {"e3j_conv_fwd", "e3j_conv_bwd"}
