@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "bindings.h"
 #include "dispatch.h"
 #include "handlers.h"
 #include "ops.cuh"
@@ -149,71 +150,4 @@ ffi::Error ConvBwd(ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::An
 }  // namespace
 }  // namespace e3j
 
-namespace ffi = xla::ffi;
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(e3j_tp_fwd, e3j::TpFwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("index_bytes")
-                                  .Attr<bool>("y_channels"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(e3j_tp_bwd, e3j::TpBwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("index_bytes")
-                                  .Attr<bool>("y_channels")
-                                  .Attr<bool>("want_x")
-                                  .Attr<bool>("want_y"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(e3j_conv_fwd, e3j::ConvFwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("index_bytes")
-                                  .Attr<bool>("y_channels"));
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(e3j_conv_bwd, e3j::ConvBwd,
-                              ffi::Ffi::Bind()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::AnyBuffer>()
-                                  .Attr<int64_t>("index_bytes")
-                                  .Attr<bool>("y_channels")
-                                  .Attr<bool>("want_x")
-                                  .Attr<bool>("want_y")
-                                  .Attr<bool>("want_s"));
+E3J_DEFINE_HANDLERS(e3j::TpFwd, e3j::TpBwd, e3j::ConvFwd, e3j::ConvBwd)

@@ -19,12 +19,7 @@ def _load(module: str) -> dict[str, Any]:
     from . import _ffi, kernels
 
     _ffi.load_target(module)
-    return {
-        "tensor_product": kernels.tensor_product,
-        "tensor_product_bwd": kernels.tensor_product_bwd,
-        "convolution": kernels.convolution,
-        "convolution_bwd": kernels.convolution_bwd,
-    }
+    return {name: getattr(kernels, name) for name in kernels.__all__}
 
 
 _COMMON: dict[str, Any] = {

@@ -1,4 +1,4 @@
-"""Block shapes, row caches and padding shared by the kernels of this package.
+"""Block shapes and padding shared by the kernels of this package.
 
 Triton tensors must have power-of-two extents, so a program works on a ``[rows, cb]`` tile whose
 channel block ``cb`` is the largest power of two dividing the channel count (capped at
@@ -7,9 +7,6 @@ is unrolled over them at trace time, one ``[rows, cb]`` value per feature row.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from typing import Any
 
 import jax.numpy as jnp
 
@@ -46,15 +43,3 @@ def pad_rows(a: jnp.ndarray | None, rows: int) -> jnp.ndarray | None:
     if a is None or a.shape[0] == rows:
         return a
     return jnp.pad(a, [(0, rows - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
-
-
-def row_cache(load: Callable[[int], Any]) -> Callable[[int], Any]:
-    """Memoize ``load(i)``: each feature row is loaded once per program (or loop iteration)."""
-    cache: dict[int, Any] = {}
-
-    def row(i: int) -> Any:
-        if i not in cache:
-            cache[i] = load(i)
-        return cache[i]
-
-    return row

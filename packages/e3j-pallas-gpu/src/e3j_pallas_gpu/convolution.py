@@ -29,7 +29,7 @@ from jax.experimental.pallas import triton as plt
 
 from e3j_core import TensorProductCoo
 
-from ._blocks import channel_block, num_warps, row_cache
+from ._blocks import channel_block, num_warps
 
 __all__ = ["convolution", "convolution_bwd"]
 
@@ -65,12 +65,12 @@ def convolution(
         def edge(k, acc):
             e = order_ref[k]
             a = senders_ref[e]
-            x_row = row_cache(lambda i: x_ref[a, i, lanes])
+            x_row = functools.cache(lambda i: x_ref[a, i, lanes])
             if y_channels:
-                y_row = row_cache(lambda i: y_ref[e, i, lanes])
+                y_row = functools.cache(lambda i: y_ref[e, i, lanes])
             else:
-                y_row = row_cache(lambda i: y_ref[e, i])
-            s_row = row_cache(lambda p: s_ref[e, p, lanes])
+                y_row = functools.cache(lambda i: y_ref[e, i])
+            s_row = functools.cache(lambda p: s_ref[e, p, lanes])
             z = table.contract(x_row, y_row)
             return tuple(acc[i0] + s_row(i3[i0]) * z[i0] if i0 in z else acc[i0] for i0 in range(coo.dim_out))
 
@@ -150,12 +150,14 @@ def convolution_bwd(
         def rows(e, b):
             r = {}
             if need_x:
-                r["x"] = row_cache(lambda i: refs["x"][a, i, lanes])
+                r["x"] = functools.cache(lambda i: refs["x"][a, i, lanes])
             if need_y:
-                r["y"] = row_cache((lambda i: refs["y"][e, i, lanes]) if y_channels else (lambda i: refs["y"][e, i]))
+                r["y"] = functools.cache(
+                    (lambda i: refs["y"][e, i, lanes]) if y_channels else (lambda i: refs["y"][e, i])
+                )
             if need_s:
-                r["s"] = row_cache(lambda p: refs["s"][e, p, lanes])
-            r["dm"] = row_cache(lambda i: refs["dm"][b, i, lanes])
+                r["s"] = functools.cache(lambda p: refs["s"][e, p, lanes])
+            r["dm"] = functools.cache(lambda i: refs["dm"][b, i, lanes])
             return r
 
         def edge(k, dx_acc):
@@ -163,7 +165,7 @@ def convolution_bwd(
             b = receivers_ref[e]
             r = rows(e, b)
             if want_x or want_y:
-                gs = row_cache(lambda i0: r["dm"](i0) * r["s"](i3[i0]))
+                gs = functools.cache(lambda i0: r["dm"](i0) * r["s"](i3[i0]))
             if want_x:
                 dx = coo.vjp_x.contract(r["y"], gs)
                 dx_acc = tuple(dx_acc[i] + dx[i] if i in dx else dx_acc[i] for i in range(coo.dim_x))

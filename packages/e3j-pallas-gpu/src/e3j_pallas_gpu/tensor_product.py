@@ -24,7 +24,7 @@ from jax.experimental.pallas import triton as plt
 
 from e3j_core import CooTable, TensorProductCoo
 
-from ._blocks import channel_block, num_warps, pad_rows, row_block, row_cache
+from ._blocks import channel_block, num_warps, pad_rows, row_block
 
 __all__ = ["tensor_product", "tensor_product_bwd"]
 
@@ -44,8 +44,8 @@ def _operand_spec(shape_tail: tuple[int, ...], channels: bool, bt: int, cb: int)
 def _loader(ref, channels: bool):
     """Row ``i`` of a ``[bt, D(, cb)]`` block as a ``[bt, cb]`` (or broadcastable ``[bt, 1]``) value."""
     if channels:
-        return row_cache(lambda i: ref[:, i, :])
-    return row_cache(lambda i: ref[:, i][:, None])
+        return functools.cache(lambda i: ref[:, i, :])
+    return functools.cache(lambda i: ref[:, i][:, None])
 
 
 def _store(table: CooTable, rows: dict, store, zeros) -> None:

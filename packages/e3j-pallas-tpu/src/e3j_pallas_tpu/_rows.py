@@ -1,10 +1,9 @@
-"""Row caches and padding shared by the kernels of this package."""
+"""Padding and 32-bit tracing shared by the kernels of this package."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -28,15 +27,3 @@ def pad_rows(a: jnp.ndarray | None, rows: int) -> jnp.ndarray | None:
     if a is None or a.shape[0] == rows:
         return a
     return jnp.pad(a, [(0, rows - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
-
-
-def row_cache(load: Callable[[int], Any]) -> Callable[[int], Any]:
-    """Memoize ``load(i)``: each feature row is read once per tile."""
-    cache: dict[int, Any] = {}
-
-    def row(i: int) -> Any:
-        if i not in cache:
-            cache[i] = load(i)
-        return cache[i]
-
-    return row

@@ -48,12 +48,8 @@ def _load(interpret: bool) -> dict[str, Any]:
         def bind(fn):
             return functools.partial(fn, interpret=None)
 
-    return {
-        "tensor_product": bind(tensor_product.tensor_product),
-        "tensor_product_bwd": bind(tensor_product.tensor_product_bwd),
-        "convolution": bind(convolution.convolution),
-        "convolution_bwd": bind(convolution.convolution_bwd),
-    }
+    modules = {"tensor_product": tensor_product, "convolution": convolution}
+    return {f"{op}{kind}": bind(getattr(modules[op], op + kind)) for op in modules for kind in ("", "_bwd")}
 
 
 _COMMON: dict[str, Any] = {

@@ -33,7 +33,7 @@ from jax.experimental.pallas import tpu as pltpu
 from e3j_core import TensorProductCoo
 
 from . import vmem
-from ._rows import row_cache, x32
+from ._rows import x32
 from ._segments import ReduceFlush
 
 __all__ = ["convolution", "convolution_bwd"]
@@ -49,8 +49,8 @@ def _y_buffer(coo, rows, cq, y_channels, dtype):
 
 def _row_loader(buf, channels: bool):
     if channels:
-        return row_cache(lambda i: buf[:, i, :])
-    return row_cache(lambda i: buf[:, i][:, None])
+        return functools.cache(lambda i: buf[:, i, :])
+    return functools.cache(lambda i: buf[:, i][:, None])
 
 
 def _gather(copies, count: int) -> None:
@@ -294,7 +294,7 @@ def convolution_bwd(
             y_row = _row_loader(refs["ybuf"], y_channels) if need_y else None
             if want_x or want_y:
                 s_row = _row_loader(refs["sbuf"], True)
-                w = row_cache(lambda i0: s_row(i3[i0]) * dm_row(i0))
+                w = functools.cache(lambda i0: s_row(i3[i0]) * dm_row(i0))
             if want_x:
                 dx = coo.vjp_x.contract(y_row, w)
                 for i in range(coo.dim_x):

@@ -20,7 +20,7 @@ from jax.experimental.pallas import tpu as pltpu
 from e3j_core import CooTable, TensorProductCoo
 
 from . import vmem
-from ._rows import pad_rows, row_cache, x32
+from ._rows import pad_rows, x32
 
 __all__ = ["tensor_product", "tensor_product_bwd"]
 
@@ -33,8 +33,8 @@ def _spec(rows: int, dim: int, cq: int, channels: bool) -> pl.BlockSpec:
 
 def _loader(ref, channels: bool):
     if channels:
-        return row_cache(lambda i: ref[:, i, :])
-    return row_cache(lambda i: ref[:, i][:, None])
+        return functools.cache(lambda i: ref[:, i, :])
+    return functools.cache(lambda i: ref[:, i][:, None])
 
 
 def _store_rows(table: CooTable, rows: dict, ref, zeros, *, reduce_lanes: bool = False) -> None:
