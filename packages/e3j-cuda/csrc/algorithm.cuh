@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define E3J_HD __host__ __device__ __forceinline__
@@ -47,6 +48,58 @@ struct ScaledRows {
   E3J_HD T at(int i, int v) const { return a.at(i, v) * s.at(map[i], v); }
 };
 
+// One record in one 64-bit (uint8 indices, float32) or 128-bit (int32 / float32, uint8 / float64)
+// load on the device (LDG.64 / LDG.128, paper E.2.1); XLA buffers are at least 16-byte aligned.
+template <typename Rec>
+E3J_HD Rec load_record(const Rec* p) {
+#if defined(__CUDA_ARCH__)
+  Rec r;
+  if constexpr (sizeof(Rec) == 8) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    memcpy(&r, &u, sizeof(Rec));
+    return r;
+  } else if constexpr (sizeof(Rec) == 16) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    memcpy(&r, &u, sizeof(Rec));
+    return r;
+  }
+#endif
+  return *p;
+}
+
+// Row i's V channels into registers. On the device a contiguous row is read with one 64- or 128-bit
+// load (float2/float4, double2): the paper's vectorization, amortizing each record over V channels.
+template <int V, typename T>
+E3J_HD void load(const Rows<T>& r, int i, T* out) {
+  const T* p = r.base + i * r.row;
+#if defined(__CUDA_ARCH__)
+  if (r.lane == 1) {
+    if constexpr (sizeof(T) * V == 16) {
+      *reinterpret_cast<uint4*>(out) = *reinterpret_cast<const uint4*>(p);
+      return;
+    } else if constexpr (sizeof(T) * V == 8) {
+      *reinterpret_cast<uint2*>(out) = *reinterpret_cast<const uint2*>(p);
+      return;
+    } else if constexpr (sizeof(T) * V == 32) {
+      reinterpret_cast<uint4*>(out)[0] = reinterpret_cast<const uint4*>(p)[0];
+      reinterpret_cast<uint4*>(out)[1] = reinterpret_cast<const uint4*>(p)[1];
+      return;
+    }
+  }
+#endif
+#pragma unroll
+  for (int v = 0; v < V; ++v) out[v] = p[v * r.lane];
+}
+
+template <int V, typename T>
+E3J_HD void load(const ScaledRows<T>& r, int i, T* out) {
+  T scale[V];
+  load<V>(r.a, i, out);
+  load<V>(r.s, r.map[i], scale);
+#pragma unroll
+  for (int v = 0; v < V; ++v) out[v] *= scale[v];
+}
+
 // Algorithm 1 over output rows [lo, hi) for V channels: emit(i0, acc[V]) once per row, in order
 // (a row without records emits zeros).
 template <int V, typename T, typename Rec, typename A, typename B, typename Emit>
@@ -57,10 +110,13 @@ E3J_HD void contract(const Rec* rec, const int32_t* rowptr, int lo, int hi, cons
     for (int v = 0; v < V; ++v) acc[v] = T(0);
     const int end = rowptr[i0 + 1];
     for (int p = rowptr[i0]; p < end; ++p) {
-      const Rec r = rec[p];
+      const Rec r = load_record(rec + p);
       const T c = static_cast<T>(r.c);
+      T av[V], bv[V];
+      load<V>(a, r.i1, av);
+      load<V>(b, r.i2, bv);
 #pragma unroll
-      for (int v = 0; v < V; ++v) acc[v] += c * a.at(r.i1, v) * b.at(r.i2, v);
+      for (int v = 0; v < V; ++v) acc[v] += c * av[v] * bv[v];
     }
     emit(i0, acc);
   }
