@@ -23,7 +23,7 @@ PACKAGES = [
     "packages/e3j-cuda",
 ]
 JAX = "jax==0.11.2"  # the primary JAX (the GPU machine image's)
-TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", JAX]
+TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", "matplotlib>=3.8", JAX]
 
 nox.options.sessions = ["tests"]
 nox.options.error_on_missing_interpreters = True

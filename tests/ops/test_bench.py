@@ -1,11 +1,15 @@
 """The benchmark machinery: the paper's byte accounting and ``python -m e3j bench``."""
 
 import json
+import struct
 
 import pytest
 
+import e3j
+from e3j import _plot
 from e3j.__main__ import main
 from e3j._bench import convolution_bytes, datasheet_bandwidth, tensor_product_bytes, time_call
+from e3j._sweep import implementations
 from e3j_core import tensor_product_coo
 
 
@@ -75,6 +79,40 @@ def test_bench_quick_writes_parsable_results(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| tensor_product | fwd | 1 | 8 | 32 |" in text
     assert md.read_text().startswith("| op | dir | lmax | C | size | reference GB/s | e3nn GB/s |")
+
+
+def test_default_implementations_leave_out_explicit_only_backends():
+    names = implementations(include_e3nn=False)
+    assert names[0] == "reference"
+    explicit_only = {b.name for b in e3j.available_backends() if not b.auto}
+    assert explicit_only and not explicit_only & set(names)
+
+
+def test_plot_writes_a_png_of_every_panel(tmp_path):
+    result = {
+        "device": {"kind": "cpu"},
+        "versions": {"jax": "0.11.2"},
+        "copy": {"GBps": 10.0},
+        "datasheet_GBps": 20.0,
+        "rows": [
+            {"op": op, "direction": d, "impl": impl, "lmax": 2, "channels": 32, "size": n, "GBps": g}
+            for op in ("tensor_product", "convolution")
+            for d in ("fwd", "bwd")
+            for impl, g in (("reference", 3.0), ("e3nn", 1.0))
+            for n in (256, 512, 1024)
+        ]
+        + [
+            {"op": "convolution", "direction": "fwd", "impl": "x", "lmax": 2, "channels": 32, "size": 8, "error": "OOM"}
+        ],
+    }
+    path = tmp_path / "fig.png"
+    _plot.plot(result, str(path))
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", data[16:24])
+    assert width > 4 * height  # four panels side by side
+    with pytest.raises(ValueError, match="no successful measurement"):
+        _plot.plot({**result, "rows": result["rows"][-1:]}, str(path))
 
 
 def test_convolution_memory_and_max_nodes():

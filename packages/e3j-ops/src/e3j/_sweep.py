@@ -191,11 +191,15 @@ def memory_rows(args, impls) -> list[dict]:
 
 
 def implementations(include_e3nn: bool = True) -> list[str]:
-    """Loadable backends for the default platform (reference included), then ``"e3nn"`` if importable."""
+    """Loadable backends for the default platform (reference included), then ``"e3nn"`` if importable.
+
+    Backends used only by name (``auto=False``: interpreters of accelerator kernels) are left out;
+    ``--backends`` can still name them.
+    """
     platform_ = jax.default_backend()
     names = []
     for b in _backends.available_backends():
-        if b.incompatibility() is None and platform_ in b.platforms:
+        if b.auto and b.incompatibility() is None and platform_ in b.platforms:
             try:
                 _backends.kernels_of(b)
             except Exception:  # a backend that cannot load is reported by `e3j info`, not measured
@@ -347,6 +351,10 @@ def main(args) -> int:
     if args.markdown:
         with open(args.markdown, "w") as fh:
             fh.write(text + "\n")
+    if args.plot:
+        from ._plot import plot
+
+        plot(result, args.plot)
     failed = [r for r in result["rows"] if "error" in r and r["impl"] != "e3nn"]
     return 1 if failed else 0
 
@@ -368,6 +376,7 @@ def add_parser(sub) -> None:
     p.add_argument("--quick", action="store_true", help="small sizes and few runs: a smoke test")
     p.add_argument("--json", default=None, help="write the results as JSON here")
     p.add_argument("--markdown", default=None, help="write the Markdown table here")
+    p.add_argument("--plot", default=None, help="write a PNG figure here (needs e3j[bench]: matplotlib)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
         "--memory",
