@@ -48,8 +48,27 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def render_bench(name: str, result: dict) -> str:
+    """A ``python -m e3j bench`` results file: its own Markdown table, and its PNG when committed."""
+    from e3j._sweep import table
+
+    d = result["device"]
+    versions = ", ".join(f"{k} {v}" for k, v in result["versions"].items())
+    head = (
+        f"Measured on {d['kind']} ({d['host']}, {d['cores']} cores), {result['date'][:10]}, {versions}; "
+        f"command: `{result['command']}`; {result['method']}; jitted copy in the same run: "
+        f"{result['copy']['GBps']:.2f} GB/s."
+    )
+    text = head + "\n\n" + table(result)
+    if (RESULTS / f"{name}.png").exists():
+        text += f"\n\n![{name}](benchmarks/results/{name}.png)"
+    return text
+
+
 def render(name: str) -> str:
     result = json.loads((RESULTS / f"{name}.json").read_text())
+    if "copy" in result:
+        return render_bench(name, result)
     copy = next((r["copy_GBps"] for r in result["rows"] if "copy_GBps" in r), None)
     head = (
         f"Measured on {result['device']}, {result['date'][:10]}, jax {result['jax']}, e3j {result['e3j']}, "

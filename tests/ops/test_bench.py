@@ -79,6 +79,10 @@ def test_bench_quick_writes_parsable_results(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "| tensor_product | fwd | 1 | 8 | 32 |" in text
     assert md.read_text().startswith("| op | dir | lmax | C | size | reference GB/s | e3nn GB/s |")
+    # --replot renders the same table (and a figure) from the JSON without measuring
+    md2, png = tmp_path / "again.md", tmp_path / "again.png"
+    assert main(["bench", "--replot", str(out), "--markdown", str(md2), "--plot", str(png)]) == 0
+    assert md2.read_text() == md.read_text() and png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_default_implementations_leave_out_explicit_only_backends():

@@ -23,12 +23,24 @@ def plot(result: dict, path: str) -> None:
     panels = list(dict.fromkeys((r["op"], r["direction"]) for r in rows))
     if not panels:
         raise ValueError("no successful measurement to plot")
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    configs = list(dict.fromkeys((r["lmax"], r["channels"]) for r in rows))
+    styles = ["-", "--", ":", "-."]
+    markers = ["o", "s", "^", "v", "D"]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
     for ax, (op, direction) in zip(axes[0], panels, strict=True):
         mine = [r for r in rows if (r["op"], r["direction"]) == (op, direction)]
+        # one colour per (lmax, channels), one line style and marker per implementation
         for key in dict.fromkeys((r["impl"], r["lmax"], r["channels"]) for r in mine):
             line = sorted((r["size"], r["GBps"]) for r in mine if (r["impl"], r["lmax"], r["channels"]) == key)
-            ax.plot(*zip(*line, strict=True), marker="o", label=f"{key[0]} l={key[1]} C={key[2]}")
+            k, c = impls.index(key[0]), configs.index(key[1:])
+            ax.plot(
+                *zip(*line, strict=True),
+                color=f"C{c % 10}",
+                linestyle=styles[k % len(styles)],
+                marker=markers[k % len(markers)],
+                label=f"{key[0]} l={key[1]} C={key[2]}",
+            )
         ax.axhline(result["copy"]["GBps"], color="gray", linestyle="--", label="device copy (measured)")
         if result.get("datasheet_GBps"):
             ax.axhline(result["datasheet_GBps"], color="black", linestyle=":", label="datasheet bandwidth")

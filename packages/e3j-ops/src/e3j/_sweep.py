@@ -341,7 +341,11 @@ def main(args) -> int:
     args.lmax = args.lmax or [1, 2, 3]
     args.channels = args.channels or [32, 64, 128]
     args.sizes = args.sizes or [4096]
-    result = run(args)
+    if args.replot:  # render a committed results file again, measuring nothing
+        with open(args.replot) as fh:
+            result = json.load(fh)
+    else:
+        result = run(args)
     text = table(result)
     print(text)
     if args.json:
@@ -377,6 +381,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", default=None, help="write the results as JSON here")
     p.add_argument("--markdown", default=None, help="write the Markdown table here")
     p.add_argument("--plot", default=None, help="write a PNG figure here (needs e3j[bench]: matplotlib)")
+    p.add_argument("--replot", default=None, help="measure nothing: table and figure of this results JSON")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
         "--memory",
