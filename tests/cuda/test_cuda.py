@@ -136,6 +136,11 @@ def test_compatibility_rules():
         _ffi.check_compatible((0, 4), "0.12.0", (0, 4), "0.11.2")
 
 
+def test_missing_target_says_how_to_get_it():
+    with pytest.raises(ImportError, match="e3j-cuda has no compiled _nowhere target; reinstall it with nvcc on PATH"):
+        _ffi.load_target("_nowhere")
+
+
 def test_incompatible_build_refuses_to_load(monkeypatch):
     module = importlib.import_module("e3j_cuda._host")
     monkeypatch.setattr(_ffi, "runtime_ffi_api_version", lambda: (module.FFI_API_VERSION[0] + 1, 0))

@@ -51,7 +51,18 @@ def load_target(module_name: str) -> str:
     """Import ``e3j_cuda.<module_name>``, check it, register its handlers; returns its XLA platform."""
     import jax
 
-    module = importlib.import_module(f"e3j_cuda.{module_name}")
+    try:
+        module = importlib.import_module(f"e3j_cuda.{module_name}")
+    except ModuleNotFoundError as err:
+        hint = (
+            " (the CUDA kernels are compiled only where nvcc was found at install time)"
+            if module_name == "_cuda"
+            else ""
+        )
+        raise ImportError(
+            f"e3j-cuda has no compiled {module_name} target{hint}; reinstall it with nvcc on PATH "
+            "(or E3J_CUDA=ON to make a missing CUDA compiler an error)"
+        ) from err
     check_compatible(tuple(module.FFI_API_VERSION), module.BUILT_WITH_JAX, runtime_ffi_api_version(), jax.__version__)
     for name, capsule in module.handlers().items():
         jax.ffi.register_ffi_target(name, capsule, platform=module.PLATFORM, api_version=1)
