@@ -6,7 +6,7 @@ import struct
 import pytest
 
 import e3j
-from e3j import _plot
+from e3j import _plot, _sweep
 from e3j.__main__ import main
 from e3j._bench import convolution_bytes, datasheet_bandwidth, tensor_product_bytes, time_call
 from e3j._sweep import implementations
@@ -83,6 +83,22 @@ def test_bench_quick_writes_parsable_results(tmp_path, capsys):
     md2, png = tmp_path / "again.md", tmp_path / "again.png"
     assert main(["bench", "--replot", str(out), "--markdown", str(md2), "--plot", str(png)]) == 0
     assert md2.read_text() == md.read_text() and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_table1_keeps_the_best_node_count_per_channel_count():
+    def row(impl, c, n, g=None):
+        r = {"op": "convolution", "direction": "fwd", "impl": impl, "lmax": 3, "channels": c, "size": n}
+        return {**r, "GBps": g} if g is not None else {**r, "error": "OOM"}
+
+    result = {"rows": [row("a", 64, 8, 1.5), row("a", 64, 16, 2.5), row("a", 128, 8, 4.0), row("b", 64, 8)]}
+    result["rows"].append({"op": "tensor_product", "direction": "fwd", "impl": "a", "lmax": 3, "channels": 64})
+    assert _sweep.table1(result).splitlines() == [
+        "| max convolution GB/s | dir | lmax | C=64 | C=128 |",
+        "| --- | --- | --- | --- | --- |",
+        "| a | fwd | 3 | 2.50 | 4.00 |",
+        "| b | fwd | 3 | - | - |",
+    ]
+    assert _sweep.table1({"rows": result["rows"][-1:]}) == ""
 
 
 def test_default_implementations_leave_out_explicit_only_backends():

@@ -321,12 +321,42 @@ def table(result: dict) -> str:
         budget = memory[0].get("budget_bytes")
         if budget:
             lines.append(f"max nodes: largest node count whose backward pass fits in {budget / 1e9:.1f} GB")
+    summary = table1(result)
+    if summary:
+        lines += ["", summary]
     copy = result["copy"]["GBps"]
     lines.append("")
     lines.append(
         f"Device: {result['device']['kind']}; jitted copy in the same run: {copy:.2f} GB/s"
         + (f"; datasheet {result['datasheet_GBps']:.0f} GB/s" if result["datasheet_GBps"] else "")
     )
+    return "\n".join(lines)
+
+
+def table1(result: dict) -> str:
+    """The paper's Table 1 view: maximal convolution throughput (GB/s) by channel count.
+
+    One row per implementation, direction and lmax, one column per channel count; each cell is the
+    best throughput over the measured node counts ("-" when none succeeded). Empty without
+    convolution rows.
+    """
+    rows = [r for r in result["rows"] if r["op"] == "convolution" and "direction" in r]
+    if not rows:
+        return ""
+    channels = sorted({r["channels"] for r in rows})
+    head = "| max convolution GB/s | dir | lmax | " + " | ".join(f"C={c}" for c in channels) + " |"
+    lines = [head, "|" + " --- |" * (3 + len(channels))]
+    for impl, direction, lmax in dict.fromkeys((r["impl"], r["direction"], r["lmax"]) for r in rows):
+        cells = []
+        for c in channels:
+            ok = [
+                r["GBps"]
+                for r in rows
+                if (r["impl"], r["direction"], r["lmax"], r["channels"]) == (impl, direction, lmax, c)
+                and "error" not in r
+            ]
+            cells.append(f"{max(ok):.2f}" if ok else "-")
+        lines.append(f"| {impl} | {direction} | {lmax} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
