@@ -193,6 +193,20 @@ def test_path_weights_select_path_rows():
 # -- padding -------------------------------------------------------------------------------------
 
 
+def assert_padding_changes_nothing(case, x, unpadded, padded, mask, ct):
+    """Value and cotangents with padding edges equal those without; padding rows' cotangents are 0."""
+    m, dx, dy, ds = e3j_value_and_vjp(case, x, *unpadded, ct)
+    m_p, dx_p, dy_p, ds_p = e3j_value_and_vjp(case, x, *padded, ct)
+    np.testing.assert_allclose(m_p, m, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(dx_p, dx, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(np.asarray(dy_p)[mask], dy, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(np.asarray(ds_p)[mask], ds, rtol=1e-14, atol=1e-14)
+    # cotangents of padding rows are exactly zero
+    assert np.all(np.asarray(dy_p)[~mask] == 0)
+    assert np.all(np.asarray(ds_p)[~mask] == 0)
+    return m, dx, dy, ds
+
+
 @pytest.mark.parametrize("y_channels", [False, True])
 def test_padding_edges_change_nothing(y_channels):
     case = "l1"
@@ -205,16 +219,7 @@ def test_padding_edges_change_nothing(y_channels):
     g = e3j.Graph.from_edges(senders, receivers, N)
     g_pad = e3j.Graph.from_edges(snd, rcv, N, edge_mask=mask)
     assert g_pad.num_edges == E + 7 and int(g_pad.num_valid) == E
-
-    m, dx, dy, ds = e3j_value_and_vjp(case, x, y, s, g, ct)
-    m_p, dx_p, dy_p, ds_p = e3j_value_and_vjp(case, x, y_pad, s_pad, g_pad, ct)
-    np.testing.assert_allclose(m_p, m, rtol=1e-14, atol=1e-14)
-    np.testing.assert_allclose(dx_p, dx, rtol=1e-14, atol=1e-14)
-    np.testing.assert_allclose(np.asarray(dy_p)[mask], dy, rtol=1e-14, atol=1e-14)
-    np.testing.assert_allclose(np.asarray(ds_p)[mask], ds, rtol=1e-14, atol=1e-14)
-    # cotangents of padding rows are exactly zero
-    assert np.all(np.asarray(dy_p)[~mask] == 0)
-    assert np.all(np.asarray(ds_p)[~mask] == 0)
+    m, dx, dy, ds = assert_padding_changes_nothing(case, x, (y, s, g), (y_pad, s_pad, g_pad), mask, ct)
     # and the unpadded result is right
     ref = ref_value_and_vjp(case, senders, receivers, x, N, y, s, ct)
     for a, r in zip((m, dx, dy, ds), ref):
@@ -234,14 +239,7 @@ def test_padding_edges_with_nonfinite_features_change_nothing():
     s_pad[~mask] = np.inf
     g = e3j.Graph.from_edges(senders, receivers, N)
     g_pad = e3j.Graph.from_edges(snd, rcv, N, edge_mask=mask)
-    m, dx, dy, ds = e3j_value_and_vjp(case, x, y, s, g, ct)
-    m_p, dx_p, dy_p, ds_p = e3j_value_and_vjp(case, x, y_pad, s_pad, g_pad, ct)
-    np.testing.assert_allclose(m_p, m, rtol=1e-14, atol=1e-14)
-    np.testing.assert_allclose(dx_p, dx, rtol=1e-14, atol=1e-14)
-    np.testing.assert_allclose(np.asarray(dy_p)[mask], dy, rtol=1e-14, atol=1e-14)
-    np.testing.assert_allclose(np.asarray(ds_p)[mask], ds, rtol=1e-14, atol=1e-14)
-    assert np.all(np.asarray(dy_p)[~mask] == 0)
-    assert np.all(np.asarray(ds_p)[~mask] == 0)
+    assert_padding_changes_nothing(case, x, (y, s, g), (y_pad, s_pad, g_pad), mask, ct)
     # forward mode, with non-finite tangents on the padding rows as well
     rng = np.random.default_rng(9)
     tx, ty, ts = rng.normal(size=x.shape), rng.normal(size=y.shape), rng.normal(size=s.shape)

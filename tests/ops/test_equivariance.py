@@ -76,16 +76,22 @@ def get_tp():
     return e3j.TensorProduct(TP_X, TP_Y)
 
 
-@pytest.mark.parametrize("R", list(MATRICES))
-def test_tensor_product_equivariance_sh_y(R):
-    R = MATRICES[R]
-    tp = get_tp()
+def tp_outputs_before_and_after(tp, R):
+    """``tp(x, Y(v))`` and ``tp(D(R) x, Y(R v))`` for random ``x``, ``v`` (``y`` = spherical harmonics)."""
     rng = np.random.default_rng(3)
     x = rng.normal(size=(4, tp.irreps_x.dim, 3))
     v = rng.normal(size=(4, 3))
     f = jax.jit(tp.__call__)
     z = f(x, e3j.spherical_harmonics(TP_Y, v, normalize=True))
     z_rot = f(act(TP_X, R, x), e3j.spherical_harmonics(TP_Y, v @ R.T, normalize=True))
+    return z, z_rot
+
+
+@pytest.mark.parametrize("R", list(MATRICES))
+def test_tensor_product_equivariance_sh_y(R):
+    R = MATRICES[R]
+    tp = get_tp()
+    z, z_rot = tp_outputs_before_and_after(tp, R)
     assert rel_err(z_rot, act(tp.irreps_out, R, z)) <= TOL
     assert "0o" in str(tp.irreps_out) and "1e" in str(tp.irreps_out)  # pseudo-outputs are covered
 
@@ -265,12 +271,7 @@ def test_wrong_representation_is_detected(R):
     """Transforming the output with a wrong D (parity or l swapped) fails the comparison."""
     R = MATRICES[R]
     tp = get_tp()
-    rng = np.random.default_rng(3)
-    x = rng.normal(size=(4, tp.irreps_x.dim, 3))
-    v = rng.normal(size=(4, 3))
-    f = jax.jit(tp.__call__)
-    z = f(x, e3j.spherical_harmonics(TP_Y, v, normalize=True))
-    z_rot = f(act(TP_X, R, x), e3j.spherical_harmonics(TP_Y, v @ R.T, normalize=True))
+    z, z_rot = tp_outputs_before_and_after(tp, R)
     wrong = str(tp.irreps_out).replace("1o", "1t").replace("1e", "1o").replace("1t", "1e")  # swap parities
     assert Irreps(wrong).dim == tp.irreps_out.dim
     # a proper rotation ignores parity, so there the swap must go unnoticed; any det -1 matrix catches it

@@ -41,6 +41,33 @@ ffi::Error dispatch(ffi::DataType dtype, int64_t index_bytes, int64_t channels, 
 inline int64_t dim(const ffi::AnyBuffer& b, int k) { return b.dimensions()[k]; }
 inline int64_t rank(const ffi::AnyBuffer& b) { return b.dimensions().size(); }
 
+// Sizes of the backward handlers, read the same way by both targets. Unneeded operands and unwanted
+// results are 0-size placeholders, so the table sizes come from the row pointers (rows + 1 each).
+struct TpBwdDims {
+  int64_t B, Dz, C, Dx, Dy;
+};
+inline TpBwdDims tp_bwd_dims(const ffi::AnyBuffer& dz, const ffi::Buffer<ffi::S32>& rowptr_x,
+                             const ffi::Buffer<ffi::S32>& rowptr_y) {
+  return {dim(dz, 0), dim(dz, 1), dim(dz, 2), static_cast<int64_t>(rowptr_x.element_count()) - 1,
+          static_cast<int64_t>(rowptr_y.element_count()) - 1};
+}
+
+struct ConvBwdDims {
+  int64_t N, Dz, C, E, Dx, Dy, P, Pds;  // P: paths of s (0 when s is unneeded); Pds: of ds (0 when unwanted)
+};
+inline ConvBwdDims conv_bwd_dims(const ffi::AnyBuffer& dm, const ffi::Buffer<ffi::S32>& order,
+                                 const ffi::Buffer<ffi::S32>& rowptr_x, const ffi::Buffer<ffi::S32>& rowptr_y,
+                                 const ffi::AnyBuffer& s, const ffi::AnyBuffer& ds, bool want_s) {
+  return {dim(dm, 0),
+          dim(dm, 1),
+          dim(dm, 2),
+          static_cast<int64_t>(order.element_count()),
+          static_cast<int64_t>(rowptr_x.element_count()) - 1,
+          static_cast<int64_t>(rowptr_y.element_count()) - 1,
+          rank(s) == 3 ? dim(s, 1) : 0,
+          want_s ? dim(ds, 1) : 0};
+}
+
 inline ffi::Error expect(bool ok, const char* what) {
   return ok ? ffi::Error::Success() : ffi::Error::InvalidArgument(std::string("e3j_cuda: ") + what);
 }

@@ -41,8 +41,8 @@ ffi::Error TpBwd(ffi::AnyBuffer rec_x, ffi::Buffer<ffi::S32> rowptr_x, ffi::AnyB
                  ffi::Buffer<ffi::S32> rowptr_y, ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer dz,
                  ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dy, int64_t index_bytes, bool y_channels,
                  bool want_x, bool want_y) {
-  const int64_t B = dim(dz, 0), Dz = dim(dz, 1), C = dim(dz, 2);
-  const int64_t Dx = rowptr_x.element_count() - 1, Dy = rowptr_y.element_count() - 1;
+  const TpBwdDims d = tp_bwd_dims(dz, rowptr_x, rowptr_y);
+  const int64_t B = d.B, Dz = d.Dz, C = d.C, Dx = d.Dx, Dy = d.Dy;  // (lambdas cannot capture bindings in C++17)
   return dispatch(dz.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
     using T = typename decltype(t)::type;
     using Rec = Record<typename decltype(i)::type, T>;
@@ -98,11 +98,8 @@ ffi::Error ConvBwd(ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::An
                    ffi::AnyBuffer y, ffi::AnyBuffer s, ffi::AnyBuffer dm, ffi::Result<ffi::AnyBuffer> dx,
                    ffi::Result<ffi::AnyBuffer> dy, ffi::Result<ffi::AnyBuffer> ds, int64_t index_bytes,
                    bool y_channels, bool want_x, bool want_y, bool want_s) {
-  const int64_t N = dim(dm, 0), Dz = dim(dm, 1), C = dim(dm, 2), E = order.element_count();
-  const int64_t Dx = rowptr_x.element_count() - 1, Dy = rowptr_y.element_count() - 1;
-  // unneeded operands and unwanted results are 0-size placeholders
-  const int64_t P = rank(s) == 3 ? dim(s, 1) : 0;
-  const int64_t ds_paths = want_s ? dim(*ds, 1) : 0;
+  const ConvBwdDims d = conv_bwd_dims(dm, order, rowptr_x, rowptr_y, s, *ds, want_s);
+  const int64_t N = d.N, Dz = d.Dz, C = d.C, E = d.E, Dx = d.Dx, Dy = d.Dy, P = d.P, ds_paths = d.Pds;
   return dispatch(dm.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
     using T = typename decltype(t)::type;
     using Rec = Record<typename decltype(i)::type, T>;
@@ -141,7 +138,7 @@ ffi::Error ConvBwd(ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::An
                                         data<T>(ds) + (e * ds_paths * C + c0), C, static_cast<int>(ds_paths));
         }
       }
-    (void)num_valid;
+    (void)num_valid;  // the memsets above already zeroed the padding edges' rows
     (void)E;
     return ffi::Error::Success();
   });
