@@ -34,7 +34,9 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv >> "$OUT
 log "tests/gpu"
 timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/tests-gpu.txt" | tail -5
 log "benchmarks"
-mkdir -p /tmp/e3j-results
-timeout 300 python3 benchmarks/paper_sizes.py --out /tmp/e3j-results --suites table1 fig1 --runs 20 2>&1 | tail -40 | tee -a "$OUT/log.txt"
-tar czf "$OUT/results.tgz" -C /tmp e3j-results
+# results land in this copy's benchmarks/results (so the recorded commands name the committed paths);
+# unpack results.tgz in the checkout, then: python benchmarks/readme_tables.py --write
+before=$(mktemp); ls benchmarks/results > "$before"
+timeout 300 python3 benchmarks/paper_sizes.py --out benchmarks/results --suites table1 fig1 --runs 20 2>&1 | tail -40 | tee -a "$OUT/log.txt"
+ls benchmarks/results | grep -vxF -f "$before" | sed 's|^|benchmarks/results/|' | tar czf "$OUT/results.tgz" -T -
 log "done"

@@ -1,13 +1,14 @@
 """The paper's unit benchmarks at its sizes, on whatever accelerator this machine has (GPU or TPU).
 
-Runs ``python -m e3j bench`` once per suite and writes ``<out>/<device>-<suite>.json`` and ``.md``:
+Runs ``python -m e3j bench`` once per suite and writes ``<out>/<device>-<suite>.json`` and ``.md``
+(and ``.png`` with ``--plot``; or later, from the JSON, ``python -m e3j bench --replot F.json --plot F.png``):
 
 - ``fig1``: tensor product, forward and backward, lmax 2 and 3, 32–256 channels, batch 2^12–2^17
   (paper Fig. 1);
 - ``fig2``: convolution, forward and backward, lmax 3, 256 channels, 45 neighbours, 2^9–2^13 nodes
   (paper Fig. 2);
 - ``table1``: convolution, forward and backward, 45 neighbours, N·C = 2^22 at lmax 2 and 2^21 at
-  lmax 3, 64–1024 channels (paper Table 1).
+  lmax 3, 64–1024 channels (paper Table 1; one results file).
 
 Every installed backend for the platform is measured (the kernel backends and the reference), plus
 e3nn-jax when importable, each beside a device copy measured in the same run. Sizes that do not fit
@@ -28,16 +29,10 @@ SUITES = {
     + ["--sizes", *(str(2**k) for k in range(12, 18))],
     "fig2": ["--ops", "convolution", "--lmax", "3", "--channels", "256", "--degree", "45"]
     + ["--sizes", *(str(2**k) for k in range(9, 14))],
+    # N * C fixed: 2^22 at lmax 2, 2^21 at lmax 3 (the largest power of two the paper fits on an H100)
+    "table1": ["--ops", "convolution", "--lmax", "2", "3", "--channels", "64", "128", "256", "512", "1024"]
+    + ["--degree", "45", "--elements", str(2**22), str(2**21)],
 }
-
-
-def _table1(lmax: int) -> list[list[str]]:
-    total = 2**22 if lmax == 2 else 2**21
-    return [
-        ["--ops", "convolution", "--lmax", str(lmax), "--channels", str(c), "--degree", "45"]
-        + ["--sizes", str(total // c)]
-        for c in (64, 128, 256, 512, 1024)
-    ]
 
 
 def _device_slug() -> str:
@@ -54,6 +49,7 @@ def main(argv=None) -> int:
     p.add_argument("--suites", nargs="+", default=["fig1", "fig2", "table1"], choices=["fig1", "fig2", "table1"])
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--no-e3nn", action="store_true")
+    p.add_argument("--plot", action="store_true", help="also write a PNG per suite (needs matplotlib)")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -62,17 +58,17 @@ def main(argv=None) -> int:
         out.mkdir(parents=True, exist_ok=True)
     failed = 0
     for suite in args.suites:
-        runs = [SUITES[suite]] if suite != "table1" else _table1(2) + _table1(3)
-        for k, extra in enumerate(runs):
-            stem = out / (f"{slug}-{suite}" + (f"-{k}" if len(runs) > 1 else ""))
-            cmd = [sys.executable, "-m", "e3j", "bench", *extra, "--runs", str(args.runs)]
-            cmd += ["--json", f"{stem}.json", "--markdown", f"{stem}.md", "--no-progress"]
-            if args.no_e3nn:
-                cmd.append("--no-e3nn")
-            print("+", " ".join(cmd), flush=True)
-            if args.dry_run:
-                continue
-            failed += subprocess.run(cmd, check=False).returncode != 0
+        stem = out / f"{slug}-{suite}"
+        cmd = ["python", "-m", "e3j", "bench", *SUITES[suite], "--runs", str(args.runs)]
+        cmd += ["--json", f"{stem}.json", "--markdown", f"{stem}.md", "--no-progress"]
+        if args.plot:
+            cmd += ["--plot", f"{stem}.png"]
+        if args.no_e3nn:
+            cmd.append("--no-e3nn")
+        print("+", " ".join(cmd), flush=True)
+        if args.dry_run:
+            continue
+        failed += subprocess.run([sys.executable, *cmd[1:]], check=False).returncode != 0
     return 1 if failed else 0
 
 

@@ -5,6 +5,10 @@
 
 Each block in README.md sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` where
 ``benchmarks/results/NAME.json`` is the results file; a test checks that the README is up to date.
+The block ``accelerators`` collects every ``python -m e3j bench`` results file measured on a GPU or
+TPU (``benchmarks/paper_sizes.py``, ``benchmarks/device.sh``), grouped by device, with the paper's
+Table 1 scaled to the device's datasheet bandwidth and the kernel goals as fractions of the copy
+bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -65,7 +69,124 @@ def render_bench(name: str, result: dict) -> str:
     return text
 
 
+# The paper's Table 1 (NVIDIA H100, 3.35 TB/s HBM), GB/s at 64, 128, 256, 512, 1024 channels; N·C = 2^22
+# at lmax 2 and 2^21 at lmax 3, 45 neighbours. Keys: (implementation, direction, lmax).
+PAPER_DEVICE_GBPS = 3350
+PAPER_CHANNELS = (64, 128, 256, 512, 1024)
+PAPER_TABLE1 = {
+    ("cuEquivariance", "fwd", 2): (779, 833, 786, 807, 755),
+    ("cuEquivariance", "fwd", 3): (829, 1072, 662, 632, 629),
+    ("cuEquivariance", "bwd", 2): (1245, 1287, 1263, 1264, 1248),
+    ("cuEquivariance", "bwd", 3): (1059, 1104, 1119, 1118, 1128),
+    ("e3j (CUDA)", "fwd", 2): (625, 955, 913, 956, 880),
+    ("e3j (CUDA)", "fwd", 3): (389, 569, 573, 562, 538),
+    ("e3j (CUDA)", "bwd", 2): (446, 709, 638, 560, 623),
+    ("e3j (CUDA)", "bwd", 3): (310, 423, 402, 317, 183),
+    ("e3j (Pallas GPU)", "fwd", 2): (None, 1621, 1669, 1716, 1871),
+    ("e3j (Pallas GPU)", "fwd", 3): (None, 1818, 1859, 2074, 2067),
+    ("e3j (Pallas GPU)", "bwd", 2): (None, 1267, 1292, 1319, 1328),
+    ("e3j (Pallas GPU)", "bwd", 3): (None, 1407, 1432, 1483, 1599),
+}
+# Kernel goals on the GPU (issues 5 and 6), as fractions of the copy bandwidth measured in the same
+# run: (backend, op, direction, lmax, channel counts, fraction).
+GOALS = (
+    ("pallas_gpu", "tensor_product", "fwd", 3, "128+", 0.85),
+    ("pallas_gpu", "convolution", "fwd", 3, "128+", 0.70),
+    ("pallas_gpu", "convolution", "bwd", 3, "128+", 0.50),
+    ("cuda", "tensor_product", "fwd", 3, "256", 0.85),
+)
+
+
+def _best(rows, impl, op, direction, lmax, channels):
+    ok = [
+        r
+        for r in rows
+        if (r["impl"], r["op"], r.get("direction"), r["lmax"]) == (impl, op, direction, lmax)
+        and "error" not in r
+        and (r["channels"] >= 128 if channels == "128+" else r["channels"] == int(channels))
+    ]
+    return max(ok, key=lambda r: r["fraction_of_copy"]) if ok else None
+
+
+def goals(results: list[dict]) -> str:
+    """The GPU kernel goals against one device's results files (empty when none applies)."""
+    rows = [r for result in results for r in result["rows"]]
+    lines = []
+    for impl, op, direction, lmax, channels, target in GOALS:
+        best = _best(rows, impl, op, direction, lmax, channels)
+        if best is None:
+            continue
+        reached = best["fraction_of_copy"]
+        where = f"C={best['channels']}, size {best['size']}, {best['GBps']:.0f} GB/s"
+        verdict = "met" if reached >= target else "missed"
+        lines.append(
+            f"| {impl} | {op} {direction} | {lmax} | {channels} | {target:.0%} | {reached:.1%} ({where}) | {verdict} |"
+        )
+    key = ("cuda", "convolution", "fwd", 3)
+    cuda_fwd = [r for r in rows if (r["impl"], r["op"], r.get("direction"), r["lmax"]) == key]
+    datasheet = next((x["datasheet_GBps"] for x in results if x.get("datasheet_GBps")), None)
+    if datasheet:
+        scale = datasheet / PAPER_DEVICE_GBPS
+        for c, paper in zip(PAPER_CHANNELS, PAPER_TABLE1[("e3j (CUDA)", "fwd", 3)]):
+            ok = [r["GBps"] for r in cuda_fwd if r["channels"] == c and "error" not in r]
+            if ok:
+                goal = f"paper's e3j (CUDA) x {scale:.2f} = {paper * scale:.0f} GB/s"
+                verdict = "met" if max(ok) >= paper * scale else "missed"
+                lines.append(f"| cuda | convolution fwd | 3 | {c} | {goal} | {max(ok):.0f} GB/s | {verdict} |")
+    if not lines:
+        return ""
+    head = ["| backend | op | lmax | C | goal | reached (best size) | |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    return "\n".join(head + lines)
+
+
+def paper_table1(datasheet_GBps: float) -> str:
+    """The paper's Table 1 scaled by this device's datasheet bandwidth over the H100's."""
+    scale = datasheet_GBps / PAPER_DEVICE_GBPS
+    lines = [
+        f"| paper Table 1 x {scale:.2f} (GB/s) | dir | lmax | " + " | ".join(f"C={c}" for c in PAPER_CHANNELS) + " |",
+        "|" + " --- |" * (3 + len(PAPER_CHANNELS)),
+    ]
+    for (impl, direction, lmax), values in PAPER_TABLE1.items():
+        cells = ["-" if v is None else f"{v * scale:.0f}" for v in values]
+        lines.append(f"| {impl} | {direction} | {lmax} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def accelerator_results() -> dict[str, list[tuple[str, dict]]]:
+    """``python -m e3j bench`` results files measured off the CPU, by device kind."""
+    by_device: dict[str, list[tuple[str, dict]]] = {}
+    for path in sorted(RESULTS.glob("*.json")):
+        result = json.loads(path.read_text())
+        if "copy" in result and result["device"]["platform"] != "cpu":
+            by_device.setdefault(result["device"]["kind"], []).append((path.stem, result))
+    return by_device
+
+
+def render_accelerators(by_device: dict[str, list[tuple[str, dict]]]) -> str:
+    if not by_device:
+        return (
+            "No GPU or TPU run is committed yet. `bash benchmarks/device.sh` on a GPU machine (or "
+            "`python benchmarks/paper_sizes.py --out benchmarks/results` on a TPU) writes the results files "
+            "this section is generated from."
+        )
+    parts = []
+    for kind, named in by_device.items():
+        results = [r for _, r in named]
+        parts.append(f"### {kind}")
+        for name, result in named:
+            parts.append(f"#### `{name}`\n\n" + render_bench(name, result))
+        datasheet = next((r["datasheet_GBps"] for r in results if r.get("datasheet_GBps")), None)
+        if datasheet and any(r["op"] == "convolution" for x in results for r in x["rows"]):
+            parts.append(paper_table1(datasheet))
+        summary = goals(results)
+        if summary:
+            parts.append("Kernel goals (fractions of the copy measured in the same run):\n\n" + summary)
+    return "\n\n".join(parts)
+
+
 def render(name: str) -> str:
+    if name == "accelerators":
+        return render_accelerators(accelerator_results())
     result = json.loads((RESULTS / f"{name}.json").read_text())
     if "copy" in result:
         return render_bench(name, result)

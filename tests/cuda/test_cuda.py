@@ -193,3 +193,30 @@ def test_e3j_ops_lower_to_the_cuda_backend():
 
     text = _lower_cuda(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
     assert set(re.findall(r"custom_call @(e3j_\w+)", text)) == {"e3j_conv_fwd", "e3j_conv_bwd"}
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="compiling the CUDA kernels needs nvcc")
+def test_cuda_kernels_fit_in_registers(tmp_path):
+    """ptxas's resource report for every kernel instance on sm_90a (H100/H200): no spills to local
+    memory, no stack frame, and at most 128 registers per thread, so an SM keeps at least 16 warps
+    resident (65,536 registers / (128 x 32)) to hide the memory latency these streaming kernels live on.
+    A kernel edit that breaks this shows up here, before any GPU run."""
+    import subprocess
+    from pathlib import Path
+
+    csrc = Path(__file__).resolve().parents[2] / "packages" / "e3j-cuda" / "csrc"
+    cmd = ["nvcc", "-std=c++17", "-arch=sm_90a", "-cubin", "-Xptxas", "-v", "-DE3J_WITH_CUDA=1"]
+    cmd += ["-diag-suppress=940,2473", f"-I{csrc}", f"-I{jax.ffi.include_dir()}"]
+    cmd += ["-o", str(tmp_path / "k.cubin"), str(csrc / "ffi_cuda.cu")]
+    report = subprocess.run(cmd, capture_output=True, text=True, check=True).stderr
+    kernels_ = re.findall(
+        r"Compiling entry function '(\w+)' for 'sm_90a'\s+ptxas info\s+: Function properties for \1\s+"
+        r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\s+"
+        r"ptxas info\s+: Used (\d+) registers",
+        report,
+    )
+    # 4 ops x 3 channel vector widths x 4 record types (uint8/int32 indices, f32/f64)
+    assert len(kernels_) == 48, report
+    for name, stack, stores, loads, registers in kernels_:
+        assert (int(stack), int(stores), int(loads)) == (0, 0, 0), name
+        assert int(registers) <= 128, (name, registers)

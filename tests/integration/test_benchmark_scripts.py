@@ -5,6 +5,7 @@ import runpy
 import shlex
 from pathlib import Path
 
+from e3j import _sweep
 from e3j._sweep import add_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -14,18 +15,23 @@ def test_paper_sizes_commands_parse(capsys):
     script = runpy.run_path(str(ROOT / "benchmarks/paper_sizes.py"))
     assert script["main"](["--dry-run", "--runs", "7"]) == 0
     commands = [line[2:] for line in capsys.readouterr().out.splitlines() if line.startswith("+ ")]
-    assert len(commands) == 2 + 10  # fig1, fig2, and table1's 5 channel counts x 2 lmax
+    assert len(commands) == 3  # one results file per suite: fig1, fig2, table1
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))
-    table1 = []
+    parsed = {}
     for cmd in commands:
         argv = shlex.split(cmd)
-        assert argv[1:4] == ["-m", "e3j", "bench"]
+        assert argv[:4] == ["python", "-m", "e3j", "bench"]
         args = parser.parse_args(argv[3:])
         assert args.runs == 7 and args.json.endswith(".json")
-        if "table1" in args.json:
-            table1.append((args.lmax[0], args.channels[0], args.sizes[0]))
-    # paper Table 1: N * C = 2^22 at lmax 2 and 2^21 at lmax 3, 45 neighbours
-    assert {(l, c, n * c) for l, c, n in table1} == {
-        (l, c, 2**24 // 2**l) for l in (2, 3) for c in (64, 128, 256, 512, 1024)
+        parsed[Path(args.json).stem.split("-")[-1]] = args
+    # paper Table 1: N * C = 2^22 at lmax 2 and 2^21 at lmax 3, 45 neighbours, 64-1024 channels
+    t1 = parsed["table1"]
+    cases = list(_sweep.cases(t1.ops, t1.directions, t1.lmax, t1.channels, t1.sizes, t1.degree, t1.elements))
+    assert {(c.lmax, c.channels, c.size * c.channels, c.degree) for c in cases} == {
+        (l, c, 2**24 // 2**l, 45) for l in (2, 3) for c in (64, 128, 256, 512, 1024)
     }
+    assert {(c.op, c.direction) for c in cases} == {("convolution", "fwd"), ("convolution", "bwd")}
+    # paper Fig. 2: lmax 3, 256 channels, 45 neighbours; Fig. 1: tensor product, lmax 2-3, up to 256 channels
+    assert (parsed["fig2"].lmax, parsed["fig2"].channels, parsed["fig2"].degree) == ([3], [256], 45)
+    assert parsed["fig1"].ops == ["tensor_product"] and max(parsed["fig1"].channels) == 256

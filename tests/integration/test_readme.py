@@ -1,6 +1,7 @@
 """The README's benchmark tables are rendered from the committed results files."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,3 +25,59 @@ def test_readme_quickstart_command_is_what_ci_runs():
     readme = (ROOT / "README.md").read_text()
     ci = (ROOT / ".ci" / "run").read_text()
     assert "python3 -m nox -s tests" in readme and "python3 -m nox -s tests" in ci
+
+
+def _gpu_result(rows, datasheet=4800.0):
+    return {
+        "command": "python -m e3j bench ...",
+        "date": "2026-12-01T00:00:00+00:00",
+        "device": {"platform": "gpu", "kind": "NVIDIA H200", "host": "x86_64", "cores": 16},
+        "versions": {"jax": "0.11.2"},
+        "copy": {"bytes": 2**28, "seconds": 1e-4, "GBps": 4000.0},
+        "datasheet_GBps": datasheet,
+        "method": "mean of the fastest 20% of 20 runs",
+        "rows": rows,
+    }
+
+
+def _row(impl, op, direction, lmax, c, fraction, size=1024):
+    return {
+        "op": op, "direction": direction, "lmax": lmax, "channels": c, "size": size, "degree": 45, "impl": impl,
+        "GBps": 4000.0 * fraction, "fraction_of_copy": fraction, "seconds": 1.0, "bytes": 1,
+    }  # fmt: skip
+
+
+def test_accelerator_section_renders_goals_from_results_files(tmp_path, monkeypatch):
+    tables = _tables()
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    assert "No GPU or TPU run is committed yet" in tables.render("accelerators")
+    fig1 = [
+        _row("pallas_gpu", "tensor_product", "fwd", 3, 64, 0.95),  # below 128 channels: not counted
+        _row("pallas_gpu", "tensor_product", "fwd", 3, 128, 0.80),
+        _row("pallas_gpu", "tensor_product", "fwd", 3, 256, 0.88, size=4096),
+        _row("cuda", "tensor_product", "fwd", 3, 256, 0.84),
+        {**_row("cuda", "tensor_product", "fwd", 3, 512, 0.0), "error": "OOM"},
+    ]
+    table1 = [
+        _row("pallas_gpu", "convolution", "fwd", 3, 128, 0.60),
+        _row("pallas_gpu", "convolution", "bwd", 3, 256, 0.55),
+        _row("cuda", "convolution", "fwd", 3, 256, 0.2055),  # 822 GB/s vs 573 * 4800 / 3350 = 821 GB/s
+        _row("cuda", "convolution", "fwd", 3, 512, 0.2),  # 800 GB/s vs 562 * 4800 / 3350 = 805 GB/s
+    ]
+    (tmp_path / "cpu-e3j-bench.json").write_text(json.dumps({**_gpu_result([]), "device": {"platform": "cpu"}}))
+    (tmp_path / "nvidia-h200-fig1.json").write_text(json.dumps(_gpu_result(fig1)))
+    (tmp_path / "nvidia-h200-table1.json").write_text(json.dumps(_gpu_result(table1)))
+    text = tables.render("accelerators")
+    assert text.startswith("### NVIDIA H200\n") and "cpu-e3j-bench" not in text
+    assert "#### `nvidia-h200-fig1`" in text and "#### `nvidia-h200-table1`" in text
+    goal_rows = {line for line in text.splitlines() if line.endswith(("| met |", "| missed |"))}
+    assert goal_rows == {
+        "| pallas_gpu | tensor_product fwd | 3 | 128+ | 85% | 88.0% (C=256, size 4096, 3520 GB/s) | met |",
+        "| pallas_gpu | convolution fwd | 3 | 128+ | 70% | 60.0% (C=128, size 1024, 2400 GB/s) | missed |",
+        "| pallas_gpu | convolution bwd | 3 | 128+ | 50% | 55.0% (C=256, size 1024, 2200 GB/s) | met |",
+        "| cuda | tensor_product fwd | 3 | 256 | 85% | 84.0% (C=256, size 1024, 3360 GB/s) | missed |",
+        "| cuda | convolution fwd | 3 | 256 | paper's e3j (CUDA) x 1.43 = 821 GB/s | 822 GB/s | met |",
+        "| cuda | convolution fwd | 3 | 512 | paper's e3j (CUDA) x 1.43 = 805 GB/s | 800 GB/s | missed |",
+    }
+    # the paper's Table 1 beside it, scaled by 4800 / 3350: Pallas GPU fwd lmax 3 at 128 channels 1818 -> 2605
+    assert "| e3j (Pallas GPU) | fwd | 3 | - | 2605 | 2664 | 2972 | 2962 |" in text

@@ -85,6 +85,37 @@ def test_bench_quick_writes_parsable_results(tmp_path, capsys):
     assert md2.read_text() == md.read_text() and png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_sweep_cut_short_keeps_its_rows(tmp_path, monkeypatch, capsys):
+    class Killed(BaseException):  # as a time limit stops the process: nothing after it runs
+        pass
+
+    calls = []
+
+    def timing(fn, *args, runs):
+        calls.append(runs)
+        if len(calls) == 3:
+            raise Killed
+        return 1e-3
+
+    monkeypatch.setattr(_sweep, "time_call", timing)
+    monkeypatch.setattr(_sweep, "copy_bandwidth", lambda nbytes, runs: (1e-3, 1e9))
+    out = tmp_path / "cut.json"
+    argv = ["bench", "--ops", "tensor_product", "--lmax", "1", "--channels", "4", "8", "--sizes", "16"]
+    argv += ["--backends", "reference", "--runs", "3", "--json", str(out), "--no-progress"]
+    with pytest.raises(Killed):
+        main(argv)
+    partial = json.loads(out.read_text())
+    assert partial["partial"] is True and len(partial["rows"]) == 2
+    assert [(r["direction"], r["channels"]) for r in partial["rows"]] == [("fwd", 4), ("fwd", 8)]
+    assert "stopped after 2 measurements" in _sweep.table(partial)
+    assert not list(tmp_path.glob("*.tmp"))
+    # an uninterrupted sweep ends with a complete file
+    calls[:] = [0, 0, 0]  # past the interruption
+    assert main(argv) == 0
+    done = json.loads(out.read_text())
+    assert "partial" not in done and len(done["rows"]) == 4
+
+
 def test_table1_keeps_the_best_node_count_per_channel_count():
     def row(impl, c, n, g=None):
         r = {"op": "convolution", "direction": "fwd", "impl": impl, "lmax": 3, "channels": c, "size": n}
@@ -99,6 +130,22 @@ def test_table1_keeps_the_best_node_count_per_channel_count():
         "| b | fwd | 3 | - | - |",
     ]
     assert _sweep.table1({"rows": result["rows"][-1:]}) == ""
+
+
+def test_elements_fix_size_times_channels_per_lmax():
+    # the paper's Table 1: N * C = 2^22 at lmax 2 and 2^21 at lmax 3
+    got = list(_sweep.cases(["convolution"], ["fwd"], [2, 3], [64, 1024], None, 45, [2**22, 2**21]))
+    assert [(c.lmax, c.channels, c.size) for c in got] == [
+        (2, 64, 65536), (2, 1024, 4096), (3, 64, 32768), (3, 1024, 2048)
+    ]  # fmt: skip
+    one = list(_sweep.cases(["tensor_product"], ["bwd"], [1, 2], [16], None, 8, [64]))
+    assert [(c.lmax, c.size) for c in one] == [(1, 4), (2, 4)]
+    with pytest.raises(ValueError, match="one per --lmax"):
+        list(_sweep.cases(["convolution"], ["fwd"], [1, 2, 3], [8], None, 4, [64, 32]))
+    with pytest.raises(ValueError, match=r"smaller than the channel count\(s\) \[128\]"):
+        list(_sweep.cases(["convolution"], ["fwd"], [1], [8, 128], None, 4, [64]))
+    with pytest.raises(SystemExit, match="--sizes or --elements"):
+        main(["bench", "--sizes", "8", "--elements", "64"])
 
 
 def test_default_implementations_leave_out_explicit_only_backends():

@@ -33,12 +33,26 @@ class Case:
     degree: int  # neighbours per node (convolution)
 
 
-def cases(ops, directions, lmaxes, channels, sizes, degree):
+def cases(ops, directions, lmaxes, channels, sizes, degree, elements=None):
+    """Every measurement of a sweep, in order.
+
+    ``elements`` (one value, or one per lmax) fixes the product of size and channel count instead of
+    ``sizes``, as the paper's Table 1 does (N·C = 2^22 at lmax 2, 2^21 at lmax 3): each channel count
+    ``c`` is measured at size ``elements // c``.
+    """
+    if elements is not None:
+        if len(elements) not in (1, len(lmaxes)):
+            raise ValueError(f"--elements: expected one value or one per --lmax value ({len(lmaxes)}), got {elements}")
+        per_lmax = dict(zip(lmaxes, elements * len(lmaxes) if len(elements) == 1 else elements))
+        for lmax, total in per_lmax.items():
+            small = [c for c in channels if total // c < 1]
+            if small:
+                raise ValueError(f"--elements: {total} at lmax {lmax} is smaller than the channel count(s) {small}")
     for op in ops:
         for direction in directions:
             for lmax in lmaxes:
                 for c in channels:
-                    for n in sizes:
+                    for n in sizes if elements is None else [per_lmax[lmax] // c]:
                         yield Case(op, direction, lmax, c, n, degree)
 
 
@@ -173,6 +187,13 @@ def device_memory(device) -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def _memory_nodes(args, lmax: int, channels: int) -> int:
+    if args.elements is None:
+        return args.sizes[0]
+    total = args.elements[0] if len(args.elements) == 1 else args.elements[args.lmax.index(lmax)]
+    return total // channels
+
+
 def memory_rows(args, impls) -> list[dict]:
     budget = args.memory_budget or device_memory(jax.devices()[0])
     rows = []
@@ -181,8 +202,9 @@ def memory_rows(args, impls) -> list[dict]:
             for impl in impls:
                 row = {"op": "convolution_memory", "impl": impl, "lmax": lmax, "channels": c, "degree": args.degree}
                 try:
-                    peak, io = peak_bytes(impl, lmax, c, args.sizes[0], args.degree)
-                    row.update(nodes=args.sizes[0], peak_bytes=peak, io_bytes=io, peak_over_io=peak / io)
+                    nodes = _memory_nodes(args, lmax, c)
+                    peak, io = peak_bytes(impl, lmax, c, nodes, args.degree)
+                    row.update(nodes=nodes, peak_bytes=peak, io_bytes=io, peak_over_io=peak / io)
                     row.update(budget_bytes=budget, max_nodes=max_nodes(impl, lmax, c, args.degree, budget))
                 except Exception as err:
                     row.update(error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
@@ -225,12 +247,25 @@ def _progress(i, n, label, stream=sys.stderr):
 
 
 def run(args) -> dict:
+    """Measure the sweep; with ``args.json`` the file is rewritten after every row (``"partial": true``
+    until the end), so a sweep cut short by a time limit keeps what it measured."""
     impls = args.backends or implementations(include_e3nn=not args.no_e3nn)
-    todo = list(cases(args.ops, args.directions, args.lmax, args.channels, args.sizes, args.degree))
+    todo = list(cases(args.ops, args.directions, args.lmax, args.channels, args.sizes, args.degree, args.elements))
     device = jax.devices()[0]
     kind = getattr(device, "device_kind", device.platform)
     copy_s, copy_bw = copy_bandwidth(args.copy_bytes, runs=args.runs)
     rows = []
+    result = {
+        "command": "python -m e3j " + " ".join(sys.argv[1:] if args.argv is None else args.argv),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "device": {"platform": device.platform, "kind": kind, "host": platform.machine(), "cores": os.cpu_count()},
+        "versions": {"jax": jax.__version__, **_versions(impls)},
+        "copy": {"bytes": args.copy_bytes, "seconds": copy_s, "GBps": copy_bw / 1e9},
+        "datasheet_GBps": (datasheet_bandwidth(kind) or 0) / 1e9 or None,
+        "method": f"mean of the fastest 20% of {args.runs} runs, gc disabled; bytes of inputs + outputs "
+        "(backward: primals, output cotangents, input cotangents)",
+        "rows": rows,
+    }
     total = len(todo) * len(impls)
     step = 0
     for case in todo:
@@ -253,21 +288,21 @@ def run(args) -> dict:
             except Exception as err:  # e.g. out of memory for e3nn's materialized messages
                 row.update(error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
             rows.append(row)
+            if args.json:
+                _write_json({**result, "partial": True}, args.json)
     if not args.no_progress:
         _progress(total, total, "done")
     if args.memory:
         rows += memory_rows(args, impls)
-    return {
-        "command": "python -m e3j " + " ".join(sys.argv[1:] if args.argv is None else args.argv),
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "device": {"platform": device.platform, "kind": kind, "host": platform.machine(), "cores": os.cpu_count()},
-        "versions": {"jax": jax.__version__, **_versions(impls)},
-        "copy": {"bytes": args.copy_bytes, "seconds": copy_s, "GBps": copy_bw / 1e9},
-        "datasheet_GBps": (datasheet_bandwidth(kind) or 0) / 1e9 or None,
-        "method": f"mean of the fastest 20% of {args.runs} runs, gc disabled; bytes of inputs + outputs "
-        "(backward: primals, output cotangents, input cotangents)",
-        "rows": rows,
-    }
+    return result
+
+
+def _write_json(result: dict, path: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as fh:
+        json.dump(result, fh, indent=1)
+        fh.write("\n")
+    os.replace(tmp, path)
 
 
 def _versions(impls):
@@ -330,6 +365,8 @@ def table(result: dict) -> str:
         f"Device: {result['device']['kind']}; jitted copy in the same run: {copy:.2f} GB/s"
         + (f"; datasheet {result['datasheet_GBps']:.0f} GB/s" if result["datasheet_GBps"] else "")
     )
+    if result.get("partial"):
+        lines.append(f"Partial results: the sweep stopped after {len(result['rows'])} measurements.")
     return "\n".join(lines)
 
 
@@ -361,6 +398,8 @@ def table1(result: dict) -> str:
 
 
 def main(args) -> int:
+    if args.elements is not None and args.sizes is not None:
+        raise SystemExit("e3j bench: give --sizes or --elements, not both")
     if args.quick:
         args.lmax = args.lmax or [1, 2]
         args.channels = args.channels or [16]
@@ -379,9 +418,7 @@ def main(args) -> int:
     text = table(result)
     print(text)
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1)
-            fh.write("\n")
+        _write_json(result, args.json)
     if args.markdown:
         with open(args.markdown, "w") as fh:
             fh.write(text + "\n")
@@ -402,6 +439,14 @@ def add_parser(sub) -> None:
     p.add_argument("--lmax", nargs="+", type=int, default=None)
     p.add_argument("--channels", nargs="+", type=int, default=None)
     p.add_argument("--sizes", nargs="+", type=int, default=None, help="batch (TP) or node (convolution) counts")
+    p.add_argument(
+        "--elements",
+        nargs="+",
+        type=int,
+        default=None,
+        help="instead of --sizes: size x channels held fixed (one value, or one per --lmax value), as in the "
+        "paper's Table 1",
+    )
     p.add_argument("--degree", type=int, default=45, help="neighbours per node in the convolution graph")
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--copy-bytes", type=int, default=2**28)
