@@ -2,12 +2,15 @@
 # One prepared run on the GPU machine (the device tool): install the packages from this checkout,
 # run tests/gpu, then the paper-size benchmarks; results under $OUT.
 #
-# The machine has no network. Its image has JAX 0.11.2 (CUDA 13), nanobind, scikit-build-core and
-# pytest, but not hatchling or e3nn-jax: fetch their wheels here first, into the ignored .whl/
+# The machine has no network. Its image has JAX 0.11.2 (CUDA 13), nvcc 13.0, nanobind,
+# scikit-build-core, pytest, hypothesis and matplotlib, but not hatchling (nor its tomlkit and
+# trove-classifiers) or e3nn-jax: fetch their wheels here first, into the ignored .whl/
 #   echo /.whl/ >> .git/info/exclude
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_17_x86_64 -d .whl hatchling pathspec trove-classifiers e3nn-jax==0.21.0
+#     --platform manylinux_2_17_x86_64 -d .whl hatchling tomlkit trove-classifiers e3nn-jax==0.21.0
 # and call the device tool with carry [".whl"] and the command `bash benchmarks/device.sh`.
+# Rehearse it on a CPU machine with E3J_DEVICE_REHEARSAL=1 (python3 = a Python 3.12 with that image's
+# packages): the same steps, with small benchmark sizes.
 set -uo pipefail
 OUT=${OUT:-/tmp/e3j-device-out}
 mkdir -p "$OUT"
@@ -24,10 +27,14 @@ if ! command -v nvcc >/dev/null; then
   NVCC=$(ls /usr/local/cuda/bin/nvcc 2>/dev/null || find / -name nvcc -type f -perm -u+x 2>/dev/null | head -1)
   [ -n "$NVCC" ] && export CUDACXX="$NVCC" PATH="$(dirname "$NVCC"):$PATH"
 fi
-export E3J_CUDA=ON
+# the pure-Python packages first: a failed CUDA build must not cost the Pallas tests and benchmarks
 python3 -m pip install -q --no-index --no-deps --no-build-isolation \
-  packages/e3j-core packages/e3j-ops packages/e3j-pallas-gpu $( [ -d packages/e3j-cuda ] && echo packages/e3j-cuda ) \
-  2>&1 | tee -a "$OUT/log.txt" || exit 1
+  packages/e3j-core packages/e3j-ops packages/e3j-pallas-gpu 2>&1 | tee -a "$OUT/log.txt"
+[ "${PIPESTATUS[0]}" = 0 ] || exit 1
+log "install e3j-cuda"
+E3J_CUDA=ON python3 -m pip install -q --no-index --no-deps --no-build-isolation packages/e3j-cuda 2>&1 \
+  | tee -a "$OUT/log.txt" | tail -20
+[ "${PIPESTATUS[0]}" = 0 ] || log "e3j-cuda FAILED to build: its tests and benchmarks will be missing"
 log "info"
 python3 -m e3j info 2>&1 | tee "$OUT/info.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv >> "$OUT/info.txt" 2>&1
@@ -37,6 +44,13 @@ log "benchmarks"
 # results land in this copy's benchmarks/results (so the recorded commands name the committed paths);
 # unpack results.tgz in the checkout, then: python benchmarks/readme_tables.py --write
 before=$(mktemp); ls benchmarks/results > "$before"
-timeout 300 python3 benchmarks/paper_sizes.py --out benchmarks/results --suites table1 fig1 --runs 20 2>&1 | tail -40 | tee -a "$OUT/log.txt"
+if [ -n "${E3J_DEVICE_REHEARSAL:-}" ]; then
+  python3 -m e3j bench --ops convolution --lmax 2 --channels 16 --elements 256 --degree 4 --runs 3 \
+    --json benchmarks/results/rehearsal.json --plot benchmarks/results/rehearsal.png --no-progress 2>&1 | tee -a "$OUT/log.txt"
+else
+  # Table 1 first (the issues' goals), then Fig. 1; each writes its JSON row by row, so a timeout keeps rows
+  timeout 300 python3 benchmarks/paper_sizes.py --out benchmarks/results --suites table1 fig1 --runs 20 --plot \
+    2>&1 | tail -40 | tee -a "$OUT/log.txt"
+fi
 ls benchmarks/results | grep -vxF -f "$before" | sed 's|^|benchmarks/results/|' | tar czf "$OUT/results.tgz" -T -
 log "done"
