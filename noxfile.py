@@ -24,6 +24,8 @@ PACKAGES = [
 ]
 JAX = "jax==0.11.2"  # the primary JAX (the GPU machine image's)
 TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", "matplotlib>=3.8", JAX]
+# the other ends of the range the kernel packages declare (jax>=0.11.1,<0.13): `nox -s tests_jax`
+JAX_RANGE = ["0.11.1", "0.12.0.1"]
 
 nox.options.sessions = ["tests"]
 nox.options.error_on_missing_interpreters = True
@@ -77,6 +79,21 @@ def tests(session: nox.Session) -> None:
     _install_packages(session)
     # a test-only backend plugin (reference kernels under another name; see tests/ops/test_backends.py)
     session.install(str(ROOT / "tests/plugins/e3j-test-backend"))
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests", "-m", "not gpu"]))
+
+
+@nox.session(python=PYTHON)
+@nox.parametrize("jax", JAX_RANGE)
+def tests_jax(session: nox.Session, jax: str) -> None:
+    """The test suite on the oldest and newest JAX of the supported range (not run by CI: ~15 min each).
+
+    e3j-cuda builds in isolation against its pinned oldest jaxlib's FFI headers, as a release wheel
+    does, and so runs here on a newer jaxlib too.
+    """
+    session.install(*(r for r in TEST_REQUIREMENTS if r != JAX), f"jax=={jax}", f"jaxlib=={jax}")
+    _install_packages(session)
+    session.install(str(ROOT / "tests/plugins/e3j-test-backend"))
+    session.run("python", "-c", "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__)")
     session.run("python", "-m", "pytest", *(session.posargs or ["tests", "-m", "not gpu"]))
 
 

@@ -107,11 +107,23 @@ def test_descriptors():
 # -- build records and compatibility ---------------------------------------------------------
 
 
+def _check_build_record(module):
+    """The module records the FFI API of the headers it was compiled against and that jax's version:
+    the same as the running jaxlib's when built against it, else an older minor of the same major
+    (a wheel built on the oldest supported jaxlib, run on a newer one)."""
+    built, runtime = tuple(module.FFI_API_VERSION), _ffi.runtime_ffi_api_version()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", module.BUILT_WITH_JAX)
+    if module.BUILT_WITH_JAX == jax.__version__:
+        assert built == runtime
+    else:
+        assert built[0] == runtime[0] and built[1] <= runtime[1], (built, runtime)
+    _ffi.check_compatible(built, module.BUILT_WITH_JAX, runtime, jax.__version__)
+
+
 def test_host_module_records_its_build():
     host_module = importlib.import_module("e3j_cuda._host")
     assert host_module.PLATFORM == "cpu"
-    assert tuple(host_module.FFI_API_VERSION) == _ffi.runtime_ffi_api_version()
-    assert re.fullmatch(r"\d+\.\d+\.\d+", host_module.BUILT_WITH_JAX)
+    _check_build_record(host_module)
     assert set(host_module.handlers()) == {"e3j_tp_fwd", "e3j_tp_bwd", "e3j_conv_fwd", "e3j_conv_bwd"}
 
 
@@ -120,7 +132,7 @@ def test_cuda_module_is_built_where_nvcc_exists():
     assert importlib.util.find_spec("e3j_cuda._cuda") is not None, "nvcc is on PATH but _cuda was not built"
     cuda_module = importlib.import_module("e3j_cuda._cuda")
     assert cuda_module.PLATFORM == "CUDA"
-    assert tuple(cuda_module.FFI_API_VERSION) == _ffi.runtime_ffi_api_version()
+    _check_build_record(cuda_module)
 
 
 def test_compatibility_rules():
