@@ -266,7 +266,5 @@ def convolution_sharded(
         mesh=mesh,
         in_specs=(spec, spec, spec, spec, spec),
         out_specs=spec,
-        # the reference kernels loop with fori_loop, whose carries do not track varying manual axes
-        check_vma=False,
     )(x_pad, y_blocks, s_blocks, pg.graph, pg.node_ids)
     return m if n_pad == pg.num_nodes else m[: pg.num_nodes]

@@ -37,6 +37,29 @@ def _path_matrix(coo: TensorProductCoo, dtype) -> jnp.ndarray:
     return jnp.asarray(m, dtype)
 
 
+def _varying_axes(a) -> set:
+    mat = getattr(jax.typeof(a), "mat", None)  # the aval's manual axis type (None outside shard_map)
+    return set(getattr(mat, "varying", None) or ())
+
+
+def _varying_like(carry, *operands):
+    """``carry`` cast to vary over every manual mesh axis any operand varies over.
+
+    Under ``shard_map`` (with its default ``check_vma=True``) a loop carry started from ``zeros`` is
+    invariant while the loop body, which reads the sharded operands, returns a varying value; the
+    loop then rejects the mismatch. Outside ``shard_map`` there are no such axes and nothing changes.
+    """
+    axes = set()
+    for leaf in jax.tree.leaves(operands):
+        axes |= _varying_axes(leaf)
+
+    def cast(a):
+        missing = tuple(sorted(axes - _varying_axes(a)))
+        return jax.lax.pcast(a, missing, to="varying") if missing else a
+
+    return jax.tree.map(cast, carry)
+
+
 def _chunk_indices(graph, start, chunk, num_edges):
     k = start + jnp.arange(chunk, dtype=jnp.int32)
     valid = k < graph.num_valid
@@ -65,7 +88,7 @@ def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool) -> j
         return out.at[receivers].add(msg, indices_are_sorted=True, mode="drop")
 
     trips = (graph.num_valid + chunk - 1) // chunk
-    return jax.lax.fori_loop(0, trips, body, out)
+    return jax.lax.fori_loop(0, trips, body, _varying_like(out, x, y, s, graph))
 
 
 def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[str, ...], y_channels: bool) -> dict:
@@ -114,4 +137,4 @@ def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[st
         return acc
 
     trips = (graph.num_valid + chunk - 1) // chunk
-    return jax.lax.fori_loop(0, trips, body, res)
+    return jax.lax.fori_loop(0, trips, body, _varying_like(res, x, y, s, dm, graph))
