@@ -204,3 +204,43 @@ def test_property_random_irreps(ix, iy, regroup, seed):
     indices, coefficients = unpack_records(coo.table.packed(np.float64))
     np.testing.assert_array_equal(indices, coo.table.indices)
     np.testing.assert_array_equal(coefficients, coo.table.coefficients)
+
+
+@pytest.mark.parametrize(
+    "irreps_x, irreps_y, filter_",
+    [
+        ("1o", "1o", "0e + 1e + 2e"),
+        ("0e + 1o + 2e + 3o", "0e + 1o + 2e + 3o", "0e + 1o + 2e + 3o"),
+        ("2x1o + 2e", "1o", None),
+    ],
+)
+def test_contract_vjp_equals_the_transposed_contractions(irreps_x, irreps_y, filter_):
+    t = tensor_product_coo(irreps_x, irreps_y, filter=filter_).table
+    rng = np.random.default_rng(7)
+    a, b, g = rng.normal(size=t.dims[1]), rng.normal(size=t.dims[2]), rng.normal(size=t.dims[0])
+    dense = t.dense()
+    reads, rows = [], {}
+    da, db = t.contract_vjp(
+        lambda i: a[i], lambda i: b[i], lambda i: reads.append(i) or g[i], on_row=lambda i0, v: rows.update({i0: v})
+    )
+    assert sorted(reads) == sorted(set(t.i0.tolist())), "each g row is read exactly once"
+    expect_a, expect_b = np.einsum("kij,j,k->i", dense, b, g), np.einsum("kij,i,k->j", dense, a, g)
+    np.testing.assert_allclose([da.get(i, 0.0) for i in range(t.dims[1])], expect_a, atol=1e-12)
+    np.testing.assert_allclose([db.get(i, 0.0) for i in range(t.dims[2])], expect_b, atol=1e-12)
+    # the forward rows handed to on_row are contract()'s
+    forward = t.contract(lambda i: a[i], lambda i: b[i])
+    assert rows.keys() == forward.keys()
+    np.testing.assert_allclose([rows[i] for i in forward], [forward[i] for i in forward], atol=1e-12)
+    # the transposed tables give the same cotangents
+    via_vjp = t.transpose(1).contract(lambda i: b[i], lambda i: g[i])
+    np.testing.assert_allclose([da[i] for i in via_vjp], [via_vjp[i] for i in via_vjp], atol=1e-12)
+    only_b = t.contract_vjp(lambda i: a[i], lambda i: b[i], lambda i: g[i], grads=("b",))
+    assert only_b[0] == {} and only_b[1].keys() == db.keys()
+
+
+def test_contract_vjp_rejects_bad_arguments():
+    coo = tensor_product_coo("1o", "1o", filter="0e")
+    with pytest.raises(ValueError, match="grads must name operands 'a' and/or 'b', got \\['x'\\]"):
+        coo.table.contract_vjp(lambda i: 1.0, lambda i: 1.0, lambda i: 1.0, grads=("x",))
+    with pytest.raises(ValueError, match="contract_vjp needs a bilinear table, got arity 3"):
+        coo.trilinear.contract_vjp(lambda i: 1.0, lambda i: 1.0, lambda i: 1.0)

@@ -269,6 +269,70 @@ class CooTable:
             rows[i0] = term if i0 not in rows else rows[i0] + term
         return rows
 
+    def contract_vjp(
+        self,
+        a_row: Callable[[int], Any],
+        b_row: Callable[[int], Any],
+        g_row: Callable[[int], Any],
+        *,
+        grads: tuple[str, ...] = ("a", "b"),
+        on_row: Callable[[int, Any], None] | None = None,
+    ) -> tuple[dict[int, Any], dict[int, Any]]:
+        """Trace-time unrolled cotangents of ``out = contract(a, b)`` in one pass over the records.
+
+        Returns ``(da, db)`` with ``da[i1] = Σ_r c_r · b_row(i2_r) · g_row(i0_r)`` and
+        ``db[i2] = Σ_r c_r · a_row(i1_r) · g_row(i0_r)`` (the contractions of :meth:`transpose`'s
+        tables), for the operands named in ``grads``; only indices with records appear. Records are
+        visited by output row ``i0``, so each ``g_row(i0)`` is read once and is dead after its row:
+        a kernel holds the cotangent accumulators and one ``g`` row at a time, not all of ``g``
+        (what grouping by the transposed tables' outputs would need). With ``on_row``, the forward
+        value ``out[i0]`` is also formed from the same inner sums and passed as ``on_row(i0, out_i0)``
+        after each row (the convolution's ``ds`` needs it).
+
+        >>> t = tensor_product_coo("1o", "1o", filter="0e + 1e").table
+        >>> a, b, g = np.arange(3.0), np.arange(3.0, 6.0), np.arange(4.0)
+        >>> da, db = t.contract_vjp(lambda i: a[i], lambda i: b[i], lambda i: g[i])
+        >>> dense = t.dense()
+        >>> bool(np.allclose([da[i] for i in range(3)], np.einsum("kij,j,k->i", dense, b, g)))
+        True
+        >>> bool(np.allclose([db[i] for i in range(3)], np.einsum("kij,i,k->j", dense, a, g)))
+        True
+        """
+        if self.arity != 2:
+            raise ValueError(f"contract_vjp needs a bilinear table, got arity {self.arity}")
+        unknown = set(grads) - {"a", "b"}
+        if unknown:
+            raise ValueError(f"grads must name operands 'a' and/or 'b', got {sorted(unknown)}")
+        want_a, want_b = "a" in grads, "b" in grads
+        da: dict[int, Any] = {}
+        db: dict[int, Any] = {}
+        row = 0
+        groups = self.by_i0_i1
+        while row < len(groups):
+            i0 = groups[row][0]
+            g = g_row(i0) if (want_a or want_b) else None
+            out = None
+            while row < len(groups) and groups[row][0] == i0:
+                _, i1, records = groups[row]
+                row += 1
+                if want_a or on_row is not None:
+                    inner = None
+                    for i2, c in records:
+                        term = c * b_row(i2)
+                        inner = term if inner is None else inner + term
+                    if want_a:
+                        da[i1] = g * inner if i1 not in da else da[i1] + g * inner
+                    if on_row is not None:
+                        term = a_row(i1) * inner
+                        out = term if out is None else out + term
+                if want_b:
+                    ag = a_row(i1) * g
+                    for i2, c in records:
+                        db[i2] = c * ag if i2 not in db else db[i2] + c * ag
+            if on_row is not None:
+                on_row(i0, out)
+        return da, db
+
 
 def _run_ends(keys: np.ndarray) -> list[int]:
     n = keys.shape[1]

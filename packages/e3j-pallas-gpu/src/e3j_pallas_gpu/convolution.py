@@ -39,13 +39,6 @@ def _whole(a: jax.Array) -> pl.BlockSpec:
     return pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)
 
 
-def _path_groups(coo: TensorProductCoo) -> dict[int, list[int]]:
-    groups: dict[int, list[int]] = {}
-    for i0, p in enumerate(coo.i3.tolist()):
-        groups.setdefault(p, []).append(i0)
-    return groups
-
-
 def convolution(
     coo: TensorProductCoo, x: jax.Array, y: jax.Array, s: jax.Array, graph, *, y_channels: bool, interpret: bool = False
 ) -> jax.Array:
@@ -127,7 +120,9 @@ def convolution_bwd(
         return {o: jnp.zeros(shapes[o] if o != "y" or y_channels else (num_edges, coo.dim_y), dtype) for o in outs}
     need_x, need_y, need_s = want_y or want_s, want_x or want_s, want_x or want_y
     i3 = coo.i3.tolist()
-    paths = _path_groups(coo)
+    # ds is written path by path as the output rows go by: core lists paths in output order
+    assert i3 == sorted(i3), "TensorProductCoo paths are not in output order"
+    empty_paths = sorted(set(range(coo.num_paths)) - {i3[i0] for i0 in coo.table.i0.tolist()})
 
     operands = {"x": x, "y": y, "s": s}
     names = [n for n, need in (("x", need_x), ("y", need_y), ("s", need_s)) if need]
@@ -164,24 +159,40 @@ def convolution_bwd(
             e = order_ref[k]
             b = receivers_ref[e]
             r = rows(e, b)
-            if want_x or want_y:
-                gs = functools.cache(lambda i0: r["dm"](i0) * r["s"](i3[i0]))
+            gs = functools.cache(lambda i0: r["dm"](i0) * r["s"](i3[i0])) if (want_x or want_y) else None
+            ds = {"path": None, "sum": None}
+
+            def flush():
+                if ds["path"] is not None:
+                    refs["ds"][e, ds["path"], lanes] = ds["sum"].astype(dtype)
+
+            def on_row(i0, z):  # rows arrive in output order, so path by path
+                if i3[i0] != ds["path"]:
+                    flush()
+                    ds["path"], ds["sum"] = i3[i0], zero
+                ds["sum"] = ds["sum"] + z * r["dm"](i0)
+
+            # one pass over the records by output row: each dm row is live for its row only
+            dx, dy = coo.table.contract_vjp(
+                r.get("x"),
+                r.get("y"),
+                gs,
+                grads=tuple(g for g, want in (("a", want_x), ("b", want_y)) if want),
+                on_row=on_row if want_s else None,
+            )
+            if want_s:
+                flush()
+                for p in empty_paths:
+                    refs["ds"][e, p, lanes] = zero
             if want_x:
-                dx = coo.vjp_x.contract(r["y"], gs)
                 dx_acc = tuple(dx_acc[i] + dx[i] if i in dx else dx_acc[i] for i in range(coo.dim_x))
             if want_y:
-                dy = coo.vjp_y.contract(r["x"], gs)
                 for i in range(coo.dim_y):
                     v = dy.get(i, zero)
                     if y_channels:
                         refs["dy"][e, i, lanes] = v.astype(dtype)
                     else:
                         refs["dy"][c, e, i] = jnp.sum(v).astype(dtype)
-            if want_s:
-                z = coo.table.contract(r["x"], r["y"])
-                for p in range(coo.num_paths):
-                    terms = [z[i0] * r["dm"](i0) for i0 in paths.get(p, ()) if i0 in z]
-                    refs["ds"][e, p, lanes] = functools.reduce(jnp.add, terms, zero).astype(dtype)
             return dx_acc
 
         @pl.when(a < num_nodes)

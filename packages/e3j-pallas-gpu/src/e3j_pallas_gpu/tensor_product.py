@@ -127,30 +127,35 @@ def tensor_product_bwd(
         x_ref = refs.pop(0) if want_y else None
         y_ref = refs.pop(0) if want_x else None
         dz_ref = refs.pop(0)
-        dz_row = _loader(dz_ref, True)
+        # one pass over the records by output row: each dz row is live for its row only, beside the
+        # dx and dy accumulators (grouping by dx's and dy's rows would keep all of dz live)
+        dx_rows, dy_rows = coo.table.contract_vjp(
+            _loader(x_ref, True) if want_y else None,
+            _loader(y_ref, y_channels) if want_x else None,
+            _loader(dz_ref, True),
+            grads=tuple(g for g, want in (("a", want_x), ("b", want_y)) if want),
+        )
+        zeros = jnp.zeros((bt, cb), dtype)
         if want_x:
             dx_ref = refs.pop(0)
-            rows = coo.vjp_x.contract(_loader(y_ref, y_channels), dz_row)
 
             def store_x(i, v):
                 dx_ref[:, i, :] = v.astype(dx_ref.dtype)
 
-            _store(coo.vjp_x, rows, store_x, jnp.zeros((bt, cb), dtype))
+            _store(coo.vjp_x, dx_rows, store_x, zeros)
         if want_y:
             dy_ref = refs.pop(0)
-            rows = coo.vjp_y.contract(_loader(x_ref, True), dz_row)
             if y_channels:
 
                 def store_y(i, v):
                     dy_ref[:, i, :] = v.astype(dy_ref.dtype)
 
-                _store(coo.vjp_y, rows, store_y, jnp.zeros((bt, cb), dtype))
             else:
 
                 def store_y(i, v):
                     dy_ref[:, i] = jnp.sum(v, axis=1).astype(dy_ref.dtype)
 
-                _store(coo.vjp_y, rows, store_y, jnp.zeros((bt, cb), dtype))
+            _store(coo.vjp_y, dy_rows, store_y, zeros)
 
     results = pl.pallas_call(
         kernel,
