@@ -118,6 +118,18 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def gpu_compile(session: nox.Session) -> None:
+    """Registers, spills and compile time of the Pallas GPU kernels for sm_90a, without a GPU (~5 min).
+
+    Triton 3.6.0 (the GPU machine image's) compiles the Triton IR that Pallas emits; ptxas reports.
+    """
+    session.install(JAX, "triton==3.6.0")
+    _install_packages(session)
+    out = ROOT / "benchmarks" / "results" / "sm90a-pallas-gpu-resources.json"
+    session.run("python", "benchmarks/triton_resources.py", *(session.posargs or ["--out", str(out)]))
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff check and format check."""
     session.install("ruff>=0.6")

@@ -39,17 +39,21 @@ log "info"
 python3 -m e3j info 2>&1 | tee "$OUT/info.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv >> "$OUT/info.txt" 2>&1
 log "tests/gpu"
-timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu 2>&1 | tee "$OUT/tests-gpu.txt" | tail -5
+# compiling the unrolled kernels dominates (Triton takes ~10-70 s per lmax-3 kernel; see
+# benchmarks/results/sm90a-pallas-gpu-resources.json): spread the tests over processes sharing the GPU
+XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 240 python3 -m pytest -q -m gpu -p no:cacheprovider $XDIST tests/gpu 2>&1 \
+  | tee "$OUT/tests-gpu.txt" | tail -5
 log "benchmarks"
 # results land in this copy's benchmarks/results (so the recorded commands name the committed paths);
 # unpack results.tgz in the checkout, then: python benchmarks/readme_tables.py --write
 before=$(mktemp); ls benchmarks/results > "$before"
 if [ -n "${E3J_DEVICE_REHEARSAL:-}" ]; then
-  python3 -m e3j bench --ops convolution --lmax 2 --channels 16 --elements 256 --degree 4 --runs 3 \
+  python3 -m e3j bench --ops convolution --lmax 2 --channels 16 --elements 256 --degree 4 --runs 3 --jobs 2 \
     --json benchmarks/results/rehearsal.json --plot benchmarks/results/rehearsal.png --no-progress 2>&1 | tee -a "$OUT/log.txt"
 else
   # Table 1 first (the issues' goals), then Fig. 1; each writes its JSON row by row, so a timeout keeps rows
-  timeout 300 python3 benchmarks/paper_sizes.py --out benchmarks/results --suites table1 fig1 --runs 20 --plot \
+  timeout 300 python3 benchmarks/paper_sizes.py --out benchmarks/results --suites table1 fig1 --runs 20 --plot --jobs 12 \
     2>&1 | tail -40 | tee -a "$OUT/log.txt"
 fi
 ls benchmarks/results | grep -vxF -f "$before" | sed 's|^|benchmarks/results/|' | tar czf "$OUT/results.tgz" -T -

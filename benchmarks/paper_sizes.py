@@ -50,6 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--no-e3nn", action="store_true")
     p.add_argument("--plot", action="store_true", help="also write a PNG per suite (needs matplotlib)")
+    p.add_argument("--jobs", type=int, default=1, help="compile each suite's kernels on this many threads first")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -63,6 +64,8 @@ def main(argv=None) -> int:
         cmd += ["--json", f"{stem}.json", "--markdown", f"{stem}.md", "--no-progress"]
         if args.plot:
             cmd += ["--plot", f"{stem}.png"]
+        if args.jobs > 1:
+            cmd += ["--jobs", str(args.jobs)]
         if args.no_e3nn:
             cmd.append("--no-e3nn")
         print("+", " ".join(cmd), flush=True)

@@ -13,6 +13,7 @@ bandwidth measured in the same run.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import sys
@@ -188,6 +189,15 @@ def render(name: str) -> str:
     if name == "accelerators":
         return render_accelerators(accelerator_results())
     result = json.loads((RESULTS / f"{name}.json").read_text())
+    if "target" in result:  # benchmarks/triton_resources.py
+        spec = importlib.util.spec_from_file_location("triton_resources", ROOT / "benchmarks" / "triton_resources.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return (
+            f"Measured {result['date'][:10]} on {result['host']}, jax {result['versions']['jax']}, "
+            f"Triton {result['versions']['triton']}, target {result['target']}; command: `{result['command']}`."
+            "\n\n" + module.markdown(result)
+        )
     if "copy" in result:
         return render_bench(name, result)
     copy = next((r["copy_GBps"] for r in result["rows"] if "copy_GBps" in r), None)

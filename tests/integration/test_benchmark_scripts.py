@@ -35,3 +35,18 @@ def test_paper_sizes_commands_parse(capsys):
     # paper Fig. 2: lmax 3, 256 channels, 45 neighbours; Fig. 1: tensor product, lmax 2-3, up to 256 channels
     assert (parsed["fig2"].lmax, parsed["fig2"].channels, parsed["fig2"].degree) == ([3], [256], 45)
     assert parsed["fig1"].ops == ["tensor_product"] and max(parsed["fig1"].channels) == 256
+
+
+NAMES = {"tp_fwd": "tensor_product", "tp_bwd": "tensor_product_bwd", "conv_fwd": "convolution"}
+NAMES["conv_bwd"] = "convolution_bwd"
+
+
+def test_triton_resources_captures_the_ir_of_every_pallas_gpu_kernel():
+    # the part of benchmarks/triton_resources.py that needs no Triton: it reaches into Pallas's
+    # private lowering, so a JAX upgrade that moves it fails here rather than in `nox -s gpu_compile`
+    script = runpy.run_path(str(ROOT / "benchmarks/triton_resources.py"))
+    captured = script["capture_triton_ir"](1, 16)
+    assert set(captured) == set(script["KERNELS"])
+    for name, (text, warps) in captured.items():
+        assert f"tt.func public @e3j_{NAMES[name]}(" in text, name
+        assert 1 <= warps <= 4

@@ -197,3 +197,25 @@ def test_convolution_memory_and_max_nodes():
     # the paper's backward count: primals x, y, s, the cotangent dm and the cotangents dx, dy, ds
     assert io == 4 * (2 * (20_000 * 9 * 16 + 320_000 * 9 + 320_000 * 11 * 16) + 20_000 * 35 * 16)
     assert peak < 1.3 * io
+
+
+def test_precompiled_executables_compute_what_the_jitted_functions_do():
+    import jax
+    import numpy as np
+
+    keys = [
+        (_sweep.Case("tensor_product", "bwd", 1, 8, 16, 4), "reference"),
+        (_sweep.Case("convolution", "fwd", 1, 8, 16, 4), "reference"),
+        (_sweep.Case("convolution", "bwd", 1, 8, 16, 4), "no_such_backend"),  # fails: left to the measuring loop
+    ]
+    exes = _sweep.precompile(keys, jobs=2)
+    assert set(exes) == set(keys[:2])
+    for key in keys[:2]:
+        fn, args, _ = _sweep.build(*key)
+        for got, want in zip(jax.tree.leaves(exes[key](*args)), jax.tree.leaves(fn(*args)), strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert _sweep.precompile(keys, jobs=1) == {}
+    # a sweep with --jobs measures the same rows as without
+    argv = ["bench", "--quick", "--ops", "convolution", "--lmax", "1", "--channels", "8", "--sizes", "16"]
+    argv += ["--degree", "4", "--runs", "2", "--backends", "reference", "--no-progress"]
+    assert main([*argv, "--jobs", "2"]) == 0

@@ -88,9 +88,11 @@ def build(case: Case, impl: str, dtype=jnp.float32, *, abstract: bool = False):
     if case.op == "tensor_product":
         op = TensorProduct(irreps, irreps, filter=irreps)
         B, C = case.size, case.channels
-        x = jax.random.normal(k1, (B, irreps.dim, C), dtype)
-        y = jax.random.normal(k2, (B, irreps.dim), dtype)
-        dz = jax.random.normal(k3, (B, op.irreps_out.dim, C), dtype)
+        shapes = [(B, irreps.dim, C), (B, irreps.dim), (B, op.irreps_out.dim, C)]
+        if abstract:
+            x, y, dz = (jax.ShapeDtypeStruct(shape, dtype) for shape in shapes)
+        else:
+            x, y, dz = (jax.random.normal(k, shape, dtype) for k, shape in zip((k1, k2, k3), shapes))
         nbytes = tensor_product_bytes(op.coo, B, C, y_channels=False, itemsize=itemsize, backward=backward)
         if impl == "e3nn":
             f = _e3nn_tensor_product(str(irreps), C)
@@ -267,6 +269,7 @@ def run(args) -> dict:
         "rows": rows,
     }
     total = len(todo) * len(impls)
+    compiled = precompile([(case, impl) for case in todo for impl in impls], args.jobs, args.no_progress)
     step = 0
     for case in todo:
         for impl in impls:
@@ -278,7 +281,7 @@ def run(args) -> dict:
             row = {**asdict(case), "impl": impl}
             try:
                 fn, fargs, nbytes = build(case, impl)
-                seconds = time_call(fn, *fargs, runs=args.runs)
+                seconds = time_call(compiled.get((case, impl), fn), *fargs, runs=args.runs)
                 row.update(
                     seconds=seconds,
                     bytes=nbytes,
@@ -295,6 +298,31 @@ def run(args) -> dict:
     if args.memory:
         rows += memory_rows(args, impls)
     return result
+
+
+def precompile(keys: list[tuple[Case, str]], jobs: int, quiet: bool = True) -> dict:
+    """``{(case, impl): compiled executable}``, compiled on ``jobs`` threads before any timing.
+
+    XLA's compilation (Triton's and the CUDA toolchain's included) releases the GIL, so a many-core
+    host compiles a sweep's kernels in parallel instead of one before each measurement. Operands are
+    abstract: nothing is allocated on the device. A failure is left out; the measuring loop meets it
+    again and records it. ``jobs <= 1`` compiles nothing here.
+    """
+    if jobs <= 1:
+        return {}
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(key):
+        try:
+            fn, shapes, _ = build(*key, abstract=True)
+            return key, fn.lower(*shapes).compile()
+        except Exception:  # e.g. e3nn's messages beyond memory: reported when measured
+            return key, None
+
+    if not quiet:
+        sys.stderr.write(f"compiling {len(keys)} executables on {jobs} threads\n")
+    with ThreadPoolExecutor(jobs) as pool:
+        return {key: exe for key, exe in pool.map(one, keys) if exe is not None}
 
 
 def _write_json(result: dict, path: str) -> None:
@@ -458,6 +486,12 @@ def add_parser(sub) -> None:
     p.add_argument("--plot", default=None, help="write a PNG figure here (needs e3j[bench]: matplotlib)")
     p.add_argument("--replot", default=None, help="measure nothing: table and figure of this results JSON")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="compile every measurement's executable first, on this many threads (many-core hosts)",
+    )
     p.add_argument(
         "--memory",
         action="store_true",
