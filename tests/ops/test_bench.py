@@ -208,13 +208,16 @@ def test_precompiled_executables_compute_what_the_jitted_functions_do():
         (_sweep.Case("convolution", "fwd", 1, 8, 16, 4), "reference"),
         (_sweep.Case("convolution", "bwd", 1, 8, 16, 4), "no_such_backend"),  # fails: left to the measuring loop
     ]
-    exes = _sweep.precompile(keys, jobs=2)
-    assert set(exes) == set(keys[:2])
+    exes = _sweep.Precompiled(keys, jobs=2)
     for key in keys[:2]:
         fn, args, _ = _sweep.build(*key)
-        for got, want in zip(jax.tree.leaves(exes[key](*args)), jax.tree.leaves(fn(*args)), strict=True):
+        exe = exes.get(key, None)
+        assert exe is not None and exe is not fn
+        for got, want in zip(jax.tree.leaves(exe(*args)), jax.tree.leaves(fn(*args)), strict=True):
             np.testing.assert_array_equal(got, want)
-    assert _sweep.precompile(keys, jobs=1) == {}
+    assert exes.get(keys[2], "default") == "default"
+    exes.close()
+    assert _sweep.Precompiled(keys, jobs=1).get(keys[0], "default") == "default"
     # a sweep with --jobs measures the same rows as without
     argv = ["bench", "--quick", "--ops", "convolution", "--lmax", "1", "--channels", "8", "--sizes", "16"]
     argv += ["--degree", "4", "--runs", "2", "--backends", "reference", "--no-progress"]

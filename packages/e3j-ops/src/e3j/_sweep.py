@@ -269,30 +269,32 @@ def run(args) -> dict:
         "rows": rows,
     }
     total = len(todo) * len(impls)
-    compiled = precompile([(case, impl) for case in todo for impl in impls], args.jobs, args.no_progress)
-    step = 0
-    for case in todo:
-        for impl in impls:
-            step += 1
-            if not args.no_progress:
-                _progress(
-                    step - 1, total, f"{case.op} {case.direction} l={case.lmax} C={case.channels} n={case.size} {impl}"
-                )
-            row = {**asdict(case), "impl": impl}
-            try:
-                fn, fargs, nbytes = build(case, impl)
-                seconds = time_call(compiled.get((case, impl), fn), *fargs, runs=args.runs)
-                row.update(
-                    seconds=seconds,
-                    bytes=nbytes,
-                    GBps=nbytes / seconds / 1e9,
-                    fraction_of_copy=nbytes / seconds / copy_bw,
-                )
-            except Exception as err:  # e.g. out of memory for e3nn's materialized messages
-                row.update(error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
-            rows.append(row)
-            if args.json:
-                _write_json({**result, "partial": True}, args.json)
+    compiled = Precompiled([(case, impl) for case in todo for impl in impls], args.jobs)
+    try:
+        step = 0
+        for case in todo:
+            for impl in impls:
+                step += 1
+                if not args.no_progress:
+                    label = f"{case.op} {case.direction} l={case.lmax} C={case.channels} n={case.size}"
+                    _progress(step - 1, total, f"{label} {impl}")
+                row = {**asdict(case), "impl": impl}
+                try:
+                    fn, fargs, nbytes = build(case, impl)
+                    seconds = time_call(compiled.get((case, impl), fn), *fargs, runs=args.runs)
+                    row.update(
+                        seconds=seconds,
+                        bytes=nbytes,
+                        GBps=nbytes / seconds / 1e9,
+                        fraction_of_copy=nbytes / seconds / copy_bw,
+                    )
+                except Exception as err:  # e.g. out of memory for e3nn's materialized messages
+                    row.update(error=f"{type(err).__name__}: {str(err).splitlines()[0][:200]}")
+                rows.append(row)
+                if args.json:
+                    _write_json({**result, "partial": True}, args.json)
+    finally:
+        compiled.close()
     if not args.no_progress:
         _progress(total, total, "done")
     if args.memory:
@@ -300,29 +302,38 @@ def run(args) -> dict:
     return result
 
 
-def precompile(keys: list[tuple[Case, str]], jobs: int, quiet: bool = True) -> dict:
-    """``{(case, impl): compiled executable}``, compiled on ``jobs`` threads before any timing.
+def _compile(key: tuple[Case, str]):
+    try:
+        fn, shapes, _ = build(*key, abstract=True)
+        return fn.lower(*shapes).compile()
+    except Exception:  # e.g. e3nn's messages beyond memory: met again, and reported, when measured
+        return None
+
+
+class Precompiled:
+    """Executables of a sweep compiling on ``jobs`` threads, in measurement order.
 
     XLA's compilation (Triton's and the CUDA toolchain's included) releases the GIL, so a many-core
-    host compiles a sweep's kernels in parallel instead of one before each measurement. Operands are
-    abstract: nothing is allocated on the device. A failure is left out; the measuring loop meets it
-    again and records it. ``jobs <= 1`` compiles nothing here.
+    host compiles the kernels in parallel while the first ones are already being timed, instead of
+    compiling one before each measurement; a sweep cut short by a time limit still has its first
+    rows. Operands are abstract: nothing is allocated on the device. ``jobs <= 1`` compiles nothing.
     """
-    if jobs <= 1:
-        return {}
-    from concurrent.futures import ThreadPoolExecutor
 
-    def one(key):
-        try:
-            fn, shapes, _ = build(*key, abstract=True)
-            return key, fn.lower(*shapes).compile()
-        except Exception:  # e.g. e3nn's messages beyond memory: reported when measured
-            return key, None
+    def __init__(self, keys: list[tuple[Case, str]], jobs: int):
+        from concurrent.futures import ThreadPoolExecutor
 
-    if not quiet:
-        sys.stderr.write(f"compiling {len(keys)} executables on {jobs} threads\n")
-    with ThreadPoolExecutor(jobs) as pool:
-        return {key: exe for key, exe in pool.map(one, keys) if exe is not None}
+        self._pool = ThreadPoolExecutor(jobs) if jobs > 1 else None
+        self._futures = {key: self._pool.submit(_compile, key) for key in keys} if self._pool else {}
+
+    def get(self, key: tuple[Case, str], default):
+        """The compiled executable of ``key`` (waiting for it), or ``default`` if it did not compile."""
+        future = self._futures.pop(key, None)  # measured once: the executable is not kept
+        exe = future.result() if future is not None else None
+        return default if exe is None else exe
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _write_json(result: dict, path: str) -> None:
