@@ -41,9 +41,7 @@ def cases(ops, directions, lmaxes, channels, sizes, degree, elements=None):
     ``c`` is measured at size ``elements // c``.
     """
     if elements is not None:
-        if len(elements) not in (1, len(lmaxes)):
-            raise ValueError(f"--elements: expected one value or one per --lmax value ({len(lmaxes)}), got {elements}")
-        per_lmax = dict(zip(lmaxes, elements * len(lmaxes) if len(elements) == 1 else elements))
+        per_lmax = _elements_by_lmax(elements, lmaxes)
         for lmax, total in per_lmax.items():
             small = [c for c in channels if total // c < 1]
             if small:
@@ -54,6 +52,13 @@ def cases(ops, directions, lmaxes, channels, sizes, degree, elements=None):
                 for c in channels:
                     for n in sizes if elements is None else [per_lmax[lmax] // c]:
                         yield Case(op, direction, lmax, c, n, degree)
+
+
+def _elements_by_lmax(elements: list[int], lmaxes: list[int]) -> dict[int, int]:
+    """``--elements`` (one value, or one per lmax) as ``{lmax: size x channels}``."""
+    if len(elements) not in (1, len(lmaxes)):
+        raise ValueError(f"--elements: expected one value or one per --lmax value ({len(lmaxes)}), got {elements}")
+    return dict(zip(lmaxes, elements * len(lmaxes) if len(elements) == 1 else elements))
 
 
 def _irreps(lmax):
@@ -192,8 +197,7 @@ def device_memory(device) -> int:
 def _memory_nodes(args, lmax: int, channels: int) -> int:
     if args.elements is None:
         return args.sizes[0]
-    total = args.elements[0] if len(args.elements) == 1 else args.elements[args.lmax.index(lmax)]
-    return total // channels
+    return _elements_by_lmax(args.elements, args.lmax)[lmax] // channels
 
 
 def memory_rows(args, impls) -> list[dict]:

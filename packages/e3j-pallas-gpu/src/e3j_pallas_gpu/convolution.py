@@ -159,7 +159,8 @@ def convolution_bwd(
             e = order_ref[k]
             b = receivers_ref[e]
             r = rows(e, b)
-            gs = functools.cache(lambda i0: r["dm"](i0) * r["s"](i3[i0])) if (want_x or want_y) else None
+            # contract_vjp reads each output row's cotangent once; dm rows are cached (ds reads them too)
+            gs = (lambda i0: r["dm"](i0) * r["s"](i3[i0])) if (want_x or want_y) else None
             ds = {"path": None, "sum": None}
 
             def flush():
