@@ -1,8 +1,11 @@
-"""e3j-cuda: the host build of the CUDA algorithm against the reference, and the FFI plumbing.
+"""e3j-cuda: the CUDA kernels on the CPU against the reference, and the FFI plumbing.
 
-The host target (``_host``) runs the same per-thread code as the CUDA kernels (csrc/ops.cuh), with
-the same packed records, FFI binding and attributes, so these tests exercise everything but the
-GPU launch. The CUDA target is checked for being built (where nvcc exists) and for lowering.
+Two CPU targets run the conformance cases: ``_host`` runs the per-thread code of the CUDA kernels
+(csrc/ops.cuh) in loops, and ``_simt`` runs the CUDA kernels themselves (csrc/ffi_cuda.cu) under
+csrc/simt.h's emulation of CUDA's launches, shared memory and barriers, with sm_90's launch limits.
+Both use the same packed records, FFI binding and attributes; together they exercise everything but
+the GPU's timing. The CUDA target is checked for being built (where nvcc exists), for its registers,
+and for lowering.
 """
 
 import functools
@@ -36,11 +39,13 @@ from e3j.reference import tensor_product as ref_tp
 from e3j_core import tensor_product_coo
 
 HOST = "cuda_host"
+SIMT = "cuda_simt"
 
 
-@pytest.fixture(scope="module")
-def host():
-    return kernels_of(get_backend(HOST))
+@pytest.fixture(scope="module", params=[HOST, SIMT])
+def host(request):
+    """The kernels of each CPU target: the host loops and the emulated CUDA kernels."""
+    return kernels_of(get_backend(request.param))
 
 
 @pytest.mark.parametrize("case", TP_CASES, ids=str)
@@ -88,11 +93,12 @@ def test_bitwise_deterministic(host):
     check_deterministic(host, Case(3, 64, 10, False))
 
 
-def test_gradients_through_primitives():
+@pytest.mark.parametrize("name", [HOST, SIMT])
+def test_gradients_through_primitives(name):
     check_gradients_through_primitives(
-        HOST, Case(2, 16, 5, True, dtype="float64"), Case(2, 16, 6, False, dtype="float64")
+        name, Case(2, 16, 5, True, dtype="float64"), Case(2, 16, 6, False, dtype="float64")
     )
-    check_gradients_through_primitives(HOST, Case(1, 32, 5, False), Case(1, 16, 6, True))
+    check_gradients_through_primitives(name, Case(1, 32, 5, False), Case(1, 16, 6, True))
 
 
 def test_descriptors():
@@ -125,6 +131,91 @@ def test_host_module_records_its_build():
     assert host_module.PLATFORM == "cpu"
     _check_build_record(host_module)
     assert set(host_module.handlers()) == {"e3j_tp_fwd", "e3j_tp_bwd", "e3j_conv_fwd", "e3j_conv_bwd"}
+
+
+def test_simt_module_records_its_build():
+    simt_module = importlib.import_module("e3j_cuda._simt")
+    assert simt_module.PLATFORM == "cpu" and simt_module.FFI_PREFIX == "e3j_simt"
+    _check_build_record(simt_module)
+    assert set(simt_module.handlers()) == {f"e3j_simt_{op}" for op in ("tp_fwd", "tp_bwd", "conv_fwd", "conv_bwd")}
+
+
+# -- the emulation of CUDA's execution model ----------------------------------------------------------
+
+
+def test_simt_emulation_model(tmp_path):
+    """simt.h's launches: every (block, thread) runs once with its coordinates, unwritten shared
+    memory reads as 0xff, barriers hold (also when threads have left), shared memory is per block,
+    and sm_90's launch limits (threads, grid, shared memory and its opt-in) fail as CUDA fails."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    csrc = here.parents[1] / "packages" / "e3j-cuda" / "csrc"
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    assert cxx, "no C++ compiler found (building e3j-cuda's host targets needs one too)"
+    exe = tmp_path / "simt_check"
+    subprocess.run([cxx, "-std=c++17", "-O1", "-pthread", f"-I{csrc}", str(here / "simt_check.cc"), "-o", str(exe)],
+                   check=True)  # fmt: skip
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0 and len(lines) == 12 and all(line.endswith(" ok") for line in lines), run.stdout
+
+
+# Launch configurations of the CUDA kernels where shared memory runs short: the paper's channel counts
+# up to 1024 at lmax 3 (filtered: 99 output rows; unfiltered: 256, int32 records), float64, x with
+# multiplicity 8 (128 rows to stage), and a broadcast y of 484 rows (lmax 21) whose cotangent is
+# reduced over lanes in shared memory. Each must launch within sm_90's limits and agree with the reference.
+LAUNCH_CASES = [
+    ("lmax3", 1024, "float32", False),
+    ("lmax3", 1024, "float64", True),
+    ("lmax3-unfiltered", 512, "float64", False),
+    ("mul8", 256, "float64", True),
+    ("y-lmax21", 256, "float64", False),
+]
+
+
+def _launch_coo(kind: str):
+    if kind == "lmax3":
+        return tensor_product_coo(IRREPS[3], IRREPS[3], filter=IRREPS[3])
+    if kind == "lmax3-unfiltered":
+        return tensor_product_coo(IRREPS[3], IRREPS[3])
+    if kind == "mul8":
+        return tensor_product_coo(" + ".join(f"8x{ir.strip()}" for ir in IRREPS[3].split("+")), IRREPS[3])
+    sh21 = " + ".join(f"1x{l}{'eo'[l % 2]}" for l in range(22))
+    return tensor_product_coo("0e + 1o", sh21)
+
+
+@pytest.mark.parametrize(("kind", "channels", "dtype", "y_channels"), LAUNCH_CASES, ids=lambda v: str(v))
+def test_simt_launches_within_limits(kind, channels, dtype, y_channels):
+    simt = kernels_of(get_backend(SIMT))
+    coo = _launch_coo(kind)
+    rng = np.random.default_rng(11)
+    f64 = functools.partial(jnp.asarray, dtype=jnp.float64)
+    n, c = 2, channels
+    x = rng.normal(size=(n, coo.dim_x, c)).astype(dtype)
+    y = rng.normal(size=(n, coo.dim_y, c) if y_channels else (n, coo.dim_y)).astype(dtype)
+    dz = rng.normal(size=(n, coo.dim_out, c)).astype(dtype)
+    z = simt.tensor_product(coo, x, y, y_channels=y_channels)
+    assert_close(z, ref_tp.tensor_product(coo, f64(x), f64(y), y_channels=y_channels), dtype, "z")
+    got = simt.tensor_product_bwd(coo, x, y, dz, outs=("x", "y"), y_channels=y_channels)
+    want = ref_tp.tensor_product_bwd(coo, f64(x), f64(y), f64(dz), outs=("x", "y"), y_channels=y_channels)
+    for o in "xy":
+        assert_close(got[o], want[o], dtype, f"d{o}")
+    senders, receivers = np.array([0, 1, 1, 0], np.int32), np.array([1, 0, 1, 0], np.int32)
+    graph = e3j.Graph.from_edges(senders, receivers, n, edge_mask=np.array([True, True, True, False]))  # 1 padding
+    e = graph.num_edges
+    y = rng.normal(size=(e, coo.dim_y, c) if y_channels else (e, coo.dim_y)).astype(dtype)
+    s = rng.normal(size=(e, coo.num_paths, c)).astype(dtype)
+    m = simt.convolution(coo, x, y, s, graph, y_channels=y_channels)
+    assert_close(m, ref_conv.convolution(coo, f64(x), f64(y), f64(s), graph, y_channels=y_channels), dtype, "m")
+    got = simt.convolution_bwd(coo, x, y, s, dz, graph, outs=("x", "y", "s"), y_channels=y_channels)
+    want = ref_conv.convolution_bwd(
+        coo, f64(x), f64(y), f64(s), f64(dz), graph, outs=("x", "y", "s"), y_channels=y_channels
+    )
+    for o in "xys":
+        assert_close(got[o], want[o], dtype, f"conv d{o}")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA target is only built where nvcc exists")

@@ -4,8 +4,6 @@
 // equal record counts (Algorithm 1's coefficient loop split for occupancy). No atomics anywhere:
 // every output element has one writer, every reduction a fixed order, so results are bitwise
 // reproducible.
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <string>
 
@@ -13,13 +11,18 @@
 #include "dispatch.h"
 #include "handlers.h"
 #include "ops.cuh"
+#include "simt.h"
 
 namespace e3j {
 namespace {
 
 constexpr int kMaxLanes = 64;
 constexpr int kThreads = 256;
+constexpr int kMaxSplits = 8;
 constexpr size_t kDefaultSmem = 48 * 1024;
+// Shared memory the convolution forward's message accumulator may take per block: at most a
+// quarter of an sm_90 SM's 228 KiB, so that four blocks (of up to 256 threads) can be resident.
+constexpr size_t kConvAccumulatorBytes = 56 * 1024;
 
 // First row of part `part` of `parts`: rows split where the record count crosses part / parts.
 __device__ int split_begin(const int32_t* rowptr, int rows, int part, int parts) {
@@ -46,29 +49,34 @@ __device__ void stage(T* dst, const T* src, int rows, int width, int block_chann
   }
 }
 
-// Tensor product forward: block = one batch row × a block of channels; x, y rows staged in smem.
+// Tensor product forward: block = one batch row × a block of channels; x, y rows staged in smem
+// (`staged`; rows too long for the device's shared memory are read from global memory instead).
 template <int V, typename T, typename Rec>
 __global__ void tp_fwd_kernel(const Rec* rec, const int32_t* rowptr, const T* x, const T* y, T* z, int Dx, int Dy,
-                              int Dz, int C, bool y_channels) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  T* sx = reinterpret_cast<T*>(smem_raw);
+                              int Dz, int C, bool y_channels, bool staged) {
+  E3J_DYNAMIC_SMEM(smem_raw);
   const int CB = blockDim.x * V;
   const int64_t b = blockIdx.x;
   const int cbase = blockIdx.y * CB;
   const int width = min(CB, C - cbase);
-  T* sy = sx + Dx * CB;
-  stage(sx, x + b * Dx * C + cbase, Dx, width, CB, C);
-  if (y_channels)
-    stage(sy, y + b * Dy * C + cbase, Dy, width, CB, C);
-  else
-    stage(sy, y + b * Dy, 1, Dy, Dy, 0);
-  __syncthreads();
   const int c0 = threadIdx.x * V;
+  Rows<T> a = channel_rows(x, b, Dx, C, cbase + c0);
+  Rows<T> bb = y_rows(y, b, Dy, C, cbase + c0, y_channels);
+  if (staged) {  // (uniform across the block, so the barrier is reached by all or none)
+    T* sx = reinterpret_cast<T*>(smem_raw);
+    T* sy = sx + Dx * CB;
+    stage(sx, x + b * Dx * C + cbase, Dx, width, CB, C);
+    if (y_channels)
+      stage(sy, y + b * Dy * C + cbase, Dy, width, CB, C);
+    else
+      stage(sy, y + b * Dy, 1, Dy, Dy, 0);
+    __syncthreads();
+    a = Rows<T>{sx + c0, CB, 1};
+    bb = y_channels ? Rows<T>{sy + c0, CB, 1} : Rows<T>{sy, 1, 0};
+  }
   if (c0 >= width) return;
   const int lo = split_begin(rowptr, Dz, threadIdx.y, blockDim.y);
   const int hi = split_begin(rowptr, Dz, threadIdx.y + 1, blockDim.y);
-  const Rows<T> a{sx + c0, CB, 1};
-  const Rows<T> bb = y_channels ? Rows<T>{sy + c0, CB, 1} : Rows<T>{sy, 1, 0};
   store_contraction<V, T>(rec, rowptr, lo, hi, a, bb, z + b * Dz * C + cbase + c0, C);
 }
 
@@ -78,7 +86,7 @@ template <int V, typename T, typename Rec>
 __global__ void tp_bwd_kernel(const Rec* rx, const int32_t* px, const Rec* ry, const int32_t* py, const T* x,
                               const T* y, const T* dz, T* dx, T* dy, int Dx, int Dy, int Dz, int C, bool y_channels,
                               bool want_x, bool want_y) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  E3J_DYNAMIC_SMEM(smem_raw);
   T* red = reinterpret_cast<T*>(smem_raw);  // [Dy][blockDim.x]
   const int64_t b = blockIdx.x;
   const int lx = split_begin(px, Dx, threadIdx.y, blockDim.y), hx = split_begin(px, Dx, threadIdx.y + 1, blockDim.y);
@@ -114,30 +122,33 @@ __global__ void tp_bwd_kernel(const Rec* rx, const int32_t* px, const Rec* ry, c
   }
 }
 
-// Convolution forward: block = one receiver × a block of channels; the CSR loop over its edges
-// accumulates messages in shared memory when they fit (else in the output row), one write per node.
+// Convolution forward: block = one receiver × a block of channels, its output rows split across the
+// block's y axis by record count (as the tensor product's); the CSR loop over the receiver's edges
+// accumulates each thread's rows × V channels in shared memory (`smem_acc`; else in the output row
+// itself), written once per node. Every accumulator element has one owner: no barrier, no atomics.
 template <int V, typename T, typename Rec>
 __global__ void conv_fwd_kernel(const Rec* rec, const int32_t* rowptr, const int32_t* i3, const int32_t* offsets,
                                 const int32_t* order, const int32_t* senders, const T* x, const T* y, const T* s, T* m,
                                 int Dx, int Dy, int P, int Dz, int C, bool y_channels, bool smem_acc) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  E3J_DYNAMIC_SMEM(smem_raw);
   const int CB = blockDim.x * V;
   const int64_t b = blockIdx.x;
-  const int cbase = blockIdx.y * CB;
-  const int c0 = cbase + threadIdx.x * V;
+  const int c0 = blockIdx.y * CB + threadIdx.x * V;
   if (c0 >= C) return;
+  const int lo = split_begin(rowptr, Dz, threadIdx.y, blockDim.y);
+  const int hi = split_begin(rowptr, Dz, threadIdx.y + 1, blockDim.y);
   T* acc = smem_acc ? reinterpret_cast<T*>(smem_raw) + threadIdx.x * V : m + b * Dz * C + c0;
   const int64_t row = smem_acc ? CB : C;
-  for (int i = 0; i < Dz; ++i)
+  for (int i = lo; i < hi; ++i)
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[i * row + v] = T(0);
   for (int k = offsets[b]; k < offsets[b + 1]; ++k) {
     const int64_t e = order[k], a = senders[e];
-    accumulate_message<V, T>(rec, rowptr, 0, Dz, channel_rows(x, a, Dx, C, c0), y_rows(y, e, Dy, C, c0, y_channels),
+    accumulate_message<V, T>(rec, rowptr, lo, hi, channel_rows(x, a, Dx, C, c0), y_rows(y, e, Dy, C, c0, y_channels),
                              channel_rows(s, e, P, C, c0), i3, acc, row);
   }
   if (smem_acc)
-    for (int i = 0; i < Dz; ++i)
+    for (int i = lo; i < hi; ++i)
 #pragma unroll
       for (int v = 0; v < V; ++v) m[(b * Dz + i) * C + c0 + v] = acc[i * row + v];
 }
@@ -150,7 +161,7 @@ __global__ void conv_bwd_kernel(const Rec* rt, const int32_t* pt, const Rec* rx,
                                 const int32_t* receivers, const int32_t* num_valid, const T* x, const T* y,
                                 const T* s, const T* dm, T* dx, T* dy, T* ds, int N, int E, int Dx, int Dy, int P,
                                 int Pds, int Dz, int C, bool y_channels, bool want_x, bool want_y, bool want_s) {
-  extern __shared__ __align__(16) unsigned char smem_raw[];
+  E3J_DYNAMIC_SMEM(smem_raw);
   T* red = reinterpret_cast<T*>(smem_raw);  // [Dy][blockDim.x]
   const int tid = threadIdx.x, nt = blockDim.x;
   const int64_t a = blockIdx.x;
@@ -230,6 +241,32 @@ ffi::Error allow_smem(K kernel, size_t bytes) {
 
 int lanes_for(int64_t groups) { return static_cast<int>(std::min<int64_t>(groups, kMaxLanes)); }
 
+// The most dynamic shared memory one block may use on the current device, once opted in.
+size_t shared_memory_limit() {
+  int device = 0, bytes = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess || bytes <= 0) {
+    cudaGetLastError();  // (clear it: the launch check reports errors of its own)
+    return kDefaultSmem;
+  }
+  return static_cast<size_t>(bytes);
+}
+
+// The most lanes, halving from `lanes`, whose shared memory `fixed + per_lane * lanes` fits in
+// `budget`; 0 when not even one lane fits.
+int lanes_within(int lanes, size_t fixed, size_t per_lane, size_t budget) {
+  while (lanes > 0 && fixed + per_lane * static_cast<size_t>(lanes) > budget) lanes /= 2;
+  return lanes;
+}
+
+// Lanes of a backward kernel (its lanes loop over channel groups, so fewer lanes only serialize
+// them): with a broadcast y (`reduce`), as many as leave room for the [Dy][lanes] reduction buffer
+// of `row_bytes` per lane, at least one (then a buffer too large says so at launch).
+int reduction_lanes(int64_t groups, bool reduce, size_t row_bytes) {
+  const int lanes = lanes_for(groups);
+  return reduce ? std::max(1, lanes_within(lanes, 0, row_bytes, shared_memory_limit())) : lanes;
+}
+
 template <typename T>
 const T* in(const ffi::AnyBuffer& b) {
   return static_cast<const T*>(b.untyped_data());
@@ -247,15 +284,19 @@ ffi::Error TpFwd(cudaStream_t stream, ffi::AnyBuffer records, ffi::Buffer<ffi::S
     using T = typename decltype(t)::type;
     using Rec = Record<typename decltype(i)::type, T>;
     constexpr int V = decltype(w)::value;
-    const int lanes = lanes_for(C / V), splits = std::max(1, std::min(4, kThreads / lanes));
+    // rows staged in shared memory; fewer lanes when they would not fit, global rows when none would
+    const size_t per_lane = (Dx + (y_channels ? Dy : 0)) * V * sizeof(T), fixed = (y_channels ? 0 : Dy) * sizeof(T);
+    int lanes = lanes_within(lanes_for(C / V), fixed, per_lane, shared_memory_limit());
+    const bool staged = lanes > 0;
+    if (!staged) lanes = lanes_for(C / V);
+    const int splits = std::max(1, std::min(4, kThreads / lanes));
     const int CB = lanes * V;
-    const size_t smem = (Dx * CB + (y_channels ? Dy * CB : Dy)) * sizeof(T);
+    const size_t smem = staged ? fixed + per_lane * lanes : 0;
     auto kernel = tp_fwd_kernel<V, T, Rec>;
     if (auto err = allow_smem(kernel, smem); err.failure()) return err;
     const dim3 grid(static_cast<unsigned>(B), static_cast<unsigned>((C + CB - 1) / CB));
-    kernel<<<grid, dim3(lanes, splits), smem, stream>>>(static_cast<const Rec*>(records.untyped_data()),
-                                                        rowptr.typed_data(), in<T>(x), in<T>(y), out<T>(z), Dx, Dy,
-                                                        Dz, C, y_channels);
+    launch(kernel, grid, dim3(lanes, splits), smem, stream, static_cast<const Rec*>(records.untyped_data()),
+           rowptr.typed_data(), in<T>(x), in<T>(y), out<T>(z), Dx, Dy, Dz, C, y_channels, staged);
     return launched("tensor product forward");
   });
 }
@@ -271,11 +312,12 @@ ffi::Error TpBwd(cudaStream_t stream, ffi::AnyBuffer rec_x, ffi::Buffer<ffi::S32
     using T = typename decltype(t)::type;
     using Rec = Record<typename decltype(i)::type, T>;
     constexpr int V = decltype(w)::value;
-    const int lanes = lanes_for(C / V), splits = std::max(1, std::min(4, kThreads / lanes));
+    const int lanes = reduction_lanes(C / V, want_y && !y_channels, Dy * sizeof(T));
+    const int splits = std::max(1, std::min(4, kThreads / lanes));
     const size_t smem = (want_y && !y_channels) ? Dy * lanes * sizeof(T) : 0;
     auto kernel = tp_bwd_kernel<V, T, Rec>;
     if (auto err = allow_smem(kernel, smem); err.failure()) return err;
-    kernel<<<dim3(static_cast<unsigned>(B)), dim3(lanes, splits), smem, stream>>>(
+    launch(kernel, dim3(static_cast<unsigned>(B)), dim3(lanes, splits), smem, stream,
         static_cast<const Rec*>(rec_x.untyped_data()), rowptr_x.typed_data(),
         static_cast<const Rec*>(rec_y.untyped_data()), rowptr_y.typed_data(), in<T>(x), in<T>(y), in<T>(dz),
         out<T>(dx), out<T>(dy), Dx, Dy, Dz, C, y_channels, want_x, want_y);
@@ -293,11 +335,18 @@ ffi::Error ConvFwd(cudaStream_t stream, ffi::AnyBuffer records, ffi::Buffer<ffi:
     using T = typename decltype(t)::type;
     using Rec = Record<typename decltype(i)::type, T>;
     constexpr int V = decltype(w)::value;
-    const int lanes = lanes_for(C / V), CB = lanes * V;
-    const size_t acc_bytes = Dz * CB * sizeof(T);
-    const bool smem_acc = acc_bytes <= kDefaultSmem;
+    // the accumulator (Dz rows × the block's channels) in shared memory: fewer lanes when it would not
+    // fit, the output rows themselves when not even one lane's would
+    const size_t per_lane = Dz * V * sizeof(T);
+    int lanes = lanes_within(lanes_for(C / V), 0, per_lane, std::min(kConvAccumulatorBytes, shared_memory_limit()));
+    const bool smem_acc = lanes > 0;
+    if (!smem_acc) lanes = lanes_for(C / V);
+    const int splits = std::max(1, std::min(kMaxSplits, kThreads / lanes)), CB = lanes * V;
+    const size_t smem = smem_acc ? per_lane * lanes : 0;
+    auto kernel = conv_fwd_kernel<V, T, Rec>;
+    if (auto err = allow_smem(kernel, smem); err.failure()) return err;
     const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>((C + CB - 1) / CB));
-    conv_fwd_kernel<V, T, Rec><<<grid, dim3(lanes), smem_acc ? acc_bytes : 0, stream>>>(
+    launch(kernel, grid, dim3(lanes, splits), smem, stream,
         static_cast<const Rec*>(records.untyped_data()), rowptr.typed_data(), i3.typed_data(), offsets.typed_data(),
         order.typed_data(), senders.typed_data(), in<T>(x), in<T>(y), in<T>(s), out<T>(m), Dx, Dy, P, Dz, C,
         y_channels, smem_acc);
@@ -319,11 +368,11 @@ ffi::Error ConvBwd(cudaStream_t stream, ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S
     using T = typename decltype(t)::type;
     using Rec = Record<typename decltype(i)::type, T>;
     constexpr int V = decltype(w)::value;
-    const int lanes = lanes_for(C / V);
+    const int lanes = reduction_lanes(C / V, want_y && !y_channels, Dy * sizeof(T));
     const size_t smem = (want_y && !y_channels) ? Dy * lanes * sizeof(T) : 0;
     auto kernel = conv_bwd_kernel<V, T, Rec>;
     if (auto err = allow_smem(kernel, smem); err.failure()) return err;
-    kernel<<<dim3(static_cast<unsigned>(N + 1)), dim3(lanes), smem, stream>>>(
+    launch(kernel, dim3(static_cast<unsigned>(N + 1)), dim3(lanes), smem, stream,
         static_cast<const Rec*>(rec_t.untyped_data()), rowptr_t.typed_data(),
         static_cast<const Rec*>(rec_x.untyped_data()), rowptr_x.typed_data(),
         static_cast<const Rec*>(rec_y.untyped_data()), rowptr_y.typed_data(), i3.typed_data(), offsets.typed_data(),
@@ -336,4 +385,11 @@ ffi::Error ConvBwd(cudaStream_t stream, ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S
 }  // namespace
 }  // namespace e3j
 
+#if defined(E3J_SIMT_EMULATION)
+// The `_simt` target binds for the host, which has no stream to pass: the emulated launches need none.
+#define E3J_WITHOUT_STREAM(f) [](auto... a) { return f(cudaStream_t{}, a...); }
+E3J_DEFINE_HANDLERS(E3J_WITHOUT_STREAM(e3j::TpFwd), E3J_WITHOUT_STREAM(e3j::TpBwd), E3J_WITHOUT_STREAM(e3j::ConvFwd),
+                    E3J_WITHOUT_STREAM(e3j::ConvBwd))
+#else
 E3J_DEFINE_HANDLERS(e3j::TpFwd, e3j::TpBwd, e3j::ConvFwd, e3j::ConvBwd)
+#endif

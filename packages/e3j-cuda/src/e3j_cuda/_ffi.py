@@ -48,7 +48,7 @@ def check_compatible(built_api: tuple[int, int], built_jax: str, runtime_api: tu
 
 @functools.cache
 def load_target(module_name: str) -> str:
-    """Import ``e3j_cuda.<module_name>``, check it, register its handlers; returns its XLA platform."""
+    """Import ``e3j_cuda.<module_name>``, check it, register its handlers; returns their name prefix."""
     import jax
 
     try:
@@ -66,4 +66,4 @@ def load_target(module_name: str) -> str:
     check_compatible(tuple(module.FFI_API_VERSION), module.BUILT_WITH_JAX, runtime_ffi_api_version(), jax.__version__)
     for name, capsule in module.handlers().items():
         jax.ffi.register_ffi_target(name, capsule, platform=module.PLATFORM, api_version=1)
-    return module.PLATFORM
+    return module.FFI_PREFIX

@@ -7,7 +7,7 @@ from typing import Any
 
 from ._version import __version__
 
-__all__ = ["backend", "host_backend"]
+__all__ = ["backend", "host_backend", "simt_backend"]
 
 #: The COO table format these kernels read (e3j-core's packed records, C struct alignment).
 COO_FORMAT = 2
@@ -18,8 +18,8 @@ JAX_REQUIREMENT = ">=0.11.1,<0.13"
 def _load(module: str) -> dict[str, Any]:
     from . import _ffi, kernels
 
-    _ffi.load_target(module)
-    return {name: getattr(kernels, name) for name in kernels.__all__}
+    prefix = _ffi.load_target(module)
+    return {name: functools.partial(getattr(kernels, name), target=prefix) for name in kernels.__all__}
 
 
 _COMMON: dict[str, Any] = {
@@ -48,4 +48,15 @@ host_backend: dict[str, Any] = {
     "priority": 0,
     "auto": False,
     "load": functools.partial(_load, "_host"),
+}
+
+#: The CUDA kernels themselves, launched on the CPU by an emulation of CUDA's execution model
+#: (csrc/simt.h): launch limits, shared memory, barriers. For tests; slow; only used when asked for by name.
+simt_backend: dict[str, Any] = {
+    **_COMMON,
+    "name": "cuda_simt",
+    "platforms": ("cpu",),
+    "priority": 0,
+    "auto": False,
+    "load": functools.partial(_load, "_simt"),
 }

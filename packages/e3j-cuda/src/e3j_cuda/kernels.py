@@ -1,8 +1,9 @@
-"""The kernel functions of the ``cuda`` and ``cuda_host`` backends: ``jax.ffi.ffi_call`` wrappers.
+"""The kernel functions of the ``cuda``, ``cuda_host`` and ``cuda_simt`` backends: ``jax.ffi.ffi_call`` wrappers.
 
 The COO tables travel as operands: e3j-core's packed records (format 2, as raw bytes) and a CSR row
 pointer over their output index; both are small numpy constants built once per table and dtype.
-Unneeded operands and unwanted results are 0-size placeholders, skipped by the handlers.
+Unneeded operands and unwanted results are 0-size placeholders, skipped by the handlers. ``target``
+is the name prefix of the FFI targets to call (``"e3j"``; ``"e3j_simt"`` for the emulated kernels).
 
 Layouts are e3j's: ``x [B|N, Dx, C]``, ``y [B|E, Dy]`` or ``[B|E, Dy, C]``, ``s [E, P, C]``.
 """
@@ -44,11 +45,13 @@ def _shape(shape, dtype) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype)
 
 
-def tensor_product(coo: TensorProductCoo, x: jax.Array, y: jax.Array, *, y_channels: bool) -> jax.Array:
+def tensor_product(
+    coo: TensorProductCoo, x: jax.Array, y: jax.Array, *, y_channels: bool, target: str = "e3j"
+) -> jax.Array:
     """``z = x ⊗ y``: ``[B, Dx, C]``, ``[B, Dy(, C)]`` → ``[B, Dout, C]``."""
     dtype = jnp.result_type(x, y)
     batch, _, channels = x.shape
-    call = jax.ffi.ffi_call("e3j_tp_fwd", _shape((batch, coo.dim_out, channels), dtype))
+    call = jax.ffi.ffi_call(f"{target}_tp_fwd", _shape((batch, coo.dim_out, channels), dtype))
     return call(
         *_table(coo.table, dtype),
         x.astype(dtype),
@@ -59,7 +62,14 @@ def tensor_product(coo: TensorProductCoo, x: jax.Array, y: jax.Array, *, y_chann
 
 
 def tensor_product_bwd(
-    coo: TensorProductCoo, x: jax.Array | None, y: jax.Array | None, dz: jax.Array, *, outs, y_channels: bool
+    coo: TensorProductCoo,
+    x: jax.Array | None,
+    y: jax.Array | None,
+    dz: jax.Array,
+    *,
+    outs,
+    y_channels: bool,
+    target: str = "e3j",
 ) -> dict[str, jax.Array]:
     """``dx = vjp_x(y, dz)`` and/or ``dy = vjp_y(x, dz)`` in one pass over ``dz``."""
     want_x, want_y = "x" in outs, "y" in outs
@@ -69,7 +79,7 @@ def tensor_product_bwd(
     batch, _, channels = dz.shape
     dy_shape = (batch, coo.dim_y, channels) if y_channels else (batch, coo.dim_y)
     call = jax.ffi.ffi_call(
-        "e3j_tp_bwd",
+        f"{target}_tp_bwd",
         (
             _shape((batch, coo.dim_x, channels) if want_x else (0,), dtype),
             _shape(dy_shape if want_y else (0,), dtype),
@@ -93,13 +103,13 @@ def _i3(coo: TensorProductCoo) -> jax.Array:
     return jnp.asarray(np.asarray(coo.i3, np.int32))
 
 
-def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool) -> jax.Array:
+def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool, target: str = "e3j") -> jax.Array:
     """``m_b = Σ_{a→b} s_ab · (x_a ⊗ y_ab)`` by a CSR loop over each receiver's edges."""
     dtype = jnp.result_type(x, y, s)
     num_nodes, _, channels = x.shape
     if num_nodes == 0 or y.shape[0] == 0:
         return jnp.zeros((num_nodes, coo.dim_out, channels), dtype)
-    call = jax.ffi.ffi_call("e3j_conv_fwd", _shape((num_nodes, coo.dim_out, channels), dtype))
+    call = jax.ffi.ffi_call(f"{target}_conv_fwd", _shape((num_nodes, coo.dim_out, channels), dtype))
     return call(
         *_table(coo.table, dtype),
         _i3(coo),
@@ -114,7 +124,9 @@ def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool) -> j
     )
 
 
-def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs, y_channels: bool) -> dict[str, jax.Array]:
+def convolution_bwd(
+    coo: TensorProductCoo, x, y, s, dm, graph, *, outs, y_channels: bool, target: str = "e3j"
+) -> dict[str, jax.Array]:
     """Cotangents for ``outs ⊆ {x, y, s}`` in one sender-ordered sweep (``dx`` without atomics)."""
     want = {o: o in outs for o in ("x", "y", "s")}
     if not any(want.values()):
@@ -132,7 +144,7 @@ def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs, y_channe
     need = {"x": want["y"] or want["s"], "y": want["x"] or want["s"], "s": want["x"] or want["y"]}
     operands = {"x": x, "y": y, "s": s}
     call = jax.ffi.ffi_call(
-        "e3j_conv_bwd", tuple(_shape(shapes[o] if want[o] else (0,), dtype) for o in ("x", "y", "s"))
+        f"{target}_conv_bwd", tuple(_shape(shapes[o] if want[o] else (0,), dtype) for o in ("x", "y", "s"))
     )
     results = call(
         *_table(coo.table, dtype),
