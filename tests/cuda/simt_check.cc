@@ -2,6 +2,7 @@
 // every line printed is "name ok" or "name FAILED: why"; the exit status is the number of failures.
 #define E3J_SIMT_EMULATION 1
 #include "simt.h"
+#include "algorithm.cuh"
 
 #include <cstdio>
 #include <string>
@@ -54,6 +55,11 @@ __global__ void fresh_shared_memory(int* out) {
 
 __global__ void nothing(int) {}
 
+// float4 row loads through algorithm.cuh (a 128-bit load on the device) at an offset of `shift` floats.
+__global__ void vector_loads(const float* base, int shift, float* out) {
+  e3j::load<4>(e3j::Rows<float>{base + shift, 4, 1}, 0, out + 4 * threadIdx.x);
+}
+
 }  // namespace
 
 int main() {
@@ -90,6 +96,14 @@ int main() {
     bool ok = cudaGetLastError() == cudaSuccess;
     for (int v : out) ok = ok && v == -1;  // 0xffffffff
     check(ok, "shared_memory_is_per_block");
+  }
+  {  // vector loads must be aligned as on the device
+    alignas(16) float data[12] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+    float out[8];
+    launch(vector_loads, dim3(1), dim3(2), 0, nullptr, static_cast<const float*>(data), 4, out);
+    check(cudaGetLastError() == cudaSuccess && out[0] == 4 && out[7] == 7, "aligned_vector_load");
+    launch(vector_loads, dim3(1), dim3(2), 0, nullptr, static_cast<const float*>(data), 2, out);
+    check(cudaGetLastError() == cudaErrorMisalignedAddress, "misaligned_vector_load");
   }
   // launch limits (sm_90), reported by cudaGetLastError and then cleared
   launch(nothing, dim3(1), dim3(1025), 0, nullptr, 0);

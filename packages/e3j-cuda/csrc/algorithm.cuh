@@ -20,6 +20,15 @@
 #define E3J_HD inline
 #endif
 
+// Under the `_simt` emulation, every access the device makes with a 64/128-bit instruction is checked
+// for the alignment the GPU requires (a misaligned one fails the launch, as it does on the GPU).
+#if defined(E3J_SIMT_EMULATION)
+#include "simt.h"
+#define E3J_VECTOR_ACCESS(p, bytes) ::e3j_simt::vector_access(p, bytes)
+#else
+#define E3J_VECTOR_ACCESS(p, bytes) ((void)0)
+#endif
+
 namespace e3j {
 
 template <typename Idx, typename T>
@@ -52,6 +61,7 @@ struct ScaledRows {
 // load on the device (LDG.64 / LDG.128, paper E.2.1); XLA buffers are at least 16-byte aligned.
 template <typename Rec>
 E3J_HD Rec load_record(const Rec* p) {
+  E3J_VECTOR_ACCESS(p, sizeof(Rec));
 #if defined(__CUDA_ARCH__)
   Rec r;
   if constexpr (sizeof(Rec) == 8) {
@@ -72,6 +82,7 @@ E3J_HD Rec load_record(const Rec* p) {
 template <int V, typename T>
 E3J_HD void load(const Rows<T>& r, int i, T* out) {
   const T* p = r.base + i * r.row;
+  if (r.lane == 1) E3J_VECTOR_ACCESS(p, sizeof(T) * V);
 #if defined(__CUDA_ARCH__)
   if (r.lane == 1) {
     if constexpr (sizeof(T) * V == 16) {

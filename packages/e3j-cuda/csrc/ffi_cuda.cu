@@ -18,11 +18,11 @@ namespace {
 
 constexpr int kMaxLanes = 64;
 constexpr int kThreads = 256;
-constexpr int kMaxSplits = 8;
+constexpr int kMaxSplits = 16;
 constexpr size_t kDefaultSmem = 48 * 1024;
-// Shared memory the convolution forward's message accumulator may take per block: at most a
+// Shared memory the convolution forward (accumulator and staged rows) may take per block: at most a
 // quarter of an sm_90 SM's 228 KiB, so that four blocks (of up to 256 threads) can be resident.
-constexpr size_t kConvAccumulatorBytes = 56 * 1024;
+constexpr size_t kConvSharedBytes = 56 * 1024;
 
 // First row of part `part` of `parts`: rows split where the record count crosses part / parts.
 __device__ int split_begin(const int32_t* rowptr, int rows, int part, int parts) {
@@ -122,35 +122,77 @@ __global__ void tp_bwd_kernel(const Rec* rx, const int32_t* px, const Rec* ry, c
   }
 }
 
+// Shared memory of the convolution forward, in elements of T, each region 16-byte aligned (vector
+// loads): the accumulator [Dz][CB], then the current edge's rows x_a [Dx][CB], y_ab [Dy][CB] (or
+// [Dy] when broadcast) and s_ab [P][CB].
+struct ConvFwdSmem {
+  int64_t x, y, s, total;
+};
+template <typename T>
+__host__ __device__ ConvFwdSmem conv_fwd_smem(int64_t Dz, int64_t Dx, int64_t Dy, int64_t P, int64_t CB,
+                                              bool y_channels) {
+  constexpr int64_t q = 16 / sizeof(T);
+  auto up = [](int64_t n) { return (n + q - 1) / q * q; };
+  ConvFwdSmem r;
+  r.x = up(Dz * CB);
+  r.y = r.x + up(Dx * CB);
+  r.s = r.y + up(y_channels ? Dy * CB : Dy);
+  r.total = r.s + up(P * CB);
+  return r;
+}
+
 // Convolution forward: block = one receiver × a block of channels, its output rows split across the
-// block's y axis by record count (as the tensor product's); the CSR loop over the receiver's edges
-// accumulates each thread's rows × V channels in shared memory (`smem_acc`; else in the output row
-// itself), written once per node. Every accumulator element has one owner: no barrier, no atomics.
+// block's y axis by record count (as the tensor product's). With `staged`, the CSR loop over the
+// receiver's edges stages each edge's rows x_a, y_ab, s_ab in shared memory (all threads, coalesced),
+// and every thread accumulates its rows × V channels of the message in a shared-memory accumulator,
+// written once per node; else rows and accumulator live in global memory (the output row itself).
+// Every accumulator element has one owner: no atomics.
 template <int V, typename T, typename Rec>
 __global__ void conv_fwd_kernel(const Rec* rec, const int32_t* rowptr, const int32_t* i3, const int32_t* offsets,
                                 const int32_t* order, const int32_t* senders, const T* x, const T* y, const T* s, T* m,
-                                int Dx, int Dy, int P, int Dz, int C, bool y_channels, bool smem_acc) {
+                                int Dx, int Dy, int P, int Dz, int C, bool y_channels, bool staged) {
   E3J_DYNAMIC_SMEM(smem_raw);
+  T* smem = reinterpret_cast<T*>(smem_raw);
   const int CB = blockDim.x * V;
   const int64_t b = blockIdx.x;
-  const int c0 = blockIdx.y * CB + threadIdx.x * V;
-  if (c0 >= C) return;
+  const int cbase = blockIdx.y * CB;
+  const int width = min(CB, C - cbase);
+  const int c0 = threadIdx.x * V;  // within the block
+  const bool active = c0 < width;  // (no early return: the block meets at barriers)
   const int lo = split_begin(rowptr, Dz, threadIdx.y, blockDim.y);
   const int hi = split_begin(rowptr, Dz, threadIdx.y + 1, blockDim.y);
-  T* acc = smem_acc ? reinterpret_cast<T*>(smem_raw) + threadIdx.x * V : m + b * Dz * C + c0;
-  const int64_t row = smem_acc ? CB : C;
-  for (int i = lo; i < hi; ++i)
-#pragma unroll
-    for (int v = 0; v < V; ++v) acc[i * row + v] = T(0);
-  for (int k = offsets[b]; k < offsets[b + 1]; ++k) {
-    const int64_t e = order[k], a = senders[e];
-    accumulate_message<V, T>(rec, rowptr, lo, hi, channel_rows(x, a, Dx, C, c0), y_rows(y, e, Dy, C, c0, y_channels),
-                             channel_rows(s, e, P, C, c0), i3, acc, row);
-  }
-  if (smem_acc)
+  const ConvFwdSmem at = conv_fwd_smem<T>(Dz, Dx, Dy, P, CB, y_channels);
+  T* acc = staged ? smem + c0 : m + b * Dz * C + cbase + c0;
+  const int64_t row = staged ? CB : C;
+  if (active)
     for (int i = lo; i < hi; ++i)
 #pragma unroll
-      for (int v = 0; v < V; ++v) m[(b * Dz + i) * C + c0 + v] = acc[i * row + v];
+      for (int v = 0; v < V; ++v) acc[i * row + v] = T(0);
+  for (int k = offsets[b]; k < offsets[b + 1]; ++k) {
+    const int64_t e = order[k], a = senders[e];
+    if (staged) {
+      __syncthreads();  // the previous edge's rows are consumed
+      stage(smem + at.x, x + a * Dx * C + cbase, Dx, width, CB, C);
+      if (y_channels)
+        stage(smem + at.y, y + e * Dy * C + cbase, Dy, width, CB, C);
+      else
+        stage(smem + at.y, y + e * Dy, 1, Dy, Dy, 0);
+      stage(smem + at.s, s + e * P * C + cbase, P, width, CB, C);
+      __syncthreads();
+      if (active)
+        accumulate_message<V, T>(rec, rowptr, lo, hi, Rows<T>{smem + at.x + c0, CB, 1},
+                                 y_channels ? Rows<T>{smem + at.y + c0, CB, 1} : Rows<T>{smem + at.y, 1, 0},
+                                 Rows<T>{smem + at.s + c0, CB, 1}, i3, acc, row);
+    } else if (active) {
+      const int cc = cbase + c0;
+      accumulate_message<V, T>(rec, rowptr, lo, hi, channel_rows(x, a, Dx, C, cc), y_rows(y, e, Dy, C, cc, y_channels),
+                               channel_rows(s, e, P, C, cc), i3, acc, row);
+    }
+  }
+  if (staged && active)
+    for (int i = lo; i < hi; ++i)
+#pragma unroll
+      for (int v = 0; v < V; ++v) m[(b * Dz + i) * C + cbase + c0 + v] = acc[i * row + v];
 }
 
 // Convolution backward: block = one sender (the transposed graph's CSR), all channels; dx is
@@ -335,21 +377,25 @@ ffi::Error ConvFwd(cudaStream_t stream, ffi::AnyBuffer records, ffi::Buffer<ffi:
     using T = typename decltype(t)::type;
     using Rec = Record<typename decltype(i)::type, T>;
     constexpr int V = decltype(w)::value;
-    // the accumulator (Dz rows × the block's channels) in shared memory: fewer lanes when it would not
-    // fit, the output rows themselves when not even one lane's would
-    const size_t per_lane = Dz * V * sizeof(T);
-    int lanes = lanes_within(lanes_for(C / V), 0, per_lane, std::min(kConvAccumulatorBytes, shared_memory_limit()));
-    const bool smem_acc = lanes > 0;
-    if (!smem_acc) lanes = lanes_for(C / V);
+    // accumulator and staged rows in shared memory: fewer lanes when they would not fit the budget,
+    // global memory when not even one lane's would
+    const auto bytes = [&](int lanes) {
+      return static_cast<size_t>(conv_fwd_smem<T>(Dz, Dx, Dy, P, lanes * V, y_channels).total) * sizeof(T);
+    };
+    const size_t budget = std::min(kConvSharedBytes, shared_memory_limit());
+    int lanes = lanes_for(C / V);
+    while (lanes > 0 && bytes(lanes) > budget) lanes /= 2;
+    const bool staged = lanes > 0;
+    if (!staged) lanes = lanes_for(C / V);
     const int splits = std::max(1, std::min(kMaxSplits, kThreads / lanes)), CB = lanes * V;
-    const size_t smem = smem_acc ? per_lane * lanes : 0;
+    const size_t smem = staged ? bytes(lanes) : 0;
     auto kernel = conv_fwd_kernel<V, T, Rec>;
     if (auto err = allow_smem(kernel, smem); err.failure()) return err;
     const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>((C + CB - 1) / CB));
     launch(kernel, grid, dim3(lanes, splits), smem, stream,
         static_cast<const Rec*>(records.untyped_data()), rowptr.typed_data(), i3.typed_data(), offsets.typed_data(),
         order.typed_data(), senders.typed_data(), in<T>(x), in<T>(y), in<T>(s), out<T>(m), Dx, Dy, P, Dz, C,
-        y_channels, smem_acc);
+        y_channels, staged);
     return launched("convolution forward");
   });
 }

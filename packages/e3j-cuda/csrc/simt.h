@@ -11,7 +11,9 @@
 //     of an element no thread wrote propagates NaN instead of passing by chance;
 //   - the launch limits of sm_90 are enforced and reported through cudaGetLastError as CUDA does:
 //     1024 threads per block, grid y and z at most 65535, 48 KiB of dynamic shared memory unless the
-//     kernel opted in with cudaFuncSetAttribute (at most 227 KiB).
+//     kernel opted in with cudaFuncSetAttribute (at most 227 KiB);
+//   - the vector loads of algorithm.cuh (records, float2/float4 rows) are checked for alignment and a
+//     misaligned one fails the launch ("misaligned address"), as on the GPU.
 // Not emulated: warps (no lockstep; the kernels use no warp intrinsics), timing and coalescing.
 #pragma once
 
@@ -45,6 +47,7 @@ void launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t shared_bytes, cu
 
 #define __global__
 #define __device__
+#define __host__
 #define E3J_DYNAMIC_SMEM(name) unsigned char* name = ::e3j_simt::dynamic_shared_memory()
 
 struct dim3 {
@@ -53,7 +56,12 @@ struct dim3 {
 };
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
-enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9 };
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorMisalignedAddress = 716
+};
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
 
@@ -142,6 +150,14 @@ inline void fail(cudaError_t err) {
   runtime().last_error = err;
 }
 
+// A load or store the device makes as one 64/128/256-bit vector access (a 256-bit one is two 128-bit
+// accesses) must be aligned to min(bytes, 16); on the GPU a misaligned one aborts the kernel.
+inline void vector_access(const void* p, size_t bytes) {
+  if (bytes != 8 && bytes != 16 && bytes != 32) return;  // scalar accesses on the device
+  const size_t align = bytes < 16 ? bytes : 16;
+  if (reinterpret_cast<uintptr_t>(p) % align != 0) fail(cudaErrorMisalignedAddress);
+}
+
 }  // namespace e3j_simt
 
 inline void __syncthreads() { e3j_simt::block_barrier->arrive_and_wait(); }
@@ -161,6 +177,8 @@ inline const char* cudaGetErrorString(cudaError_t err) {
       return "invalid argument (emulated launch)";
     case cudaErrorInvalidConfiguration:
       return "invalid configuration argument (emulated launch)";
+    case cudaErrorMisalignedAddress:
+      return "misaligned address (emulated launch)";
   }
   return "unknown error";
 }
