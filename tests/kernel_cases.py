@@ -63,6 +63,41 @@ CONV_CASES = [
 ]
 
 
+@dataclass(frozen=True)
+class LaunchCase:
+    """A table and size where a kernel's launch configuration must adapt (shared memory runs short)."""
+
+    kind: str  # "lmax3", "lmax3-unfiltered", "mul8" or "y-lmax21"
+    channels: int
+    dtype: str
+    y_channels: bool
+
+    @property
+    def coo(self):
+        if self.kind == "lmax3":  # 99 output rows
+            return tensor_product_coo(IRREPS[3], IRREPS[3], filter=IRREPS[3])
+        if self.kind == "lmax3-unfiltered":  # 256 output rows: int32 records
+            return tensor_product_coo(IRREPS[3], IRREPS[3])
+        if self.kind == "mul8":  # x of 128 rows to stage
+            return tensor_product_coo(" + ".join(f"8x{ir.strip()}" for ir in IRREPS[3].split("+")), IRREPS[3])
+        assert self.kind == "y-lmax21", self.kind  # a broadcast y of 484 rows, reduced over lanes
+        return tensor_product_coo("0e + 1o", " + ".join(f"1x{lv}{'eo'[lv % 2]}" for lv in range(22)))
+
+    def __str__(self) -> str:
+        return f"{self.kind}-C{self.channels}-{'yC' if self.y_channels else 'y'}-{self.dtype}"
+
+
+# The paper's channel counts up to 1024 at lmax 3, float64, many staged rows, a long broadcast y:
+# each must launch within the device's limits (sm_90's in the CUDA emulation) and agree with the reference.
+LAUNCH_CASES = [
+    LaunchCase("lmax3", 1024, "float32", False),
+    LaunchCase("lmax3", 1024, "float64", True),
+    LaunchCase("lmax3-unfiltered", 512, "float64", False),
+    LaunchCase("mul8", 256, "float64", True),
+    LaunchCase("y-lmax21", 256, "float64", False),
+]
+
+
 def _rand(rng, shape, dtype):
     # float32-representable values, so the float64 reference sees exactly the kernel's inputs
     return np.asarray(rng.normal(size=shape).astype(np.float32), dtype)
@@ -157,6 +192,33 @@ def check_convolution(kernels: e3j.Kernels, case: Case) -> None:
         assert set(got) == set(outs)
         for o in outs:
             assert_close(got[o], want[o], case.dtype, f"d{o} (outs={outs})")
+
+
+def check_launch_case(kernels: e3j.Kernels, case: LaunchCase) -> None:
+    """Tensor product and convolution, forward and backward, of ``case`` on two nodes / batch rows
+    (one padding edge) against the float64 reference."""
+    coo, rng = case.coo, np.random.default_rng(11)
+    n, c, yc = 2, case.channels, case.y_channels
+    x = _rand(rng, (n, coo.dim_x, c), case.dtype)
+    y = _rand(rng, (n, coo.dim_y, c) if yc else (n, coo.dim_y), case.dtype)
+    dz = _rand(rng, (n, coo.dim_out, c), case.dtype)
+    z = kernels.tensor_product(coo, x, y, y_channels=yc)
+    assert_close(z, ref_tp.tensor_product(coo, *_f64(x, y), y_channels=yc), case.dtype, "z")
+    got = kernels.tensor_product_bwd(coo, x, y, dz, outs=("x", "y"), y_channels=yc)
+    want = ref_tp.tensor_product_bwd(coo, *_f64(x, y, dz), outs=("x", "y"), y_channels=yc)
+    for o in "xy":
+        assert_close(got[o], want[o], case.dtype, f"d{o}")
+    senders, receivers = np.array([0, 1, 1, 0], np.int32), np.array([1, 0, 1, 0], np.int32)
+    graph = e3j.Graph.from_edges(senders, receivers, n, edge_mask=np.array([True, True, True, False]))
+    e = graph.num_edges
+    y = _rand(rng, (e, coo.dim_y, c) if yc else (e, coo.dim_y), case.dtype)
+    s = _rand(rng, (e, coo.num_paths, c), case.dtype)
+    m = kernels.convolution(coo, x, y, s, graph, y_channels=yc)
+    assert_close(m, ref_conv.convolution(coo, *_f64(x, y, s), graph, y_channels=yc), case.dtype, "m")
+    got = kernels.convolution_bwd(coo, x, y, s, dz, graph, outs=("x", "y", "s"), y_channels=yc)
+    want = ref_conv.convolution_bwd(coo, *_f64(x, y, s, dz), graph, outs=("x", "y", "s"), y_channels=yc)
+    for o in "xys":
+        assert_close(got[o], want[o], case.dtype, f"conv d{o}")
 
 
 def check_deterministic(kernels: e3j.Kernels, case: Case) -> None:

@@ -22,12 +22,14 @@ from e3j_cuda import _ffi, kernels
 from kernel_cases import (
     CONV_CASES,
     IRREPS,
+    LAUNCH_CASES,
     TP_CASES,
     Case,
     assert_close,
     check_convolution,
     check_deterministic,
     check_gradients_through_primitives,
+    check_launch_case,
     check_tensor_product,
     hard_graph,
 )
@@ -164,59 +166,11 @@ def test_simt_emulation_model(tmp_path):
     assert run.returncode == 0 and len(lines) == 14 and all(line.endswith(" ok") for line in lines), run.stdout
 
 
-# Launch configurations of the CUDA kernels where shared memory runs short: the paper's channel counts
-# up to 1024 at lmax 3 (filtered: 99 output rows; unfiltered: 256, int32 records), float64, x with
-# multiplicity 8 (128 rows to stage), and a broadcast y of 484 rows (lmax 21) whose cotangent is
-# reduced over lanes in shared memory. Each must launch within sm_90's limits and agree with the reference.
-LAUNCH_CASES = [
-    ("lmax3", 1024, "float32", False),
-    ("lmax3", 1024, "float64", True),
-    ("lmax3-unfiltered", 512, "float64", False),
-    ("mul8", 256, "float64", True),
-    ("y-lmax21", 256, "float64", False),
-]
-
-
-def _launch_coo(kind: str):
-    if kind == "lmax3":
-        return tensor_product_coo(IRREPS[3], IRREPS[3], filter=IRREPS[3])
-    if kind == "lmax3-unfiltered":
-        return tensor_product_coo(IRREPS[3], IRREPS[3])
-    if kind == "mul8":
-        return tensor_product_coo(" + ".join(f"8x{ir.strip()}" for ir in IRREPS[3].split("+")), IRREPS[3])
-    sh21 = " + ".join(f"1x{l}{'eo'[l % 2]}" for l in range(22))
-    return tensor_product_coo("0e + 1o", sh21)
-
-
-@pytest.mark.parametrize(("kind", "channels", "dtype", "y_channels"), LAUNCH_CASES, ids=lambda v: str(v))
-def test_simt_launches_within_limits(kind, channels, dtype, y_channels):
-    simt = kernels_of(get_backend(SIMT))
-    coo = _launch_coo(kind)
-    rng = np.random.default_rng(11)
-    f64 = functools.partial(jnp.asarray, dtype=jnp.float64)
-    n, c = 2, channels
-    x = rng.normal(size=(n, coo.dim_x, c)).astype(dtype)
-    y = rng.normal(size=(n, coo.dim_y, c) if y_channels else (n, coo.dim_y)).astype(dtype)
-    dz = rng.normal(size=(n, coo.dim_out, c)).astype(dtype)
-    z = simt.tensor_product(coo, x, y, y_channels=y_channels)
-    assert_close(z, ref_tp.tensor_product(coo, f64(x), f64(y), y_channels=y_channels), dtype, "z")
-    got = simt.tensor_product_bwd(coo, x, y, dz, outs=("x", "y"), y_channels=y_channels)
-    want = ref_tp.tensor_product_bwd(coo, f64(x), f64(y), f64(dz), outs=("x", "y"), y_channels=y_channels)
-    for o in "xy":
-        assert_close(got[o], want[o], dtype, f"d{o}")
-    senders, receivers = np.array([0, 1, 1, 0], np.int32), np.array([1, 0, 1, 0], np.int32)
-    graph = e3j.Graph.from_edges(senders, receivers, n, edge_mask=np.array([True, True, True, False]))  # 1 padding
-    e = graph.num_edges
-    y = rng.normal(size=(e, coo.dim_y, c) if y_channels else (e, coo.dim_y)).astype(dtype)
-    s = rng.normal(size=(e, coo.num_paths, c)).astype(dtype)
-    m = simt.convolution(coo, x, y, s, graph, y_channels=y_channels)
-    assert_close(m, ref_conv.convolution(coo, f64(x), f64(y), f64(s), graph, y_channels=y_channels), dtype, "m")
-    got = simt.convolution_bwd(coo, x, y, s, dz, graph, outs=("x", "y", "s"), y_channels=y_channels)
-    want = ref_conv.convolution_bwd(
-        coo, f64(x), f64(y), f64(s), f64(dz), graph, outs=("x", "y", "s"), y_channels=y_channels
-    )
-    for o in "xys":
-        assert_close(got[o], want[o], dtype, f"conv d{o}")
+@pytest.mark.parametrize("case", LAUNCH_CASES, ids=str)
+def test_simt_launches_within_limits(case):
+    """The CUDA kernels' launch configurations where shared memory runs short (see LAUNCH_CASES)
+    stay within sm_90's limits in the emulation, and compute the reference's values."""
+    check_launch_case(kernels_of(get_backend(SIMT)), case)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA target is only built where nvcc exists")

@@ -10,11 +10,13 @@ import numpy as np
 import pytest
 from kernel_cases import (
     CONV_CASES,
+    LAUNCH_CASES,
     TP_CASES,
     Case,
     check_convolution,
     check_deterministic,
     check_gradients_through_primitives,
+    check_launch_case,
     check_tensor_product,
     conv_operands,
 )
@@ -43,6 +45,17 @@ def test_tensor_product(backend, case):
 @pytest.mark.parametrize("case", CONV_CASES, ids=str)
 def test_convolution(backend, case):
     check_convolution(kernels_of(get_backend(backend)), case)
+
+
+@pytest.mark.parametrize(
+    ("name", "case"),
+    # the CUDA kernels' launch configurations where shared memory runs short; for the Pallas kernels
+    # (whose records are unrolled: the long tables would take minutes to compile) the paper's sizes
+    [(b, c) for b in GPU_BACKENDS for c in LAUNCH_CASES if b == "cuda" or c.kind == "lmax3"],
+    ids=str,
+)
+def test_launch_limits(name, case):
+    check_launch_case(kernels_of(get_backend(name)), case)
 
 
 def test_bitwise_deterministic(backend):
