@@ -102,9 +102,33 @@ E3J_HD void load(const Rows<T>& r, int i, T* out) {
   for (int v = 0; v < V; ++v) out[v] = p[v * r.lane];
 }
 
+// V channels from registers into a contiguous row: one 64- or 128-bit store on the device (the
+// outputs dominate a tensor product's traffic: Dout rows out for Dx + Dy in).
+template <int V, typename T>
+E3J_HD void store(T* p, const T* in) {
+  E3J_VECTOR_ACCESS(p, sizeof(T) * V);
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) * V == 16) {
+    *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(in);
+  } else if constexpr (sizeof(T) * V == 8) {
+    *reinterpret_cast<uint2*>(p) = *reinterpret_cast<const uint2*>(in);
+  } else if constexpr (sizeof(T) * V == 32) {
+    reinterpret_cast<uint4*>(p)[0] = reinterpret_cast<const uint4*>(in)[0];
+    reinterpret_cast<uint4*>(p)[1] = reinterpret_cast<const uint4*>(in)[1];
+  } else  // (one scalar store per channel below)
+#endif
+  {
+#pragma unroll
+    for (int v = 0; v < V; ++v) p[v] = in[v];
+  }
+}
+
+// Register arrays of V values are reinterpreted as one vector by load/store: align them as one.
+#define E3J_VEC(T, V) alignas(sizeof(T) * (V) < 16 ? sizeof(T) * (V) : 16) T
+
 template <int V, typename T>
 E3J_HD void load(const ScaledRows<T>& r, int i, T* out) {
-  T scale[V];
+  E3J_VEC(T, V) scale[V];
   load<V>(r.a, i, out);
   load<V>(r.s, r.map[i], scale);
 #pragma unroll
@@ -116,14 +140,15 @@ E3J_HD void load(const ScaledRows<T>& r, int i, T* out) {
 template <int V, typename T, typename Rec, typename A, typename B, typename Emit>
 E3J_HD void contract(const Rec* rec, const int32_t* rowptr, int lo, int hi, const A& a, const B& b, Emit&& emit) {
   for (int i0 = lo; i0 < hi; ++i0) {
-    T acc[V];
+    E3J_VEC(T, V) acc[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) acc[v] = T(0);
     const int end = rowptr[i0 + 1];
     for (int p = rowptr[i0]; p < end; ++p) {
       const Rec r = load_record(rec + p);
       const T c = static_cast<T>(r.c);
-      T av[V], bv[V];
+      E3J_VEC(T, V) av[V];
+      E3J_VEC(T, V) bv[V];
       load<V>(a, r.i1, av);
       load<V>(b, r.i2, bv);
 #pragma unroll

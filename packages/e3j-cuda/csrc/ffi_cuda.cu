@@ -190,9 +190,7 @@ __global__ void conv_fwd_kernel(const Rec* rec, const int32_t* rowptr, const int
     }
   }
   if (staged && active)
-    for (int i = lo; i < hi; ++i)
-#pragma unroll
-      for (int v = 0; v < V; ++v) m[(b * Dz + i) * C + cbase + c0 + v] = acc[i * row + v];
+    for (int i = lo; i < hi; ++i) store<V>(m + (b * Dz + i) * C + cbase + c0, acc + i * row);
 }
 
 // Convolution backward: block = one sender (the transposed graph's CSR), all channels; dx is
@@ -234,8 +232,11 @@ __global__ void conv_bwd_kernel(const Rec* rt, const int32_t* pt, const Rec* rx,
       if (want_x)
         contract<V, T>(rx, px, 0, Dx, y_rows(y, e, Dy, C, c0, y_channels), g, [&](int i, const T* acc) {
           T* out = dx + (a * Dx + i) * C + c0;
+          E3J_VEC(T, V) cur[V];
+          load<V>(Rows<T>{out, 0, 1}, 0, cur);
 #pragma unroll
-          for (int v = 0; v < V; ++v) out[v] += acc[v];
+          for (int v = 0; v < V; ++v) cur[v] += acc[v];
+          store<V>(out, cur);
         });
       if (want_y) {
         const Rows<T> xa = channel_rows(x, a, Dx, C, c0);

@@ -23,10 +23,7 @@ E3J_HD Rows<T> y_rows(const T* y, int64_t unit, int dim, int channels, int c0, b
 template <int V, typename T, typename Rec, typename A, typename B>
 E3J_HD void store_contraction(const Rec* rec, const int32_t* rowptr, int lo, int hi, const A& a, const B& b, T* out,
                               int64_t row) {
-  contract<V, T>(rec, rowptr, lo, hi, a, b, [&](int i, const T* acc) {
-#pragma unroll
-    for (int v = 0; v < V; ++v) out[i * row + v] = acc[v];
-  });
+  contract<V, T>(rec, rowptr, lo, hi, a, b, [&](int i, const T* acc) { store<V>(out + i * row, acc); });
 }
 
 // out[i] += sum over the thread's V channels of table(a, b)[i]: one thread's share of the
@@ -43,13 +40,19 @@ E3J_HD void channel_sum_contraction(const Rec* rec, const int32_t* rowptr, int l
 }
 
 // Convolution forward, one edge: acc[i0] += s[e, i3(i0)] * (x_a ⊗ y_e)[i0] (the edge scalar is
-// factored out of the row's record sum).
+// factored out of the row's record sum). `acc` rows are contiguous (V channels at acc + i0 * row).
 template <int V, typename T, typename Rec, typename A, typename B>
 E3J_HD void accumulate_message(const Rec* rec, const int32_t* rowptr, int lo, int hi, const A& xa, const B& ye,
                                const Rows<T>& se, const int32_t* i3, T* acc, int64_t row) {
+  const Rows<T> accr{acc, row, 1};
   contract<V, T>(rec, rowptr, lo, hi, xa, ye, [&](int i0, const T* z) {
+    E3J_VEC(T, V) sv[V];
+    E3J_VEC(T, V) av[V];
+    load<V>(se, i3[i0], sv);
+    load<V>(accr, i0, av);
 #pragma unroll
-    for (int v = 0; v < V; ++v) acc[i0 * row + v] += se.at(i3[i0], v) * z[v];
+    for (int v = 0; v < V; ++v) av[v] += sv[v] * z[v];
+    store<V>(acc + i0 * row, av);
   });
 }
 
