@@ -26,11 +26,11 @@ import tempfile
 import time
 from pathlib import Path
 
-CONFIGS = [(2, 128), (3, 32), (3, 128)]  # (lmax, channels); f32, y broadcast over channels
+CONFIGS = [(2, 128), (3, 32), (3, 128)]  # (lmax, channels); f32 unless a config says float64; y broadcast
 KERNELS = ("tp_fwd", "tp_bwd", "conv_fwd", "conv_bwd")
 
 
-def capture_triton_ir(lmax: int, channels: int) -> dict[str, tuple[str, int]]:
+def capture_triton_ir(lmax: int, channels: int, dtype: str = "float32") -> dict[str, tuple[str, int]]:
     """``{kernel: (Triton IR text, num_warps)}`` of the pallas_gpu kernels lowered for cuda on CPU."""
     import jax
     import jax.numpy as jnp
@@ -56,7 +56,9 @@ def capture_triton_ir(lmax: int, channels: int) -> dict[str, tuple[str, int]]:
     irreps = Irreps.spherical_harmonics(lmax)
     coo = tensor_product_coo(irreps, irreps, filter=irreps)
     spec = jax.ShapeDtypeStruct
-    f32 = jnp.float32
+    if dtype == "float64":
+        jax.config.update("jax_enable_x64", True)  # (this script's process only)
+    f32 = jnp.dtype(dtype)
     batch, nodes, degree = 4096, 1024, 45
     senders = np.random.default_rng(0).integers(0, nodes, nodes * degree).astype(np.int32)
     graph = e3j.Graph.from_edges(senders, np.repeat(np.arange(nodes, dtype=np.int32), degree), nodes)
@@ -134,8 +136,9 @@ def markdown(result: dict) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in result["rows"]:
+        kernel = f"{r['kernel']} {r['dtype']}" if "dtype" in r else r["kernel"]
         lines.append(
-            f"| {r['kernel']} | {r['lmax']} | {r['channels']} | {r['num_warps']} | {r['registers']} | "
+            f"| {kernel} | {r['lmax']} | {r['channels']} | {r['num_warps']} | {r['registers']} | "
             f"{r['spill_stores']} / {r['spill_loads']} | {r['triton_compile_s']} |"
         )
     return "\n".join(lines)
@@ -144,15 +147,20 @@ def markdown(result: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None, help="write the results JSON here")
-    p.add_argument("--configs", nargs="+", default=[f"{l}:{c}" for l, c in CONFIGS], help="lmax:channels ...")
+    p.add_argument("--configs", nargs="+", default=[f"{l}:{c}" for l, c in CONFIGS], help="lmax:channels[:float64] ...")
     args = p.parse_args(argv)
     import jax
 
     rows = []
     for config in args.configs:
-        lmax, channels = (int(v) for v in config.split(":"))
-        for name, (ir_text, warps) in capture_triton_ir(lmax, channels).items():
+        lmax, channels, *dtype = config.split(":")
+        lmax, channels, dtype = int(lmax), int(channels), (dtype or ["float32"])[0]
+        if dtype not in ("float32", "float64"):
+            p.error(f"--configs: dtype must be float32 or float64, got {dtype!r} in {config!r}")
+        for name, (ir_text, warps) in capture_triton_ir(lmax, channels, dtype).items():
             row = {"kernel": name, "lmax": lmax, "channels": channels, "num_warps": warps}
+            if dtype != "float32":
+                row["dtype"] = dtype
             row.update(compile_for_hopper(ir_text, warps))
             print(json.dumps(row), flush=True)
             rows.append(row)

@@ -238,6 +238,34 @@ def test_contract_vjp_equals_the_transposed_contractions(irreps_x, irreps_y, fil
     assert only_b[0] == {} and only_b[1].keys() == db.keys()
 
 
+@pytest.mark.parametrize(
+    "irreps_x, irreps_y, filter_",
+    [("0e + 1o + 2e + 3o", "0e + 1o + 2e + 3o", "0e + 1o + 2e + 3o"), ("2x1o + 2e", "1o", None)],
+)
+def test_contract_hands_each_row_over_once_done(irreps_x, irreps_y, filter_):
+    """on_row gets every row with records once, in output order, with its final value, before any
+    record of a later row is read (so a kernel storing it there holds one output row at a time)."""
+    t = tensor_product_coo(irreps_x, irreps_y, filter=filter_).table
+    rng = np.random.default_rng(8)
+    a, b = rng.normal(size=t.dims[1]), rng.normal(size=t.dims[2])
+    events = []
+    rows = t.contract(
+        lambda i: a[i], lambda i: events.append(("read", i)) or b[i], on_row=lambda i0, v: events.append((i0, v))
+    )
+    handed = [(e[0], e[1]) for e in events if e[0] != "read"]
+    assert [i0 for i0, _ in handed] == sorted(set(t.i0.tolist()))
+    np.testing.assert_allclose([v for _, v in handed], [rows[i0] for i0, _ in handed], atol=0)
+    dense = t.dense()
+    np.testing.assert_allclose([rows[i] for i in rows], [a @ dense[i] @ b for i in rows], atol=1e-12)
+    # between two handed rows, only the later row's records are read
+    i0_of_read = iter(t.i0.tolist())
+    for e in events:
+        if e[0] == "read":
+            current = next(i0_of_read)
+        else:
+            assert e[0] == current, "a row was handed over before its last record, or after a later row's"
+
+
 def test_contract_vjp_rejects_bad_arguments():
     coo = tensor_product_coo("1o", "1o", filter="0e")
     with pytest.raises(ValueError, match="grads must name operands 'a' and/or 'b', got \\['x'\\]"):

@@ -242,7 +242,13 @@ class CooTable:
             start = stop
         return tuple(out)
 
-    def contract(self, a_row: Callable[[int], Any], b_row: Callable[[int], Any]) -> dict[int, Any]:
+    def contract(
+        self,
+        a_row: Callable[[int], Any],
+        b_row: Callable[[int], Any],
+        *,
+        on_row: Callable[[int, Any], None] | None = None,
+    ) -> dict[int, Any]:
         """Trace-time unrolled bilinear contraction: ``{i0: Σ_r c_r · a_row(i1_r) · b_row(i2_r)}``.
 
         The one routine every unrolling kernel uses (reference, Pallas GPU, Pallas TPU): records are
@@ -250,6 +256,10 @@ class CooTable:
         (Algorithm 5). ``a_row``/``b_row`` return array-likes (numpy, ``jax.Array``, Pallas values)
         and should cache their loads; coefficients enter as Python floats (weakly typed), so the
         operands' dtype is kept. Only ``i0`` with records appear in the result.
+
+        With ``on_row``, each row is also passed as ``on_row(i0, value)`` as soon as its records are
+        done, in output order: a kernel that stores or accumulates it there holds one output row at a
+        time, not all of them (in a traced program the row is dead after its use).
 
         >>> t = tensor_product_coo("1o", "1o", filter="0e").table
         >>> x, y = np.array([1.0, 2.0, 3.0]), np.array([4.0, 5.0, 6.0])
@@ -260,13 +270,16 @@ class CooTable:
         if self.arity != 2:
             raise ValueError(f"contract needs a bilinear table, got arity {self.arity}")
         rows: dict[int, Any] = {}
-        for i0, i1, records in self.by_i0_i1:
+        groups = self.by_i0_i1
+        for k, (i0, i1, records) in enumerate(groups):
             inner = None
             for i2, c in records:
                 term = c * b_row(i2)
                 inner = term if inner is None else inner + term
             term = a_row(i1) * inner
             rows[i0] = term if i0 not in rows else rows[i0] + term
+            if on_row is not None and (k + 1 == len(groups) or groups[k + 1][0] != i0):
+                on_row(i0, rows[i0])
         return rows
 
     def contract_vjp(

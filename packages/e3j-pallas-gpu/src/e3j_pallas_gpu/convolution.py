@@ -64,8 +64,13 @@ def convolution(
             else:
                 y_row = functools.cache(lambda i: y_ref[e, i])
             s_row = functools.cache(lambda p: s_ref[e, p, lanes])
-            z = table.contract(x_row, y_row)
-            return tuple(acc[i0] + s_row(i3[i0]) * z[i0] if i0 in z else acc[i0] for i0 in range(coo.dim_out))
+            acc = list(acc)
+
+            def on_row(i0, z):  # accumulated as soon as the row is done: one message row live at a time
+                acc[i0] = acc[i0] + s_row(i3[i0]) * z
+
+            table.contract(x_row, y_row, on_row=on_row)
+            return tuple(acc)
 
         zero = jnp.zeros((cb,), dtype)
         acc = jax.lax.fori_loop(offsets_ref[b], offsets_ref[b + 1], edge, (zero,) * coo.dim_out)

@@ -63,12 +63,15 @@ def tensor_product(
     table = coo.table
 
     def kernel(x_ref, y_ref, z_ref):
-        rows = table.contract(_loader(x_ref, True), _loader(y_ref, y_channels))
-
         def store(i0, v):
             z_ref[:, i0, :] = v.astype(z_ref.dtype)
 
-        _store(table, rows, store, jnp.zeros((bt, cb), dtype))
+        # each row stored as soon as its records are done: one output row live at a time
+        rows = table.contract(_loader(x_ref, True), _loader(y_ref, y_channels), on_row=store)
+        zeros = jnp.zeros((bt, cb), dtype)
+        for i0 in range(table.dims[0]):
+            if i0 not in rows:
+                store(i0, zeros)
 
     z = pl.pallas_call(
         kernel,
