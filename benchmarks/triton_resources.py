@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-CONFIGS = [(2, 128), (3, 32), (3, 128)]  # (lmax, channels); f32 unless a config says float64; y broadcast
+CONFIGS = ["2:128", "3:32", "3:128", "3:128:float64"]  # lmax:channels[:dtype] (float32 unless said); y broadcast
 KERNELS = ("tp_fwd", "tp_bwd", "conv_fwd", "conv_bwd")
 
 
@@ -147,7 +147,7 @@ def markdown(result: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None, help="write the results JSON here")
-    p.add_argument("--configs", nargs="+", default=[f"{l}:{c}" for l, c in CONFIGS], help="lmax:channels[:float64] ...")
+    p.add_argument("--configs", nargs="+", default=CONFIGS, help="lmax:channels[:float64] ...")
     args = p.parse_args(argv)
     import jax
 
