@@ -54,6 +54,18 @@ TP_CASES = [
     Case(3, 16, 11, True),
 ]
 
+# Channel counts that are not multiples of 4 (the CUDA kernels' float2 and scalar lanes), that leave a
+# block's last lanes idle (300 = 256 + 44), or whose largest power-of-two factor is small (Pallas GPU
+# channel blocks of 1, 2 and 4): tensor product and convolution, forward and backward.
+ODD_CHANNEL_CASES = [
+    Case(2, 1, 5, False),
+    Case(1, 3, 6, True),
+    Case(2, 6, 4, True, dtype="float64"),
+    Case(2, 20, 5, False),
+    Case(2, 300, 3, True),
+    Case(1, 300, 4, False),
+]
+
 CONV_CASES = [
     Case(1, 16, 12, False),
     Case(2, 64, 9, True, mul=2),

@@ -23,6 +23,7 @@ from kernel_cases import (
     CONV_CASES,
     IRREPS,
     LAUNCH_CASES,
+    ODD_CHANNEL_CASES,
     TP_CASES,
     Case,
     assert_close,
@@ -57,6 +58,12 @@ def test_tensor_product_matches_reference(host, case):
 
 @pytest.mark.parametrize("case", CONV_CASES, ids=str)
 def test_convolution_matches_reference(host, case):
+    check_convolution(host, case)
+
+
+@pytest.mark.parametrize("case", ODD_CHANNEL_CASES, ids=str)
+def test_odd_channel_counts(host, case):
+    check_tensor_product(host, case)
     check_convolution(host, case)
 
 

@@ -11,6 +11,7 @@ import pytest
 from kernel_cases import (
     CONV_CASES,
     LAUNCH_CASES,
+    ODD_CHANNEL_CASES,
     TP_CASES,
     Case,
     check_convolution,
@@ -44,6 +45,12 @@ def test_tensor_product(backend, case):
 
 @pytest.mark.parametrize("case", CONV_CASES, ids=str)
 def test_convolution(backend, case):
+    check_convolution(kernels_of(get_backend(backend)), case)
+
+
+@pytest.mark.parametrize("case", ODD_CHANNEL_CASES, ids=str)
+def test_odd_channel_counts(backend, case):
+    check_tensor_product(kernels_of(get_backend(backend)), case)
     check_convolution(kernels_of(get_backend(backend)), case)
 
 

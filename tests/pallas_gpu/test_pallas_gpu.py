@@ -12,6 +12,7 @@ import pytest
 from jax.sharding import AbstractDevice, AbstractMesh
 from kernel_cases import (
     CONV_CASES,
+    ODD_CHANNEL_CASES,
     TP_CASES,
     Case,
     check_convolution,
@@ -41,6 +42,14 @@ def test_tensor_product_matches_reference(kernels, case):
 
 @pytest.mark.parametrize("case", CONV_CASES, ids=str)
 def test_convolution_matches_reference(kernels, case):
+    check_convolution(kernels, case)
+
+
+# channel blocks of 1 and 2 (float64) and a 300-channel count in blocks of 4 (the interpreter is slow:
+# the other odd cases add nothing these do not cover here)
+@pytest.mark.parametrize("case", [ODD_CHANNEL_CASES[i] for i in (0, 2, 4)], ids=str)
+def test_odd_channel_counts(kernels, case):
+    check_tensor_product(kernels, case)
     check_convolution(kernels, case)
 
 
