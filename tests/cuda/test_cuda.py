@@ -280,8 +280,9 @@ def test_cuda_kernels_fit_in_registers(tmp_path):
         r"ptxas info\s+: Used (\d+) registers",
         report,
     )
-    # 4 ops x 3 channel vector widths x 4 record types (uint8/int32 indices, f32/f64)
-    assert len(kernels_) == 48, report
+    # 5 kernels (TP forward and backward, convolution forward, staged and global convolution backward)
+    # x 3 channel vector widths x 4 record types (uint8/int32 indices, f32/f64)
+    assert len(kernels_) == 60, report
     for name, stack, stores, loads, registers in kernels_:
         assert (int(stack), int(stores), int(loads)) == (0, 0, 0), name
         assert int(registers) <= 128, (name, registers)

@@ -193,8 +193,150 @@ __global__ void conv_fwd_kernel(const Rec* rec, const int32_t* rowptr, const int
     for (int i = lo; i < hi; ++i) store<V>(m + (b * Dz + i) * C + cbase + c0, acc + i * row);
 }
 
-// Convolution backward: block = one sender (the transposed graph's CSR), all channels; dx is
-// accumulated in the sender's own row, dy and ds written per edge; block N zeroes padding edges.
+// The backward kernels' extra block: zero the cotangent rows (dy_row, ds_row elements per edge; 0 when
+// not wanted) of the padding edges, order[num_valid:E], with threads tid of nt.
+template <typename T>
+__device__ void clear_padding_edges(const int32_t* order, int num_valid, int E, T* dy, T* ds, int64_t dy_row,
+                                    int64_t ds_row, int tid, int nt) {
+  for (int k = num_valid; k < E; ++k) {
+    const int64_t e = order[k];
+    for (int64_t j = tid; j < dy_row; j += nt) dy[e * dy_row + j] = T(0);
+    for (int64_t j = tid; j < ds_row; j += nt) ds[e * ds_row + j] = T(0);
+  }
+}
+
+// First row of part `part` of `parts` of the output rows, split by record count and moved forward to
+// the start of a path, so that every part holds whole paths (the rows of a path are contiguous).
+__device__ int path_split_begin(const int32_t* rowptr, const int32_t* i3, int rows, int part, int parts) {
+  int r = split_begin(rowptr, rows, part, parts);
+  while (r > 0 && r < rows && i3[r] == i3[r - 1]) ++r;
+  return r;
+}
+
+// Shared memory of the staged convolution backward, in elements of T, regions 16-byte aligned: the
+// sender's x_a [Dx][CB] and dx accumulator [Dx][CB], then per edge dm_b [Dz][CB], s_ab [P][CB],
+// y_ab [Dy][CB] (or [Dy]), and the broadcast y's reduction buffer [Dy][lanes]; a region is empty
+// when the cotangents asked for do not need it.
+struct ConvBwdSmem {
+  int64_t dx, dm, s, y, red, total;
+};
+template <typename T>
+__host__ __device__ ConvBwdSmem conv_bwd_smem(int64_t Dx, int64_t Dy, int64_t Dz, int64_t P, int64_t lanes, int V,
+                                              bool y_channels, bool want_x, bool want_y, bool want_s) {
+  constexpr int64_t q = 16 / sizeof(T);
+  auto up = [](int64_t n) { return (n + q - 1) / q * q; };
+  const int64_t CB = lanes * V;
+  const bool need_x = want_y || want_s, need_y = want_x || want_s, need_s = want_x || want_y;
+  ConvBwdSmem r;
+  r.dx = need_x ? up(Dx * CB) : 0;
+  r.dm = r.dx + (want_x ? up(Dx * CB) : 0);
+  r.s = r.dm + up(Dz * CB);
+  r.y = r.s + (need_s ? up(P * CB) : 0);
+  r.red = r.y + (need_y ? up(y_channels ? Dy * CB : Dy) : 0);
+  r.total = r.red + (want_y && !y_channels ? up(Dy * lanes) : 0);
+  return r;
+}
+
+// Convolution backward, staged: block = one sender (the transposed graph's CSR) × its channels in
+// chunks of CB; x_a is staged once per chunk and dx accumulated in shared memory, written once; per
+// edge, dm_b, s_ab and y_ab are staged by the whole block (coalesced), and each thread computes its
+// share of dx's, dy's and ds's rows (split across the block's y axis; ds's at path boundaries),
+// reading operands from shared memory. dy and ds rows are written once per edge and chunk; a
+// broadcast y's cotangent is reduced over lanes in shared memory, then over chunks in order. Block
+// N zeroes the padding edges' rows. No atomics.
+template <int V, typename T, typename Rec>
+__global__ void conv_bwd_staged_kernel(const Rec* rt, const int32_t* pt, const Rec* rx, const int32_t* px,
+                                       const Rec* ry, const int32_t* py, const int32_t* i3, const int32_t* offsets,
+                                       const int32_t* order, const int32_t* receivers, const int32_t* num_valid,
+                                       const T* x, const T* y, const T* s, const T* dm, T* dx, T* dy, T* ds, int N,
+                                       int E, int Dx, int Dy, int P, int Pds, int Dz, int C, bool y_channels,
+                                       bool want_x, bool want_y, bool want_s) {
+  E3J_DYNAMIC_SMEM(smem_raw);
+  T* smem = reinterpret_cast<T*>(smem_raw);
+  const int lanes = blockDim.x, splits = blockDim.y, CB = lanes * V;
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * lanes + tx, nt = lanes * splits;
+  const int64_t a = blockIdx.x;
+  const bool reduce = want_y && !y_channels;
+  if (a == N) {
+    clear_padding_edges(order, num_valid[0], E, dy, ds, want_y ? (y_channels ? int64_t(Dy) * C : Dy) : 0,
+                        want_s ? int64_t(Pds) * C : 0, tid, nt);
+    return;
+  }
+  const bool need_x = want_y || want_s, need_y = want_x || want_s, need_s = want_x || want_y;
+  const ConvBwdSmem at = conv_bwd_smem<T>(Dx, Dy, Dz, P, lanes, V, y_channels, want_x, want_y, want_s);
+  const int lx = split_begin(px, Dx, ty, splits), hx = split_begin(px, Dx, ty + 1, splits);
+  const int ly = split_begin(py, Dy, ty, splits), hy = split_begin(py, Dy, ty + 1, splits);
+  const int lt = path_split_begin(pt, i3, Dz, ty, splits), ht = path_split_begin(pt, i3, Dz, ty + 1, splits);
+  const int c0 = tx * V;
+  T* red = smem + at.red;
+  for (int cbase = 0; cbase < C; cbase += CB) {
+    const int width = min(CB, C - cbase);
+    const bool active = c0 < width;
+    __syncthreads();  // the previous chunk's rows are consumed
+    if (need_x) stage(smem, x + a * Dx * C + cbase, Dx, width, CB, C);
+    T* dx_acc = smem + at.dx + c0;
+    if (want_x && active) {
+      E3J_VEC(T, V) zero[V] = {};
+      for (int i = lx; i < hx; ++i) store<V>(dx_acc + i * CB, zero);
+    }
+    const Rows<T> xa{smem + c0, CB, 1};
+    const Rows<T> ye = y_channels ? Rows<T>{smem + at.y + c0, CB, 1} : Rows<T>{smem + at.y, 1, 0};
+    const Rows<T> dmb{smem + at.dm + c0, CB, 1};
+    const ScaledRows<T> g{dmb, Rows<T>{smem + at.s + c0, CB, 1}, i3};
+    for (int k = offsets[a]; k < offsets[a + 1]; ++k) {
+      const int64_t e = order[k], b = receivers[e];
+      __syncthreads();  // the previous edge's rows and reduction buffer are consumed
+      stage(smem + at.dm, dm + b * Dz * C + cbase, Dz, width, CB, C);
+      if (need_s) stage(smem + at.s, s + e * P * C + cbase, P, width, CB, C);
+      if (need_y) {
+        if (y_channels)
+          stage(smem + at.y, y + e * Dy * C + cbase, Dy, width, CB, C);
+        else
+          stage(smem + at.y, y + e * Dy, 1, Dy, Dy, 0);
+      }
+      __syncthreads();
+      if (active) {
+        if (want_x)
+          contract<V, T>(rx, px, lx, hx, ye, g, [&](int i, const T* acc) {
+            E3J_VEC(T, V) cur[V];
+            load<V>(Rows<T>{dx_acc + i * CB, 0, 1}, 0, cur);
+#pragma unroll
+            for (int v = 0; v < V; ++v) cur[v] += acc[v];
+            store<V>(dx_acc + i * CB, cur);
+          });
+        if (want_y) {
+          if (y_channels) {
+            store_contraction<V, T>(ry, py, ly, hy, xa, g, dy + e * Dy * C + cbase + c0, C);
+          } else {
+            contract<V, T>(ry, py, ly, hy, xa, g, [&](int i, const T* acc) {
+              T sum = T(0);
+#pragma unroll
+              for (int v = 0; v < V; ++v) sum += acc[v];
+              red[i * lanes + tx] = sum;
+            });
+          }
+        }
+        if (want_s) edge_scalar_cotangent<V, T>(rt, pt, lt, ht, xa, ye, dmb, i3, ds + e * Pds * C + cbase + c0, C);
+      } else if (reduce) {
+        for (int i = ly; i < hy; ++i) red[i * lanes + tx] = T(0);
+      }
+      if (reduce) {
+        __syncthreads();
+        for (int i = tid; i < Dy; i += nt) {
+          T sum = T(0);
+          for (int l = 0; l < lanes; ++l) sum += red[i * lanes + l];
+          dy[e * Dy + i] = cbase == 0 ? sum : dy[e * Dy + i] + sum;
+        }
+      }
+    }
+    if (want_x && active)
+      for (int i = lx; i < hx; ++i) store<V>(dx + (a * Dx + i) * C + cbase + c0, dx_acc + i * CB);
+  }
+}
+
+// Convolution backward from global memory (when not even one lane's rows fit the staged kernel's
+// shared memory): block = one sender, all channels; dx is accumulated in the sender's own row, dy and
+// ds written per edge; block N zeroes padding edges.
 template <int V, typename T, typename Rec>
 __global__ void conv_bwd_kernel(const Rec* rt, const int32_t* pt, const Rec* rx, const int32_t* px, const Rec* ry,
                                 const int32_t* py, const int32_t* i3, const int32_t* offsets, const int32_t* order,
@@ -205,15 +347,9 @@ __global__ void conv_bwd_kernel(const Rec* rt, const int32_t* pt, const Rec* rx,
   T* red = reinterpret_cast<T*>(smem_raw);  // [Dy][blockDim.x]
   const int tid = threadIdx.x, nt = blockDim.x;
   const int64_t a = blockIdx.x;
-  const int64_t dy_row = y_channels ? int64_t(Dy) * C : Dy;
-  if (a == N) {  // padding edges: zero cotangent rows
-    for (int k = num_valid[0]; k < E; ++k) {
-      const int64_t e = order[k];
-      if (want_y)
-        for (int64_t j = tid; j < dy_row; j += nt) dy[e * dy_row + j] = T(0);
-      if (want_s)
-        for (int64_t j = tid; j < int64_t(Pds) * C; j += nt) ds[e * Pds * C + j] = T(0);
-    }
+  if (a == N) {
+    clear_padding_edges(order, num_valid[0], E, dy, ds, want_y ? (y_channels ? int64_t(Dy) * C : Dy) : 0,
+                        want_s ? int64_t(Pds) * C : 0, tid, nt);
     return;
   }
   if (want_x)
@@ -252,8 +388,8 @@ __global__ void conv_bwd_kernel(const Rec* rt, const int32_t* pt, const Rec* rx,
         }
       }
       if (want_s)
-        edge_scalar_cotangent<V, T>(rt, pt, Dz, channel_rows(x, a, Dx, C, c0), y_rows(y, e, Dy, C, c0, y_channels),
-                                    dmb, i3, ds + e * Pds * C + c0, C, Pds);
+        edge_scalar_cotangent<V, T>(rt, pt, 0, Dz, channel_rows(x, a, Dx, C, c0), y_rows(y, e, Dy, C, c0, y_channels),
+                                    dmb, i3, ds + e * Pds * C + c0, C);
     }
     if (reduce) {
       __syncthreads();
@@ -415,16 +551,37 @@ ffi::Error ConvBwd(cudaStream_t stream, ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S
     using T = typename decltype(t)::type;
     using Rec = Record<typename decltype(i)::type, T>;
     constexpr int V = decltype(w)::value;
+    const auto args = [&](auto kernel, dim3 block, size_t smem) {
+      launch(kernel, dim3(static_cast<unsigned>(N + 1)), block, smem, stream,
+             static_cast<const Rec*>(rec_t.untyped_data()), rowptr_t.typed_data(),
+             static_cast<const Rec*>(rec_x.untyped_data()), rowptr_x.typed_data(),
+             static_cast<const Rec*>(rec_y.untyped_data()), rowptr_y.typed_data(), i3.typed_data(),
+             offsets.typed_data(), order.typed_data(), receivers.typed_data(), num_valid.typed_data(), in<T>(x),
+             in<T>(y), in<T>(s), in<T>(dm), out<T>(dx), out<T>(dy), out<T>(ds), N, E, Dx, Dy, P, Pds, Dz, C,
+             y_channels, want_x, want_y, want_s);
+    };
+    // staged: rows in shared memory within the convolution's budget, fewer lanes (channel chunks)
+    // when they would not fit; from global memory when not even one lane's would
+    const auto bytes = [&](int lanes) {
+      return static_cast<size_t>(
+                 conv_bwd_smem<T>(Dx, Dy, Dz, P, lanes, V, y_channels, want_x, want_y, want_s).total) *
+             sizeof(T);
+    };
+    const size_t budget = std::min(kConvSharedBytes, shared_memory_limit());
+    int staged_lanes = lanes_for(C / V);
+    while (staged_lanes > 0 && bytes(staged_lanes) > budget) staged_lanes /= 2;
+    if (staged_lanes > 0) {
+      const int splits = std::max(1, std::min(kMaxSplits, kThreads / staged_lanes));
+      auto kernel = conv_bwd_staged_kernel<V, T, Rec>;
+      if (auto err = allow_smem(kernel, bytes(staged_lanes)); err.failure()) return err;
+      args(kernel, dim3(staged_lanes, splits), bytes(staged_lanes));
+      return launched("convolution backward");
+    }
     const int lanes = reduction_lanes(C / V, want_y && !y_channels, Dy * sizeof(T));
     const size_t smem = (want_y && !y_channels) ? Dy * lanes * sizeof(T) : 0;
     auto kernel = conv_bwd_kernel<V, T, Rec>;
     if (auto err = allow_smem(kernel, smem); err.failure()) return err;
-    launch(kernel, dim3(static_cast<unsigned>(N + 1)), dim3(lanes), smem, stream,
-        static_cast<const Rec*>(rec_t.untyped_data()), rowptr_t.typed_data(),
-        static_cast<const Rec*>(rec_x.untyped_data()), rowptr_x.typed_data(),
-        static_cast<const Rec*>(rec_y.untyped_data()), rowptr_y.typed_data(), i3.typed_data(), offsets.typed_data(),
-        order.typed_data(), receivers.typed_data(), num_valid.typed_data(), in<T>(x), in<T>(y), in<T>(s), in<T>(dm),
-        out<T>(dx), out<T>(dy), out<T>(ds), N, E, Dx, Dy, P, Pds, Dz, C, y_channels, want_x, want_y, want_s);
+    args(kernel, dim3(lanes), smem);
     return launched("convolution backward");
   });
 }

@@ -133,9 +133,10 @@ ffi::Error ConvBwd(ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::An
             }
           }
           if (want_s)
-            edge_scalar_cotangent<V, T>(rt, rowptr_t.typed_data(), Dz, channel_rows(data<T>(x), a, Dx, C, c0),
+            edge_scalar_cotangent<V, T>(rt, rowptr_t.typed_data(), 0, static_cast<int>(Dz),
+                                        channel_rows(data<T>(x), a, Dx, C, c0),
                                         y_rows(data<T>(y), e, Dy, C, c0, y_channels), dmb, map,
-                                        data<T>(ds) + (e * ds_paths * C + c0), C, static_cast<int>(ds_paths));
+                                        data<T>(ds) + (e * ds_paths * C + c0), C);
         }
       }
     (void)num_valid;  // the memsets above already zeroed the padding edges' rows

@@ -56,14 +56,17 @@ E3J_HD void accumulate_message(const Rec* rec, const int32_t* rowptr, int lo, in
   });
 }
 
-// Convolution backward, ds of one edge: ds[p] = Σ_{i0: i3(i0)=p} (x_a ⊗ y_e)[i0] * dm_b[i0].
+// Convolution backward, ds of one edge over output rows [lo, hi), which must hold whole paths (the
+// rows of a path are contiguous: core lists paths in output order):
+// ds[p] = Σ_{i0 in [lo, hi): i3(i0)=p} (x_a ⊗ y_e)[i0] * dm_b[i0], the paths of those rows zeroed first.
 template <int V, typename T, typename Rec, typename A, typename B>
-E3J_HD void edge_scalar_cotangent(const Rec* rec, const int32_t* rowptr, int rows, const A& xa, const B& ye,
-                                  const Rows<T>& dmb, const int32_t* i3, T* ds, int64_t row, int paths) {
-  for (int p = 0; p < paths; ++p)
+E3J_HD void edge_scalar_cotangent(const Rec* rec, const int32_t* rowptr, int lo, int hi, const A& xa, const B& ye,
+                                  const Rows<T>& dmb, const int32_t* i3, T* ds, int64_t row) {
+  if (lo >= hi) return;
+  for (int p = i3[lo]; p <= i3[hi - 1]; ++p)
 #pragma unroll
     for (int v = 0; v < V; ++v) ds[p * row + v] = T(0);
-  contract<V, T>(rec, rowptr, 0, rows, xa, ye, [&](int i0, const T* z) {
+  contract<V, T>(rec, rowptr, lo, hi, xa, ye, [&](int i0, const T* z) {
 #pragma unroll
     for (int v = 0; v < V; ++v) ds[i3[i0] * row + v] += z[v] * dmb.at(i0, v);
   });
