@@ -201,6 +201,14 @@ def test_compatibility_rules():
         _ffi.check_compatible((0, 4), "0.12.0", (0, 4), "0.11.2")
 
 
+def test_paths_out_of_output_order_are_refused():
+    """The backward splits ds's rows at path boundaries; a table whose paths interleave is refused."""
+    import types
+
+    with pytest.raises(ValueError, match="paths are not in output order"):
+        kernels._i3(types.SimpleNamespace(i3=[0, 1, 0]))
+
+
 def test_missing_target_says_how_to_get_it():
     with pytest.raises(ImportError, match="e3j-cuda has no compiled _nowhere target; reinstall it with nvcc on PATH"):
         _ffi.load_target("_nowhere")

@@ -100,7 +100,11 @@ def tensor_product_bwd(
 
 
 def _i3(coo: TensorProductCoo) -> jax.Array:
-    return jnp.asarray(np.asarray(coo.i3, np.int32))
+    i3 = np.asarray(coo.i3, np.int32)
+    # the convolution backward splits ds's rows at path boundaries: a path's rows must be contiguous
+    if np.any(np.diff(i3) < 0):
+        raise ValueError("e3j_cuda: the table's paths are not in output order (e3j-core lists them so)")
+    return jnp.asarray(i3)
 
 
 def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool, target: str = "e3j") -> jax.Array:
