@@ -170,12 +170,33 @@ def assert_close(got, want, dtype, what: str) -> None:
     assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol:g} x max|want| = {tol * scale:.3g}"
 
 
+@functools.cache
+def _tp_reference(case: Case):
+    """The float64 reference's ``z`` and ``{dx, dy}`` on ``tp_operands(case)`` (one evaluation per case
+    and process: every backend checked against the same case shares it)."""
+    coo, x, y, dz = tp_operands(case)
+    yc = case.y_channels
+    z = np.asarray(ref_tp.tensor_product(coo, *_f64(x, y), y_channels=yc))
+    grads = ref_tp.tensor_product_bwd(coo, *_f64(x, y, dz), outs=("x", "y"), y_channels=yc)
+    return z, {k: np.asarray(v) for k, v in grads.items()}
+
+
+@functools.cache
+def _conv_reference(case: Case):
+    """The float64 reference's ``m`` and ``{dx, dy, ds}`` on ``conv_operands(case)`` (shared, as above)."""
+    coo, graph, x, y, s, dm = conv_operands(case)
+    yc = case.y_channels
+    m = np.asarray(ref_conv.convolution(coo, *_f64(x, y, s), graph, y_channels=yc))
+    grads = ref_conv.convolution_bwd(coo, *_f64(x, y, s, dm), graph, outs=("x", "y", "s"), y_channels=yc)
+    return m, {k: np.asarray(v) for k, v in grads.items()}
+
+
 def check_tensor_product(kernels: e3j.Kernels, case: Case) -> None:
     coo, x, y, dz = tp_operands(case)
     yc = case.y_channels
     z = jax.jit(functools.partial(kernels.tensor_product, coo, y_channels=yc))(x, y)
-    assert_close(z, ref_tp.tensor_product(coo, *_f64(x, y), y_channels=yc), case.dtype, "z")
-    want = ref_tp.tensor_product_bwd(coo, *_f64(x, y, dz), outs=("x", "y"), y_channels=yc)
+    want_z, want = _tp_reference(case)
+    assert_close(z, want_z, case.dtype, "z")
     for outs in (("x", "y"), ("x",), ("y",)):
         xs, ys = (x if "y" in outs else None), (y if "x" in outs else None)
         got = jax.jit(lambda x, y, dz, o=outs: kernels.tensor_product_bwd(coo, x, y, dz, outs=o, y_channels=yc))(
@@ -190,8 +211,8 @@ def check_convolution(kernels: e3j.Kernels, case: Case) -> None:
     coo, graph, x, y, s, dm = conv_operands(case)
     yc = case.y_channels
     m = jax.jit(lambda x, y, s, g: kernels.convolution(coo, x, y, s, g, y_channels=yc))(x, y, s, graph)
-    assert_close(m, ref_conv.convolution(coo, *_f64(x, y, s), graph, y_channels=yc), case.dtype, "m")
-    want = ref_conv.convolution_bwd(coo, *_f64(x, y, s, dm), graph, outs=("x", "y", "s"), y_channels=yc)
+    want_m, want = _conv_reference(case)
+    assert_close(m, want_m, case.dtype, "m")
     for outs in (("x", "y", "s"), ("x",), ("y", "s")):
         ops = {
             "x": x if ("y" in outs or "s" in outs) else None,

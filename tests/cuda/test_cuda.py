@@ -67,35 +67,44 @@ def test_odd_channel_counts(host, case):
     check_convolution(host, case)
 
 
-@pytest.mark.parametrize(("dtype", "y_channels"), [("float32", True), ("float64", False)])
-def test_int32_records(host, dtype, y_channels):
-    """lmax 3 ⊗ lmax 3 unfiltered: 256 output rows, so records carry int32 indices (16/24 bytes)."""
+@functools.cache
+def _int32_case(dtype: str, y_channels: bool):
+    """Operands and float64 reference results of the int32-record case (shared by both CPU targets)."""
     coo = tensor_product_coo(IRREPS[3], IRREPS[3])
-    assert coo.table.index_dtype == np.int32
     rng = np.random.default_rng(5)
     f64 = functools.partial(jnp.asarray, dtype=jnp.float64)
     c, n = 6, 5
     x = rng.normal(size=(n, coo.dim_x, c)).astype(dtype)
     y = rng.normal(size=(n, coo.dim_y, c) if y_channels else (n, coo.dim_y)).astype(dtype)
     dz = rng.normal(size=(n, coo.dim_out, c)).astype(dtype)
-    z = host.tensor_product(coo, x, y, y_channels=y_channels)
-    assert_close(z, ref_tp.tensor_product(coo, f64(x), f64(y), y_channels=y_channels), dtype, "z")
-    got = host.tensor_product_bwd(coo, x, y, dz, outs=("x", "y"), y_channels=y_channels)
-    want = ref_tp.tensor_product_bwd(coo, f64(x), f64(y), f64(dz), outs=("x", "y"), y_channels=y_channels)
-    for o in "xy":
-        assert_close(got[o], want[o], dtype, f"d{o}")
     graph = hard_graph(n)
     e = graph.num_edges
-    y = rng.normal(size=(e, coo.dim_y, c) if y_channels else (e, coo.dim_y)).astype(dtype)
+    ye = rng.normal(size=(e, coo.dim_y, c) if y_channels else (e, coo.dim_y)).astype(dtype)
     s = rng.normal(size=(e, coo.num_paths, c)).astype(dtype)
-    m = host.convolution(coo, x, y, s, graph, y_channels=y_channels)
-    assert_close(m, ref_conv.convolution(coo, f64(x), f64(y), f64(s), graph, y_channels=y_channels), dtype, "m")
-    got = host.convolution_bwd(coo, x, y, s, dz, graph, outs=("x", "y", "s"), y_channels=y_channels)
-    want = ref_conv.convolution_bwd(
-        coo, f64(x), f64(y), f64(s), f64(dz), graph, outs=("x", "y", "s"), y_channels=y_channels
-    )
+    want = {
+        "z": ref_tp.tensor_product(coo, f64(x), f64(y), y_channels=y_channels),
+        "tp": ref_tp.tensor_product_bwd(coo, f64(x), f64(y), f64(dz), outs=("x", "y"), y_channels=y_channels),
+        "m": ref_conv.convolution(coo, f64(x), f64(ye), f64(s), graph, y_channels=y_channels),
+        "conv": ref_conv.convolution_bwd(
+            coo, f64(x), f64(ye), f64(s), f64(dz), graph, outs=("x", "y", "s"), y_channels=y_channels
+        ),
+    }
+    return coo, graph, (x, y, dz, ye, s), want
+
+
+@pytest.mark.parametrize(("dtype", "y_channels"), [("float32", True), ("float64", False)])
+def test_int32_records(host, dtype, y_channels):
+    """lmax 3 ⊗ lmax 3 unfiltered: 256 output rows, so records carry int32 indices (16/24 bytes)."""
+    coo, graph, (x, y, dz, ye, s), want = _int32_case(dtype, y_channels)
+    assert coo.table.index_dtype == np.int32
+    assert_close(host.tensor_product(coo, x, y, y_channels=y_channels), want["z"], dtype, "z")
+    got = host.tensor_product_bwd(coo, x, y, dz, outs=("x", "y"), y_channels=y_channels)
+    for o in "xy":
+        assert_close(got[o], want["tp"][o], dtype, f"d{o}")
+    assert_close(host.convolution(coo, x, ye, s, graph, y_channels=y_channels), want["m"], dtype, "m")
+    got = host.convolution_bwd(coo, x, ye, s, dz, graph, outs=("x", "y", "s"), y_channels=y_channels)
     for o in "xys":
-        assert_close(got[o], want[o], dtype, f"conv d{o}")
+        assert_close(got[o], want["conv"][o], dtype, f"conv d{o}")
 
 
 def test_bitwise_deterministic(host):
