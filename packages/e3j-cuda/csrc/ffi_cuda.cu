@@ -122,6 +122,13 @@ __global__ void tp_bwd_kernel(const Rec* rx, const int32_t* px, const Rec* ry, c
   }
 }
 
+// `n` elements of T rounded up to 16 bytes: shared-memory regions start aligned for vector accesses.
+template <typename T>
+__host__ __device__ int64_t aligned16(int64_t n) {
+  constexpr int64_t q = 16 / sizeof(T);
+  return (n + q - 1) / q * q;
+}
+
 // Shared memory of the convolution forward, in elements of T, each region 16-byte aligned (vector
 // loads): the accumulator [Dz][CB], then the current edge's rows x_a [Dx][CB], y_ab [Dy][CB] (or
 // [Dy] when broadcast) and s_ab [P][CB].
@@ -131,13 +138,11 @@ struct ConvFwdSmem {
 template <typename T>
 __host__ __device__ ConvFwdSmem conv_fwd_smem(int64_t Dz, int64_t Dx, int64_t Dy, int64_t P, int64_t CB,
                                               bool y_channels) {
-  constexpr int64_t q = 16 / sizeof(T);
-  auto up = [](int64_t n) { return (n + q - 1) / q * q; };
   ConvFwdSmem r;
-  r.x = up(Dz * CB);
-  r.y = r.x + up(Dx * CB);
-  r.s = r.y + up(y_channels ? Dy * CB : Dy);
-  r.total = r.s + up(P * CB);
+  r.x = aligned16<T>(Dz * CB);
+  r.y = r.x + aligned16<T>(Dx * CB);
+  r.s = r.y + aligned16<T>(y_channels ? Dy * CB : Dy);
+  r.total = r.s + aligned16<T>(P * CB);
   return r;
 }
 
@@ -223,17 +228,15 @@ struct ConvBwdSmem {
 template <typename T>
 __host__ __device__ ConvBwdSmem conv_bwd_smem(int64_t Dx, int64_t Dy, int64_t Dz, int64_t P, int64_t lanes, int V,
                                               bool y_channels, bool want_x, bool want_y, bool want_s) {
-  constexpr int64_t q = 16 / sizeof(T);
-  auto up = [](int64_t n) { return (n + q - 1) / q * q; };
   const int64_t CB = lanes * V;
   const bool need_x = want_y || want_s, need_y = want_x || want_s, need_s = want_x || want_y;
   ConvBwdSmem r;
-  r.dx = need_x ? up(Dx * CB) : 0;
-  r.dm = r.dx + (want_x ? up(Dx * CB) : 0);
-  r.s = r.dm + up(Dz * CB);
-  r.y = r.s + (need_s ? up(P * CB) : 0);
-  r.red = r.y + (need_y ? up(y_channels ? Dy * CB : Dy) : 0);
-  r.total = r.red + (want_y && !y_channels ? up(Dy * lanes) : 0);
+  r.dx = need_x ? aligned16<T>(Dx * CB) : 0;
+  r.dm = r.dx + (want_x ? aligned16<T>(Dx * CB) : 0);
+  r.s = r.dm + aligned16<T>(Dz * CB);
+  r.y = r.s + (need_s ? aligned16<T>(P * CB) : 0);
+  r.red = r.y + (need_y ? aligned16<T>(y_channels ? Dy * CB : Dy) : 0);
+  r.total = r.red + (want_y && !y_channels ? aligned16<T>(Dy * lanes) : 0);
   return r;
 }
 
@@ -431,10 +434,11 @@ size_t shared_memory_limit() {
   return static_cast<size_t>(bytes);
 }
 
-// The most lanes, halving from `lanes`, whose shared memory `fixed + per_lane * lanes` fits in
-// `budget`; 0 when not even one lane fits.
-int lanes_within(int lanes, size_t fixed, size_t per_lane, size_t budget) {
-  while (lanes > 0 && fixed + per_lane * static_cast<size_t>(lanes) > budget) lanes /= 2;
+// The most lanes, halving from `lanes`, whose shared memory `bytes(lanes)` fits in `budget`; 0 when
+// not even one lane fits.
+template <typename Bytes>
+int lanes_within(int lanes, Bytes&& bytes, size_t budget) {
+  while (lanes > 0 && bytes(lanes) > budget) lanes /= 2;
   return lanes;
 }
 
@@ -443,7 +447,8 @@ int lanes_within(int lanes, size_t fixed, size_t per_lane, size_t budget) {
 // of `row_bytes` per lane, at least one (then a buffer too large says so at launch).
 int reduction_lanes(int64_t groups, bool reduce, size_t row_bytes) {
   const int lanes = lanes_for(groups);
-  return reduce ? std::max(1, lanes_within(lanes, 0, row_bytes, shared_memory_limit())) : lanes;
+  const auto bytes = [&](int n) { return row_bytes * static_cast<size_t>(n); };
+  return reduce ? std::max(1, lanes_within(lanes, bytes, shared_memory_limit())) : lanes;
 }
 
 template <typename T>
@@ -465,12 +470,13 @@ ffi::Error TpFwd(cudaStream_t stream, ffi::AnyBuffer records, ffi::Buffer<ffi::S
     constexpr int V = decltype(w)::value;
     // rows staged in shared memory; fewer lanes when they would not fit, global rows when none would
     const size_t per_lane = (Dx + (y_channels ? Dy : 0)) * V * sizeof(T), fixed = (y_channels ? 0 : Dy) * sizeof(T);
-    int lanes = lanes_within(lanes_for(C / V), fixed, per_lane, shared_memory_limit());
+    const auto bytes = [&](int n) { return fixed + per_lane * static_cast<size_t>(n); };
+    int lanes = lanes_within(lanes_for(C / V), bytes, shared_memory_limit());
     const bool staged = lanes > 0;
     if (!staged) lanes = lanes_for(C / V);
     const int splits = std::max(1, std::min(4, kThreads / lanes));
     const int CB = lanes * V;
-    const size_t smem = staged ? fixed + per_lane * lanes : 0;
+    const size_t smem = staged ? bytes(lanes) : 0;
     auto kernel = tp_fwd_kernel<V, T, Rec>;
     if (auto err = allow_smem(kernel, smem); err.failure()) return err;
     const dim3 grid(static_cast<unsigned>(B), static_cast<unsigned>((C + CB - 1) / CB));
@@ -519,9 +525,7 @@ ffi::Error ConvFwd(cudaStream_t stream, ffi::AnyBuffer records, ffi::Buffer<ffi:
     const auto bytes = [&](int lanes) {
       return static_cast<size_t>(conv_fwd_smem<T>(Dz, Dx, Dy, P, lanes * V, y_channels).total) * sizeof(T);
     };
-    const size_t budget = std::min(kConvSharedBytes, shared_memory_limit());
-    int lanes = lanes_for(C / V);
-    while (lanes > 0 && bytes(lanes) > budget) lanes /= 2;
+    int lanes = lanes_within(lanes_for(C / V), bytes, std::min(kConvSharedBytes, shared_memory_limit()));
     const bool staged = lanes > 0;
     if (!staged) lanes = lanes_for(C / V);
     const int splits = std::max(1, std::min(kMaxSplits, kThreads / lanes)), CB = lanes * V;
@@ -567,14 +571,13 @@ ffi::Error ConvBwd(cudaStream_t stream, ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S
                  conv_bwd_smem<T>(Dx, Dy, Dz, P, lanes, V, y_channels, want_x, want_y, want_s).total) *
              sizeof(T);
     };
-    const size_t budget = std::min(kConvSharedBytes, shared_memory_limit());
-    int staged_lanes = lanes_for(C / V);
-    while (staged_lanes > 0 && bytes(staged_lanes) > budget) staged_lanes /= 2;
+    const int staged_lanes = lanes_within(lanes_for(C / V), bytes, std::min(kConvSharedBytes, shared_memory_limit()));
     if (staged_lanes > 0) {
       const int splits = std::max(1, std::min(kMaxSplits, kThreads / staged_lanes));
+      const size_t smem = bytes(staged_lanes);
       auto kernel = conv_bwd_staged_kernel<V, T, Rec>;
-      if (auto err = allow_smem(kernel, bytes(staged_lanes)); err.failure()) return err;
-      args(kernel, dim3(staged_lanes, splits), bytes(staged_lanes));
+      if (auto err = allow_smem(kernel, smem); err.failure()) return err;
+      args(kernel, dim3(staged_lanes, splits), smem);
       return launched("convolution backward");
     }
     const int lanes = reduction_lanes(C / V, want_y && !y_channels, Dy * sizeof(T));

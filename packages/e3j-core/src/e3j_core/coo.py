@@ -270,23 +270,21 @@ class CooTable:
         if self.arity != 2:
             raise ValueError(f"contract needs a bilinear table, got arity {self.arity}")
         rows: dict[int, Any] = {}
-        groups = self.by_i0_i1
-        for k, (i0, i1, records) in enumerate(groups):
-            inner = None
-            for i2, c in records:
-                term = c * b_row(i2)
-                inner = term if inner is None else inner + term
-            term = a_row(i1) * inner
-            rows[i0] = term if i0 not in rows else rows[i0] + term
-            if on_row is not None and (k + 1 == len(groups) or groups[k + 1][0] != i0):
-                on_row(i0, rows[i0])
+
+        def done(i0: int, value: Any) -> None:
+            rows[i0] = value
+            if on_row is not None:
+                on_row(i0, value)
+
+        # the same walk by output row as the backward's, with no cotangent asked for
+        self.contract_vjp(a_row, b_row, None, grads=(), on_row=done)
         return rows
 
     def contract_vjp(
         self,
         a_row: Callable[[int], Any],
         b_row: Callable[[int], Any],
-        g_row: Callable[[int], Any],
+        g_row: Callable[[int], Any] | None,
         *,
         grads: tuple[str, ...] = ("a", "b"),
         on_row: Callable[[int, Any], None] | None = None,
