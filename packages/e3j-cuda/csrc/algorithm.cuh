@@ -29,6 +29,10 @@
 #define E3J_VECTOR_ACCESS(p, bytes) ((void)0)
 #endif
 
+// The e3j-core COO format (COO_FORMAT_VERSION) whose packed records these kernels read; the Python
+// loader refuses a module built for another format than the installed e3j-core writes.
+#define E3J_COO_FORMAT 2
+
 namespace e3j {
 
 template <typename Idx, typename T>

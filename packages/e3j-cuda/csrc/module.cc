@@ -3,6 +3,7 @@
 // beside the host target on the CPU platform), and what it was built with.
 #include <nanobind/nanobind.h>
 
+#include "algorithm.cuh"
 #include "handlers.h"
 #include "xla/ffi/api/c_api.h"
 
@@ -31,6 +32,7 @@ NB_MODULE(E3J_MODULE_NAME, m) {
   });
   m.attr("FFI_API_VERSION") = nb::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
   m.attr("BUILT_WITH_JAX") = E3J_BUILT_WITH_JAX;
+  m.attr("COO_FORMAT_VERSION") = E3J_COO_FORMAT;
   m.attr("FFI_PREFIX") = E3J_FFI_PREFIX;
 #ifdef E3J_WITH_CUDA
   m.attr("PLATFORM") = "CUDA";

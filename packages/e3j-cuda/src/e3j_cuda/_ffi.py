@@ -27,10 +27,6 @@ def runtime_ffi_api_version() -> tuple[int, int]:
     return int(major.group(1)), int(minor.group(1))
 
 
-def _version(v: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", v.split("+")[0])[:3])
-
-
 def check_compatible(built_api: tuple[int, int], built_jax: str, runtime_api: tuple[int, int], jax_version: str):
     """Raise :class:`IncompatibleBuild` unless a module built with ``built_*`` can run here."""
     if built_api[0] != runtime_api[0] or built_api[1] > runtime_api[1]:
@@ -39,10 +35,23 @@ def check_compatible(built_api: tuple[int, int], built_jax: str, runtime_api: tu
             f"but the installed jaxlib {jax_version} provides FFI API {runtime_api[0]}.{runtime_api[1]}; "
             "install a jax/jaxlib at least as new as the one e3j-cuda was built with, or rebuild e3j-cuda"
         )
-    if _version(jax_version) < _version(built_jax):
+    from packaging.version import Version
+
+    if Version(jax_version).release < Version(built_jax).release:
         raise IncompatibleBuild(
             f"e3j-cuda was compiled against jax {built_jax}, newer than the installed jax {jax_version}; "
             "upgrade jax or rebuild e3j-cuda against this one"
+        )
+
+
+def check_coo_format(built: int) -> None:
+    """Raise :class:`IncompatibleBuild` unless the kernels read the COO format e3j-core writes."""
+    from e3j_core import COO_FORMAT_VERSION
+
+    if built != COO_FORMAT_VERSION:
+        raise IncompatibleBuild(
+            f"e3j-cuda's kernels read COO format {built}, but the installed e3j-core writes format "
+            f"{COO_FORMAT_VERSION}; install the e3j-cuda release made for this e3j-core"
         )
 
 
@@ -64,6 +73,7 @@ def load_target(module_name: str) -> str:
             "(or E3J_CUDA=ON to make a missing CUDA compiler an error)"
         ) from err
     check_compatible(tuple(module.FFI_API_VERSION), module.BUILT_WITH_JAX, runtime_ffi_api_version(), jax.__version__)
+    check_coo_format(module.COO_FORMAT_VERSION)
     for name, capsule in module.handlers().items():
         jax.ffi.register_ffi_target(name, capsule, platform=module.PLATFORM, api_version=1)
     return module.FFI_PREFIX

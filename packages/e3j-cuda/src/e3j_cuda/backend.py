@@ -9,8 +9,6 @@ from ._version import __version__
 
 __all__ = ["backend", "host_backend", "simt_backend"]
 
-#: The COO table format these kernels read (e3j-core's packed records, C struct alignment).
-COO_FORMAT = 2
 #: The JAX range this package is tested with; the compiled module also checks its FFI API version.
 JAX_REQUIREMENT = ">=0.11.1,<0.13"
 
@@ -28,7 +26,6 @@ _COMMON: dict[str, Any] = {
     "dtypes": ("float32", "float64"),
     "deterministic": True,
     "jax_requirement": JAX_REQUIREMENT,
-    "coo_format_version": COO_FORMAT,
 }
 
 #: The CUDA kernels (needs the ``_cuda`` module, built when nvcc was found at install time).

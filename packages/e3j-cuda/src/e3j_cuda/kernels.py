@@ -1,9 +1,11 @@
 """The kernel functions of the ``cuda``, ``cuda_host`` and ``cuda_simt`` backends: ``jax.ffi.ffi_call`` wrappers.
 
-The COO tables travel as operands: e3j-core's packed records (format 2, as raw bytes) and a CSR row
-pointer over their output index; both are small numpy constants built once per table and dtype.
-Unneeded operands and unwanted results are 0-size placeholders, skipped by the handlers. ``target``
-is the name prefix of the FFI targets to call (``"e3j"``; ``"e3j_simt"`` for the emulated kernels).
+Operands arrive as e3j's kernel contract (``e3j.contract``) gives them: one dtype, non-empty, the
+operands ``outs`` does not read as ``None``. The COO tables travel as operands: e3j-core's packed
+records (as raw bytes) and a CSR row pointer over their output index; both are small numpy constants
+built once per table and dtype. ``None`` operands and unwanted results are 0-size placeholders,
+skipped by the handlers. ``target`` is the name prefix of the FFI targets to call (``"e3j"``;
+``"e3j_host"``/``"e3j_simt"`` for the CPU builds).
 
 Layouts are e3j's: ``x [B|N, Dx, C]``, ``y [B|E, Dy]`` or ``[B|E, Dy, C]``, ``s [E, P, C]``.
 """
@@ -37,8 +39,9 @@ def _index_bytes(coo: TensorProductCoo) -> np.int64:
     return np.int64(coo.table.index_dtype.itemsize)
 
 
-def _none(dtype) -> jax.Array:
-    return jnp.zeros((0,), dtype)
+def _operand(a: jax.Array | None, dtype) -> jax.Array:
+    """``a``, or the 0-size placeholder the handlers skip when the contract gives ``None``."""
+    return jnp.zeros((0,), dtype) if a is None else a
 
 
 def _shape(shape, dtype) -> jax.ShapeDtypeStruct:
@@ -49,13 +52,13 @@ def tensor_product(
     coo: TensorProductCoo, x: jax.Array, y: jax.Array, *, y_channels: bool, target: str = "e3j"
 ) -> jax.Array:
     """``z = x ⊗ y``: ``[B, Dx, C]``, ``[B, Dy(, C)]`` → ``[B, Dout, C]``."""
-    dtype = jnp.result_type(x, y)
+    dtype = x.dtype
     batch, _, channels = x.shape
     call = jax.ffi.ffi_call(f"{target}_tp_fwd", _shape((batch, coo.dim_out, channels), dtype))
     return call(
         *_table(coo.table, dtype),
-        x.astype(dtype),
-        y.astype(dtype),
+        x,
+        y,
         index_bytes=_index_bytes(coo),
         y_channels=bool(y_channels),
     )
@@ -73,9 +76,7 @@ def tensor_product_bwd(
 ) -> dict[str, jax.Array]:
     """``dx = vjp_x(y, dz)`` and/or ``dy = vjp_y(x, dz)`` in one pass over ``dz``."""
     want_x, want_y = "x" in outs, "y" in outs
-    if not (want_x or want_y):
-        return {}
-    dtype = jnp.result_type(*[a for a in (x, y, dz) if a is not None])
+    dtype = dz.dtype
     batch, _, channels = dz.shape
     dy_shape = (batch, coo.dim_y, channels) if y_channels else (batch, coo.dim_y)
     call = jax.ffi.ffi_call(
@@ -88,9 +89,9 @@ def tensor_product_bwd(
     dx, dy = call(
         *_table(coo.vjp_x, dtype),
         *_table(coo.vjp_y, dtype),
-        x.astype(dtype) if want_y else _none(dtype),
-        y.astype(dtype) if want_x else _none(dtype),
-        dz.astype(dtype),
+        _operand(x, dtype),
+        _operand(y, dtype),
+        dz,
         index_bytes=_index_bytes(coo),
         y_channels=bool(y_channels),
         want_x=bool(want_x),
@@ -109,10 +110,8 @@ def _i3(coo: TensorProductCoo) -> jax.Array:
 
 def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool, target: str = "e3j") -> jax.Array:
     """``m_b = Σ_{a→b} s_ab · (x_a ⊗ y_ab)`` by a CSR loop over each receiver's edges."""
-    dtype = jnp.result_type(x, y, s)
+    dtype = x.dtype
     num_nodes, _, channels = x.shape
-    if num_nodes == 0 or y.shape[0] == 0:
-        return jnp.zeros((num_nodes, coo.dim_out, channels), dtype)
     call = jax.ffi.ffi_call(f"{target}_conv_fwd", _shape((num_nodes, coo.dim_out, channels), dtype))
     return call(
         *_table(coo.table, dtype),
@@ -120,9 +119,9 @@ def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool, targ
         graph.receiver_offsets,
         graph.order,
         graph.senders,
-        x.astype(dtype),
-        y.astype(dtype),
-        s.astype(dtype),
+        x,
+        y,
+        s,
         index_bytes=_index_bytes(coo),
         y_channels=bool(y_channels),
     )
@@ -133,9 +132,7 @@ def convolution_bwd(
 ) -> dict[str, jax.Array]:
     """Cotangents for ``outs ⊆ {x, y, s}`` in one sender-ordered sweep (``dx`` without atomics)."""
     want = {o: o in outs for o in ("x", "y", "s")}
-    if not any(want.values()):
-        return {}
-    dtype = jnp.result_type(*[a for a in (x, y, s, dm) if a is not None])
+    dtype = dm.dtype
     num_nodes, _, channels = dm.shape
     num_edges = graph.senders.shape[0]
     shapes = {
@@ -143,10 +140,6 @@ def convolution_bwd(
         "y": (num_edges, coo.dim_y, channels) if y_channels else (num_edges, coo.dim_y),
         "s": (num_edges, coo.num_paths, channels),
     }
-    if num_nodes == 0 or num_edges == 0:
-        return {o: jnp.zeros(shapes[o], dtype) for o in want if want[o]}
-    need = {"x": want["y"] or want["s"], "y": want["x"] or want["s"], "s": want["x"] or want["y"]}
-    operands = {"x": x, "y": y, "s": s}
     call = jax.ffi.ffi_call(
         f"{target}_conv_bwd", tuple(_shape(shapes[o] if want[o] else (0,), dtype) for o in ("x", "y", "s"))
     )
@@ -159,8 +152,10 @@ def convolution_bwd(
         graph.sender_order,
         graph.receivers,
         graph.num_valid.reshape(1),
-        *(operands[o].astype(dtype) if need[o] else _none(dtype) for o in ("x", "y", "s")),
-        dm.astype(dtype),
+        _operand(x, dtype),
+        _operand(y, dtype),
+        _operand(s, dtype),
+        dm,
         index_bytes=_index_bytes(coo),
         y_channels=bool(y_channels),
         want_x=want["x"],

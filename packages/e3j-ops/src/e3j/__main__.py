@@ -77,7 +77,8 @@ def _info(args: argparse.Namespace) -> int:
         w(f"    limits:        {', '.join(limits) or 'none'}\n")
         w(f"    deterministic: {'yes' if b.deterministic else 'no'}\n")
         w(f"    jax:           {b.jax_requirement or 'any'}\n")
-        w(f"    COO format:    {b.coo_format_version}\n")
+        coo = b.coo_format_version
+        w(f"    COO format:    {coo if coo is not None else 'through e3j-core API'}\n")
         compatible = d["compatible"]
         w(f"    compatible:    {compatible if compatible == 'yes' else 'no: ' + compatible}\n")
     errors = backends.discovery_errors()

@@ -26,7 +26,6 @@ import contextvars
 import dataclasses
 import importlib.metadata
 import os
-import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -34,8 +33,12 @@ from functools import cache
 from typing import Any
 
 import jax
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import Version
 
 from e3j_core import COO_FORMAT_VERSION
+
+from .contract import OPS, Kernels
 
 __all__ = [
     "Backend",
@@ -51,33 +54,10 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "e3j.backends"
 ENV_VAR = "E3J_BACKEND"
-OPS = ("tensor_product", "convolution")
 
 
 class BackendError(ValueError):
     """A requested backend is unknown, incompatible or cannot run this op here."""
-
-
-@dataclass(frozen=True)
-class Kernels:
-    """Kernel functions of a backend (each ``None`` when not provided).
-
-    - ``tensor_product(coo, x, y, *, y_channels) -> z``
-    - ``tensor_product_bwd(coo, x, y, dz, *, outs, y_channels) -> {"x": dx, "y": dy}``
-    - ``convolution(coo, x, y, s, graph, *, y_channels) -> m``
-    - ``convolution_bwd(coo, x, y, s, dm, graph, *, outs, y_channels) -> {"x"|"y"|"s": ...}``
-
-    ``coo`` is a :class:`e3j_core.TensorProductCoo`; ``graph`` an :class:`e3j.Graph`. Shapes and
-    layouts are those of :class:`e3j.TensorProduct` and :class:`e3j.Convolution`.
-    """
-
-    tensor_product: Callable | None = None
-    tensor_product_bwd: Callable | None = None
-    convolution: Callable | None = None
-    convolution_bwd: Callable | None = None
-
-    def provides(self, op: str) -> bool:
-        return getattr(self, op) is not None and getattr(self, op + "_bwd") is not None
 
 
 @dataclass(frozen=True)
@@ -105,8 +85,11 @@ class Backend:
         channel_multiple: channel counts must be a multiple of this.
         max_channels, max_l: limits, ``None`` for none.
         deterministic: bitwise run-to-run reproducible.
-        jax_requirement: a version range like ``">=0.11.1,<0.13"``.
-        coo_format_version: the COO table format its kernels read.
+        jax_requirement: a version range like ``">=0.11.1,<0.13"`` (PEP 440 specifiers).
+        coo_format_version: the COO table format its kernels were written for, when they read
+            tables in a form of their own (e.g. compiled code reading packed records); ``None``
+            for kernels that read tables only through e3j-core's API, whose version bound on
+            e3j-core is the compatibility rule.
         load: returns :class:`Kernels`; called at most once.
         check: optional extra ``(OpRequest) -> reason or None``.
         auto: chosen by the automatic policy; ``False`` for backends that must be asked for by name
@@ -125,7 +108,7 @@ class Backend:
     max_l: int | None = None
     deterministic: bool = True
     jax_requirement: str = ""
-    coo_format_version: int = COO_FORMAT_VERSION
+    coo_format_version: int | None = None
     check: Callable[[OpRequest], str | None] | None = field(default=None, repr=False)
     auto: bool = True
 
@@ -144,7 +127,7 @@ class Backend:
 
     def incompatibility(self) -> str | None:
         """Why this backend cannot be used with the installed JAX and e3j-core, or ``None``."""
-        if self.coo_format_version != COO_FORMAT_VERSION:
+        if self.coo_format_version is not None and self.coo_format_version != COO_FORMAT_VERSION:
             return (
                 f"it reads COO format {self.coo_format_version}, "
                 f"but the installed e3j-core writes format {COO_FORMAT_VERSION}"
@@ -175,29 +158,13 @@ class Backend:
         return None
 
 
-def _version_tuple(v: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", v.split("+")[0])[:3])
-
-
 def _version_satisfies(version: str, requirement: str) -> bool:
-    """Minimal ``>=a,<b,==c,!=d,<=e,>f`` check (no pre-release semantics)."""
-    v = _version_tuple(version)
-    for clause in filter(None, (c.strip() for c in requirement.split(","))):
-        m = re.match(r"(>=|<=|==|!=|>|<)\s*([\w.]+)$", clause)
-        if not m:
-            raise ValueError(f"cannot parse version requirement {requirement!r}")
-        op, target = m.group(1), _version_tuple(m.group(2))
-        ok = {
-            ">=": v >= target,
-            "<=": v <= target,
-            "==": v == target,
-            "!=": v != target,
-            ">": v > target,
-            "<": v < target,
-        }[op]
-        if not ok:
-            return False
-    return True
+    """Whether ``version`` is in the PEP 440 range ``requirement`` (local labels such as ``+cuda`` ignored)."""
+    try:
+        spec = SpecifierSet(requirement)
+    except InvalidSpecifier as err:
+        raise ValueError(f"cannot parse version requirement {requirement!r}: {err}") from None
+    return spec.contains(Version(version).public, prereleases=True)
 
 
 def _load_reference() -> Kernels:

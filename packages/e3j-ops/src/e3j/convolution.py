@@ -55,6 +55,7 @@ class Convolution(CooOp):
             raise ValueError(f"x has {x.shape[2]} channels but s has {s.shape[2]}")
         if y.ndim == 3 and y.shape[2] != x.shape[2]:
             raise ValueError(f"x has {x.shape[2]} channels but y has {y.shape[2]}")
-        spec = ConvSpec(coo, y_channels=y.ndim == 3)
-        out = CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": s}, tuple(graph), ("m",), current_backend_request(backend))
+        leaves, tree = jax.tree.flatten(graph)
+        spec = ConvSpec(coo, y_channels=y.ndim == 3, graph_tree=tree)
+        out = CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": s}, leaves, ("m",), current_backend_request(backend))
         return out["m"]

@@ -9,8 +9,6 @@ from ._version import __version__
 
 __all__ = ["backend", "interpret_backend"]
 
-#: The COO table format these kernels read (e3j-core's ``COO_FORMAT_VERSION`` they were written for).
-COO_FORMAT = 2
 #: The JAX range this package is tested with (Pallas's Triton lowering is not a stable API).
 JAX_REQUIREMENT = ">=0.11.1,<0.13"
 #: Unrolled programs grow as l^5 in the number of records; beyond this the compile time is not worth it.
@@ -34,7 +32,6 @@ _COMMON: dict[str, Any] = {
     "max_l": MAX_L,
     "deterministic": True,
     "jax_requirement": JAX_REQUIREMENT,
-    "coo_format_version": COO_FORMAT,
 }
 
 #: Triton-lowered Pallas kernels on NVIDIA GPUs.

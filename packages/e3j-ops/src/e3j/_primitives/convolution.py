@@ -13,8 +13,6 @@ from dataclasses import dataclass, replace
 import jax
 import jax.numpy as jnp
 
-from ..backends import OpRequest, kernels_of, select_backend
-from ..graph import Graph
 from .multilinear import CooSpec, Multilinear, Primitives, out_aval, slot_of
 
 SLOTS = ("x", "y", "s", "m")
@@ -22,7 +20,7 @@ SLOTS = ("x", "y", "s", "m")
 
 @dataclass(frozen=True)
 class ConvSpec(CooSpec):
-    """Static description of one convolution call."""
+    """Static description of one convolution call (``graph_tree``: the :class:`e3j.Graph`'s)."""
 
     def dim(self, slot: str) -> int:
         coo = self.coo
@@ -38,32 +36,6 @@ def _out_aval(spec: ConvSpec, slot: str, avals: dict, aux) -> jax.core.ShapedArr
     rows = nodes if slot in ("x", "m") else edges
     shape = (rows, spec.dim(slot)) + ((channels,) if spec.has_channels(slot) else ())
     return out_aval(shape, dtype, list(avals.values()))
-
-
-def _evaluate(platform, requested, spec: ConvSpec, A: dict, aux, outs) -> dict:
-    graph = Graph(*aux)
-    channels = next(A[k].shape[-1] for k in ("x", "s", "m") if k in A)
-    dtype = jnp.dtype(next(iter(A.values())).dtype).name
-    req = OpRequest("convolution", platform, dtype, int(channels), spec.lmax)
-    kernels = kernels_of(select_backend(req, requested))
-    res = {}
-    if "m" in outs:
-        res["m"] = kernels.convolution(spec.coo, A["x"], A["y"], A["s"], graph, y_channels=spec.y_channels)
-    bwd = tuple(j for j in outs if j != "m")
-    if bwd:
-        res.update(
-            kernels.convolution_bwd(
-                spec.coo,
-                A.get("x"),
-                A.get("y"),
-                A.get("s"),
-                A["m"],
-                graph,
-                outs=bwd,
-                y_channels=spec.y_channels,
-            )
-        )
-    return res
 
 
 def _batch(call, spec: ConvSpec, values: dict, aux, dims: dict, auxd, outs):
@@ -108,4 +80,4 @@ def _batch(call, spec: ConvSpec, values: dict, aux, dims: dict, auxd, outs):
     return out, [0] * len(outs)
 
 
-CONVOLUTION = Primitives(Multilinear("convolution", SLOTS, _out_aval, _evaluate, _batch))
+CONVOLUTION = Primitives(Multilinear("convolution", SLOTS, _out_aval, _batch))

@@ -30,16 +30,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax._src import dispatch  # apply_primitive: the standard eager impl of a lowered primitive
 from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from e3j_core import TensorProductCoo
+
+from .. import contract
+from ..backends import OpRequest, kernels_of, select_backend
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 
@@ -53,6 +55,9 @@ class CooSpec:
 
     coo: TensorProductCoo
     y_channels: bool
+    #: pytree structure of the graph whose leaves ride along as non-differentiable operands (the
+    #: convolution's :class:`e3j.Graph`): kernels get it back with its named fields
+    graph_tree: Any = None
 
     def has_channels(self, slot: str) -> bool:
         return slot != "y" or self.y_channels
@@ -71,8 +76,6 @@ class Multilinear:
         name: primitive name prefix.
         slots: slot names; ``Q``/``T``/``outs`` params are tuples of these.
         out_aval: ``(spec, slot, avals_by_slot, aux_avals) -> ShapedArray`` of ``contract_slot``.
-        evaluate: ``(platform, backend, spec, assignment, aux, outs) -> {slot: array}``: computes the
-            ``M`` outputs with a selected backend's kernels (runs inside a lowering).
         batch: ``(M_bind, spec, assignment, aux, dims, outs) -> (outputs, out_dims)`` or ``None`` to
             use the generic sequential fallback.
     """
@@ -80,7 +83,6 @@ class Multilinear:
     name: str
     slots: tuple[str, ...]
     out_aval: Callable[..., Any]
-    evaluate: Callable[..., dict]
     batch: Callable[..., Any] | None = None
 
 
@@ -93,7 +95,7 @@ class Primitives:
         self.L = Primitive(f"e3j_{form.name}_lin")
         for p in (self.M, self.L):
             p.multiple_results = True
-            p.def_impl(partial(dispatch.apply_primitive, p))
+            p.def_impl(partial(_apply_jitted, p))
         self.M.def_abstract_eval(self._abstract_M)
         self.L.def_abstract_eval(self._abstract_L)
         ad.primitive_jvps[self.M] = self._jvp_M
@@ -252,7 +254,7 @@ class Primitives:
     def _lowering_M(self, platform: str):
         def impl(*args, spec, q_slots, outs, n_aux, backend):
             Q, _, aux = self._split(args, q_slots, (), n_aux)
-            res = self.form.evaluate(platform, backend, spec, Q, aux, outs)
+            res = dispatch(self.form, platform, backend, spec, Q, aux, outs)
             return [res[j] for j in outs]
 
         return mlir.lower_fun(impl, multiple_results=True)
@@ -265,7 +267,7 @@ class Primitives:
                 js = tuple(j for j in outs if j != k)
                 if not js:
                     continue
-                res = self.form.evaluate(platform, backend, spec, {**Q, k: Tk}, aux, js)
+                res = dispatch(self.form, platform, backend, spec, {**Q, k: Tk}, aux, js)
                 for j in js:
                     acc[j] = res[j] if j not in acc else acc[j] + res[j]
             results = []
@@ -278,6 +280,43 @@ class Primitives:
             return results
 
         return mlir.lower_fun(impl, multiple_results=True)
+
+
+def dispatch(form: Multilinear, platform: str, requested: str | None, spec: CooSpec, A: dict, aux, outs) -> dict:
+    """The ``M`` outputs ``outs``: select the backend that runs the op on ``platform`` (inside a
+    lowering) and call its kernels under the kernel contract.
+
+    ``A`` maps slots to the traced operands of one ``M`` evaluation, ``aux`` holds the graph's leaves.
+    """
+    op = form.name
+    channels = next(a.shape[-1] for k, a in A.items() if spec.has_channels(slot_of(k)))
+    dtype = jnp.dtype(next(iter(A.values())).dtype).name
+    backend = select_backend(OpRequest(op, platform, dtype, int(channels), spec.lmax), requested)
+    graph = jax.tree.unflatten(spec.graph_tree, aux) if spec.graph_tree is not None else None
+    avals = {k: jax.typeof(v) for k, v in A.items()}
+    aux_avals = tuple(jax.typeof(a) for a in aux)
+    return contract.run(
+        op,
+        kernels_of(backend),
+        backend.name,
+        spec.coo,
+        A,
+        graph,
+        outs,
+        y_channels=spec.y_channels,
+        result_type=lambda slot: form.out_aval(spec, slot, avals, aux_avals),
+    )
+
+
+def _apply_jitted(primitive: Primitive, *args, **params):
+    """Eager evaluation: the primitive compiled on its own (what ``jit`` of one primitive gives)."""
+    return _jitted(primitive, tuple(sorted(params.items())))(*args)
+
+
+@cache
+def _jitted(primitive: Primitive, params: tuple) -> Callable:
+    # params are the primitive's static parameters (hashable): one compiled function per setting
+    return jax.jit(partial(primitive.bind, **dict(params)))
 
 
 def out_aval(shape: tuple[int, ...], dtype, operands: Sequence) -> jax.core.ShapedArray:

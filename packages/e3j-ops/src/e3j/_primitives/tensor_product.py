@@ -11,7 +11,6 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from ..backends import OpRequest, kernels_of, select_backend
 from .multilinear import CooSpec, Multilinear, Primitives, out_aval, slot_of
 
 SLOTS = ("x", "y", "z")
@@ -33,23 +32,6 @@ def _out_aval(spec: TPSpec, slot: str, avals: dict, aux) -> jax.core.ShapedArray
     return out_aval(shape, dtype, list(avals.values()))
 
 
-def _evaluate(platform, requested, spec: TPSpec, A: dict, aux, outs) -> dict:
-    x = A.get("x")
-    channels = (x if x is not None else A["z"]).shape[-1]
-    dtype = jnp.dtype(next(iter(A.values())).dtype).name
-    req = OpRequest("tensor_product", platform, dtype, int(channels), spec.lmax)
-    kernels = kernels_of(select_backend(req, requested))
-    res = {}
-    if "z" in outs:
-        res["z"] = kernels.tensor_product(spec.coo, A["x"], A["y"], y_channels=spec.y_channels)
-    bwd = tuple(j for j in outs if j != "z")
-    if bwd:
-        res.update(
-            kernels.tensor_product_bwd(spec.coo, A.get("x"), A.get("y"), A["z"], outs=bwd, y_channels=spec.y_channels)
-        )
-    return res
-
-
 def _batch(call, spec: TPSpec, values: dict, aux, dims: dict, auxd, outs):
     """vmap folds the mapped axis into the batch axis ``B`` (every slot shares ``B``)."""
     size = next(v.shape[d] for k, v in values.items() if (d := dims[k]) is not None)
@@ -62,4 +44,4 @@ def _batch(call, spec: TPSpec, values: dict, aux, dims: dict, auxd, outs):
     return [res[j].reshape((size, -1, *res[j].shape[1:])) for j in outs], [0] * len(outs)
 
 
-TENSOR_PRODUCT = Primitives(Multilinear("tensor_product", SLOTS, _out_aval, _evaluate, _batch))
+TENSOR_PRODUCT = Primitives(Multilinear("tensor_product", SLOTS, _out_aval, _batch))

@@ -68,13 +68,14 @@ def _chunk_indices(graph, start, chunk, num_edges):
 
 
 def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool) -> jnp.ndarray:
-    """``m_b = Σ_{a→b} s_ab · (x_a ⊗ y_ab)``: ``[N, Dx, C], [E, Dy(, C)], [E, P, C]`` → ``[N, Dout, C]``."""
+    """``m_b = Σ_{a→b} s_ab · (x_a ⊗ y_ab)``: ``[N, Dx, C], [E, Dy(, C)], [E, P, C]`` → ``[N, Dout, C]``.
+
+    Operands as the kernel contract (:mod:`e3j.contract`) gives them: one dtype, a non-empty graph.
+    """
     num_nodes, channels = x.shape[0], x.shape[-1]
-    num_edges = y.shape[0]
-    dtype = jnp.result_type(x, y, s)
+    num_edges = graph.num_edges
+    dtype = x.dtype
     out = jnp.zeros((num_nodes, coo.dim_out, channels), dtype)
-    if num_edges == 0:
-        return out
     chunk = chunk_size(num_edges, coo.dim_out * channels, dtype.itemsize)
     i3 = jnp.asarray(coo.i3)
 
@@ -94,13 +95,12 @@ def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool) -> j
 def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[str, ...], y_channels: bool) -> dict:
     """Cotangents of the convolution for ``outs ⊆ {x, y, s}`` in one sweep (paper Eq. 16).
 
-    ``x`` is only read when ``y`` or ``s`` is requested, ``y`` when ``x`` or ``s`` is, ``s`` when
-    ``x`` or ``y`` is; a ``None`` operand must not be needed.
+    Operands as the kernel contract (:mod:`e3j.contract`) gives them: the ones ``outs`` does not
+    read are ``None``.
     """
     num_nodes, channels = dm.shape[0], dm.shape[-1]
-    ref = next(a for a in (y, s) if a is not None)
-    num_edges = ref.shape[0]
-    dtype = jnp.result_type(*[a for a in (x, y, s, dm) if a is not None])
+    num_edges = graph.num_edges
+    dtype = dm.dtype
     res = {}
     if "x" in outs:
         res["x"] = jnp.zeros((num_nodes, coo.dim_x, channels), dtype)
@@ -108,8 +108,6 @@ def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[st
         res["y"] = jnp.zeros((num_edges, coo.dim_y, *((channels,) if y_channels else ())), dtype)
     if "s" in outs:
         res["s"] = jnp.zeros((num_edges, coo.num_paths, channels), dtype)
-    if num_edges == 0:
-        return res
     chunk = chunk_size(num_edges, coo.dim_out * channels, dtype.itemsize)
     i3 = jnp.asarray(coo.i3)
     paths = _path_matrix(coo, dtype)

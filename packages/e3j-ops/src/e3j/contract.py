@@ -1,0 +1,209 @@
+"""The kernel contract: what a backend's kernels receive and return, stated and enforced once.
+
+A backend is four plain jittable functions (:class:`Kernels`). Before calling any of them, e3j
+(:func:`run`) establishes every rule below, so that a kernel implements its contraction and nothing
+else — no kernel re-derives which operands a backward reads, what an empty graph gives, or which
+dtype to compute in.
+
+Signatures (``coo`` is an :class:`e3j_core.TensorProductCoo`; keyword options are static):
+
+- ``tensor_product(coo, x, y, *, y_channels) -> z``
+- ``tensor_product_bwd(coo, x, y, dz, *, outs, y_channels) -> {"x": dx, "y": dy}`` (keys: ``outs``)
+- ``convolution(coo, x, y, s, graph, *, y_channels) -> m``
+- ``convolution_bwd(coo, x, y, s, dm, graph, *, outs, y_channels) -> {"x"|"y"|"s": ...}``
+
+Layouts (trailing channels): ``x [B|N, Dx, C]``; ``y [B|E, Dy, C]`` (``y_channels=True``) or
+``[B|E, Dy]`` broadcast over channels; ``s [E, P, C]`` (one edge scalar per path and channel);
+``z [B, Dout, C]``; ``m [N, Dout, C]``. A cotangent has its primal's shape, so the cotangent of a
+broadcast ``y`` is ``[B|E, Dy]``, summed over channels. ``graph`` is an :class:`e3j.Graph` with its
+named fields (``senders``, ``receivers``, ``edge_mask``, ``order``, ``receiver_offsets``,
+``sender_order``, ``sender_offsets``, ``num_valid``).
+
+Guarantees to a kernel:
+
+1. every array operand has one floating dtype, the op's;
+2. ``outs`` is a non-empty tuple in slot order (``("x", "y")`` for the tensor product, a subset of
+   ``("x", "y", "s")`` for the convolution);
+3. an operand is ``None`` exactly when the requested outputs do not read it (:func:`needed`);
+   ``dz`` / ``dm`` is always given;
+4. batch, node and edge counts are positive: an empty call is answered with zeros here and never
+   reaches a kernel;
+5. shapes agree with ``coo`` and with each other (checked by the public ops).
+
+Obligations of a kernel: return arrays of exactly the shapes and dtype above (checked here, with
+an error naming the backend), be a pure function of its inputs, and skip padding edges (edges at
+positions ``>= num_valid`` of ``order`` / ``sender_order``) — their cotangent rows are zero.
+
+>>> needed("convolution", ("x",))
+('y', 's')
+>>> needed("tensor_product", ("x", "y"))
+('x', 'y')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+
+from e3j_core import TensorProductCoo
+
+__all__ = [
+    "OPS",
+    "ConvolutionBwdKernel",
+    "ConvolutionKernel",
+    "Kernels",
+    "TensorProductBwdKernel",
+    "TensorProductKernel",
+    "needed",
+    "run",
+]
+
+OPS = ("tensor_product", "convolution")
+
+#: For each op: its forward output slot, and for every output slot the operands it reads (besides
+#: the output cotangent, which a backward always reads).
+_FORWARD = {"tensor_product": "z", "convolution": "m"}
+_READS = {
+    "tensor_product": {"z": ("x", "y"), "x": ("y",), "y": ("x",)},
+    "convolution": {"m": ("x", "y", "s"), "x": ("y", "s"), "y": ("x", "s"), "s": ("x", "y")},
+}
+_OPERANDS = {"tensor_product": ("x", "y"), "convolution": ("x", "y", "s")}
+
+
+def needed(op: str, outs: tuple[str, ...]) -> tuple[str, ...]:
+    """The operands (in slot order) that the outputs ``outs`` of ``op`` read."""
+    reads = _READS[op]
+    unknown = [o for o in outs if o not in reads]
+    if unknown:
+        raise ValueError(f"{op} has no output slot(s) {unknown}; slots: {tuple(reads)}")
+    wanted = {k for o in outs for k in reads[o]}
+    return tuple(k for k in _OPERANDS[op] if k in wanted)
+
+
+class TensorProductKernel(Protocol):
+    def __call__(self, coo: TensorProductCoo, x: jax.Array, y: jax.Array, *, y_channels: bool) -> jax.Array: ...
+
+
+class TensorProductBwdKernel(Protocol):
+    def __call__(
+        self,
+        coo: TensorProductCoo,
+        x: jax.Array | None,
+        y: jax.Array | None,
+        dz: jax.Array,
+        *,
+        outs: tuple[str, ...],
+        y_channels: bool,
+    ) -> Mapping[str, jax.Array]: ...
+
+
+class ConvolutionKernel(Protocol):
+    def __call__(
+        self, coo: TensorProductCoo, x: jax.Array, y: jax.Array, s: jax.Array, graph: Any, *, y_channels: bool
+    ) -> jax.Array: ...
+
+
+class ConvolutionBwdKernel(Protocol):
+    def __call__(
+        self,
+        coo: TensorProductCoo,
+        x: jax.Array | None,
+        y: jax.Array | None,
+        s: jax.Array | None,
+        dm: jax.Array,
+        graph: Any,
+        *,
+        outs: tuple[str, ...],
+        y_channels: bool,
+    ) -> Mapping[str, jax.Array]: ...
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The kernel functions of a backend (each ``None`` when not provided); see the module doc."""
+
+    tensor_product: TensorProductKernel | None = None
+    tensor_product_bwd: TensorProductBwdKernel | None = None
+    convolution: ConvolutionKernel | None = None
+    convolution_bwd: ConvolutionBwdKernel | None = None
+
+    def provides(self, op: str) -> bool:
+        return getattr(self, op) is not None and getattr(self, op + "_bwd") is not None
+
+
+def run(
+    op: str,
+    kernels: Kernels,
+    backend_name: str,
+    coo: TensorProductCoo,
+    operands: Mapping[str, jax.Array],
+    graph: Any,
+    outs: tuple[str, ...],
+    *,
+    y_channels: bool,
+    result_type: Callable[[str], jax.ShapeDtypeStruct],
+) -> dict[str, jax.Array]:
+    """Compute the outputs ``outs`` of ``op`` with ``kernels``, under the contract's guarantees.
+
+    ``operands`` maps slot names (``x``, ``y``, ``s``, and the output cotangent ``z`` / ``m`` for a
+    backward) to arrays; ``result_type(slot)`` gives each output's shape and dtype. The forward and
+    backward outputs requested together are computed by one forward and one fused backward call.
+    """
+    forward = _FORWARD[op]
+    results: dict[str, jax.Array] = {}
+    if forward in outs:
+        results.update(_call(op, kernels, backend_name, coo, operands, graph, (forward,), y_channels, result_type))
+    backward = tuple(o for o in _OPERANDS[op] if o in outs)
+    if backward:
+        results.update(_call(op, kernels, backend_name, coo, operands, graph, backward, y_channels, result_type))
+    return results
+
+
+def _call(op, kernels, backend_name, coo, operands, graph, outs, y_channels, result_type) -> dict[str, jax.Array]:
+    types = {o: result_type(o) for o in outs}
+    dtype = next(iter(types.values())).dtype
+    reads = needed(op, outs)
+    args = {k: (jnp.asarray(operands[k]).astype(dtype) if k in reads else None) for k in _OPERANDS[op]}
+    forward = outs == (_FORWARD[op],)
+    if not forward:
+        args["g"] = jnp.asarray(operands[_FORWARD[op]]).astype(dtype)
+    if _empty(op, args, graph):
+        return {o: jnp.zeros(t.shape, t.dtype) for o, t in types.items()}
+    if op == "tensor_product":
+        if forward:
+            res = {"z": kernels.tensor_product(coo, args["x"], args["y"], y_channels=y_channels)}
+        else:
+            res = kernels.tensor_product_bwd(coo, args["x"], args["y"], args["g"], outs=outs, y_channels=y_channels)
+    elif forward:
+        res = {"m": kernels.convolution(coo, args["x"], args["y"], args["s"], graph, y_channels=y_channels)}
+    else:
+        res = kernels.convolution_bwd(
+            coo, args["x"], args["y"], args["s"], args["g"], graph, outs=outs, y_channels=y_channels
+        )
+    return _checked(op, backend_name, forward, res, types)
+
+
+def _empty(op: str, args: dict, graph) -> bool:
+    rows = [a.shape[0] for a in args.values() if a is not None]
+    if graph is not None:
+        rows += [graph.num_nodes, graph.num_edges]
+    return min(rows) == 0
+
+
+def _checked(op, backend_name, forward, res, types) -> dict[str, jax.Array]:
+    kernel = op if forward else op + "_bwd"
+    if not isinstance(res, Mapping) or set(res) != set(types):
+        got = sorted(res) if isinstance(res, Mapping) else type(res).__name__
+        raise TypeError(f"backend {backend_name!r}: {kernel} returned {got}, expected outputs {sorted(types)}")
+    for o, t in types.items():
+        r = res[o]
+        if tuple(r.shape) != tuple(t.shape) or r.dtype != t.dtype:
+            raise TypeError(
+                f"backend {backend_name!r}: {kernel} returned {o} as {r.dtype}{list(r.shape)}, "
+                f"expected {t.dtype}{list(t.shape)}"
+            )
+    return dict(res)
