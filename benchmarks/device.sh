@@ -46,7 +46,7 @@ XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 240 python3 -m pytest -q -m gpu -p n
   | tee "$OUT/tests-gpu.txt" | tail -5
 log "benchmarks"
 # results land in this copy's benchmarks/results (so the recorded commands name the committed paths);
-# unpack results.tgz in the checkout, then: python benchmarks/readme_tables.py --write
+# unpack results.tgz in the checkout, then: python benchmarks/readme_tables.py --write (renders docs/benchmarks.md)
 before=$(mktemp); ls benchmarks/results > "$before"
 if [ -n "${E3J_DEVICE_REHEARSAL:-}" ]; then
   python3 -m e3j bench --ops convolution --lmax 2 --channels 16 --elements 256 --degree 4 --runs 3 --jobs 2 \

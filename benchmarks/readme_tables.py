@@ -1,10 +1,10 @@
-"""Render the README's benchmark tables from the committed results files (never typed in).
+"""Render the benchmark tables of docs/benchmarks.md from the committed results files (never typed in).
 
     python benchmarks/readme_tables.py          # print the tables
-    python benchmarks/readme_tables.py --write  # replace the marked blocks in README.md
+    python benchmarks/readme_tables.py --write  # replace the marked blocks in docs/benchmarks.md
 
-Each block in README.md sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` where
-``benchmarks/results/NAME.json`` is the results file; a test checks that the README is up to date.
+Each block in docs/benchmarks.md sits between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` where
+``benchmarks/results/NAME.json`` is the results file; a test checks that the page is up to date.
 The block ``accelerators`` collects every ``python -m e3j bench`` results file measured on a GPU or
 TPU (``benchmarks/paper_sizes.py``, ``benchmarks/device.sh``), grouped by device, with the paper's
 Table 1 scaled to the device's datasheet bandwidth and the kernel goals as fractions of the copy
@@ -21,6 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
+#: The generated page (its image links are relative to docs/).
+PAGE = ROOT / "docs" / "benchmarks.md"
 GB = 1e9
 
 
@@ -66,7 +68,7 @@ def render_bench(name: str, result: dict) -> str:
     )
     text = head + "\n\n" + table(result)
     if (RESULTS / f"{name}.png").exists():
-        text += f"\n\n![{name}](benchmarks/results/{name}.png)"
+        text += f"\n\n![{name}](../benchmarks/results/{name}.png)"
     return text
 
 
@@ -222,9 +224,8 @@ def updated(text: str) -> str:
 
 
 if __name__ == "__main__":
-    readme = ROOT / "README.md"
     if "--write" in sys.argv:
-        readme.write_text(updated(readme.read_text()))
+        PAGE.write_text(updated(PAGE.read_text()))
     else:
-        for name in blocks(readme.read_text()):
+        for name in blocks(PAGE.read_text()):
             print(render(name))

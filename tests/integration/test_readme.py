@@ -1,7 +1,10 @@
-"""The README's benchmark tables are rendered from the committed results files."""
+"""The README is a working front door; docs/benchmarks.md is rendered from the committed results files."""
 
+import contextlib
 import importlib.util
+import io
 import json
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -14,11 +17,36 @@ def _tables():
     return module
 
 
-def test_readme_tables_match_results_files():
+def test_benchmark_tables_match_results_files():
     tables = _tables()
+    page = tables.PAGE.read_text()
+    assert tables.PAGE == ROOT / "docs" / "benchmarks.md"
+    assert tables.blocks(page), "docs/benchmarks.md has no generated benchmark block"
+    assert tables.updated(page) == page, "docs/benchmarks.md is stale: run python benchmarks/readme_tables.py --write"
+    for image in re.findall(r"!\[[^]]*\]\(([^)]+)\)", page):
+        assert (tables.PAGE.parent / image).resolve().is_file(), f"docs/benchmarks.md links a missing image {image}"
+
+
+def test_readme_first_code_block_is_a_working_example():
     readme = (ROOT / "README.md").read_text()
-    assert tables.blocks(readme), "README has no generated benchmark block"
-    assert tables.updated(readme) == readme, "README is stale: run python benchmarks/readme_tables.py --write"
+    match = re.search(r"^```(\w*)\n(.*?)^```", readme, re.S | re.M)
+    assert match is not None, "README has no code block"
+    assert match.group(1) == "python", "the README's first code block must be the Python example"
+    first_line = readme[: match.start()].count("\n") + 1
+    last_line = first_line + match.group(2).count("\n") + 1
+    assert last_line <= 40, f"the example must end within the README's first 40 lines, ends at line {last_line}"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(match.group(2), "README.md", "exec"), {})
+    assert out.getvalue().strip() == "(6, 35, 32) (6, 35, 32) (6, 9, 32)"
+
+
+def test_readme_links_exist():
+    readme = (ROOT / "README.md").read_text()
+    links = [link for link in re.findall(r"\]\(([^)#]+)\)", readme) if "://" not in link]
+    assert links, "README links nothing"
+    for link in links:
+        assert (ROOT / link).exists(), f"README links a missing file {link}"
 
 
 def test_readme_quickstart_command_is_what_ci_runs():
