@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from e3j_core.dependencies import declared_range
+
 from ._version import __version__
 
 __all__ = ["backend", "host_backend", "simt_backend"]
@@ -12,7 +14,8 @@ __all__ = ["backend", "host_backend", "simt_backend"]
 #: The COO table format these kernels read (e3j-core's packed records, C struct alignment).
 COO_FORMAT = 2
 #: The JAX range this package is tested with; the compiled module also checks its FFI API version.
-JAX_REQUIREMENT = ">=0.11.1,<0.13"
+#: Read from the installed metadata (pyproject.toml's dependencies); "" when run from a source tree.
+JAX_REQUIREMENT = str(declared_range("e3j-cuda", "jax") or "")
 
 
 def _load(module: str) -> dict[str, Any]:
