@@ -81,3 +81,15 @@ def test_kernel_package_refuses_to_import_under_a_jax_outside_its_range(dist, tm
     assert result.returncode != 0
     assert "IncompatibleDependency" in result.stderr, result.stderr
     assert f"but jax {too_new} is installed" in result.stderr, result.stderr
+
+
+def test_e3j_info_names_the_kernel_packages_refused_for_their_jax_range(tmp_path):
+    """What a user sees: e3j lists each kernel backend under the ones that failed to load, saying why."""
+    _fake_distribution(tmp_path, "jax", "99.0.0")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    result = subprocess.run([sys.executable, "-m", "e3j", "info"], env=env, capture_output=True, text=True)
+    failed = result.stdout.partition("Backends that failed to load:")[2]
+    for dist in ("e3j-cuda", "e3j-pallas-gpu", "e3j-pallas-tpu"):
+        spec = declared_range(dist, "jax")
+        assert f"{dist} {importlib.metadata.version(dist)} is built and tested for jax{spec}" in failed, result.stdout
+    assert "but jax 99.0.0 is installed" in failed
