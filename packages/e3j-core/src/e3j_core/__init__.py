@@ -2,7 +2,8 @@
 
 Irreps in e3nn's notation, real spherical harmonics as exact polynomials, Clebsch–Gordan
 coefficients, real-basis Wigner D matrices and the COO coefficient tables that every e3j kernel
-consumes. All of it is computed on the host before tracing, and cached.
+consumes. All of it is computed on the host before tracing, and cached. Also the check every kernel
+package makes at import that the installed JAX is in its declared range (:mod:`e3j_core.dependencies`).
 
 >>> import e3j_core
 >>> coo = e3j_core.tensor_product_coo("0e + 1o", "0e + 1o", filter="0e + 1o")
@@ -21,6 +22,7 @@ from .coo import (
     tensor_product_coo,
     unpack_records,
 )
+from .dependencies import IncompatibleDependency, check_dependency, declared_range
 from .irreps import Irrep, Irreps, MulIrrep
 from .spherical_harmonics import (
     NORMALIZATIONS,
@@ -45,6 +47,7 @@ __all__ = [
     "NORMALIZATIONS",
     "TP_NORMALIZATIONS",
     "CooTable",
+    "IncompatibleDependency",
     "Irrep",
     "Irreps",
     "MulIrrep",
@@ -54,7 +57,9 @@ __all__ = [
     "__version__",
     "angles_to_matrix",
     "change_basis_real_to_complex",
+    "check_dependency",
     "clebsch_gordan",
+    "declared_range",
     "matrix_to_log_coordinates",
     "matrix_x",
     "matrix_y",

@@ -5,12 +5,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from e3j_core.dependencies import declared_range
+
 from ._version import __version__
 
 __all__ = ["backend", "host_backend", "simt_backend"]
 
 #: The JAX range this package is tested with; the compiled module also checks its FFI API version.
-JAX_REQUIREMENT = ">=0.11.1,<0.13"
+#: Read from the installed metadata (pyproject.toml's dependencies); "" when run from a source tree.
+JAX_REQUIREMENT = str(declared_range("e3j-cuda", "jax") or "")
 
 
 def _load(module: str) -> dict[str, Any]:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from e3j_core.dependencies import declared_range
+
 from ._version import __version__
 
 __all__ = ["backend", "interpret_backend"]
 
 #: The JAX range this package is tested with (Pallas's Triton lowering is not a stable API).
-JAX_REQUIREMENT = ">=0.11.1,<0.13"
+#: Read from the installed metadata (pyproject.toml's dependencies); "" when run from a source tree.
+JAX_REQUIREMENT = str(declared_range("e3j-pallas-gpu", "jax") or "")
 #: Unrolled programs grow as l^5 in the number of records; beyond this the compile time is not worth it.
 MAX_L = 4
 
