@@ -1,0 +1,57 @@
+"""Tiles, dtypes and interpreter settings shared by the Mosaic GPU kernels of this package.
+
+A Mosaic GPU program is one warpgroup (128 threads); its register arrays are ``[LANES]`` channel
+rows, one element per thread (Mosaic's strided warpgroup layout). Channel counts that are not a
+multiple of :data:`LANES` are zero-padded to one (a copy of the operands; none otherwise): padded
+lanes hold zeros, contribute nothing to the sums over channels, and are sliced off the results.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+#: Channels one program covers: one per thread of a warpgroup.
+LANES = 128
+#: Mosaic GPU's TMA has no float64 transfers (``unsupported TMA dtype f64`` at lowering).
+DTYPES = ("float32",)
+
+
+def check_dtype(dtype, what: str) -> jnp.dtype:
+    """``dtype`` if the Mosaic kernels support it, else a ``TypeError`` naming ``what``."""
+    dtype = jnp.dtype(dtype)
+    if dtype.name not in DTYPES:
+        raise TypeError(
+            f"{what}: the Mosaic GPU kernels support {', '.join(DTYPES)}, got {dtype.name} "
+            "(Mosaic GPU's TMA has no float64 transfers); use the pallas_gpu (Triton) or cuda backend"
+        )
+    return dtype
+
+
+def padded_channels(channels: int) -> int:
+    """``channels`` rounded up to a multiple of :data:`LANES`."""
+    return -(-channels // LANES) * LANES
+
+
+def pad_channels(a: jax.Array | None, channels: int) -> jax.Array | None:
+    """``a`` zero-padded along its last axis to ``channels`` (no copy when already that wide)."""
+    if a is None or a.shape[-1] == channels:
+        return a
+    return jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, channels - a.shape[-1])])
+
+
+def zeros(dtype) -> jax.Array:
+    """A ``[LANES]`` zero row in the strided warpgroup layout (a loop carry's layout must not change)."""
+    return plgpu.layout_cast(jnp.zeros((LANES,), dtype), plgpu.Layout.WG_STRIDED((LANES,), vec_size=1))
+
+
+def interpret_params(interpret) -> plgpu.InterpretGPUParams | None:
+    """``False`` → compiled; ``True`` → Mosaic's GPU interpreter; an ``InterpretGPUParams`` as given."""
+    if interpret is False or interpret is None:
+        return None
+    if interpret is True:
+        return plgpu.InterpretGPUParams()
+    if isinstance(interpret, plgpu.InterpretGPUParams):
+        return interpret
+    raise TypeError(f"interpret must be a bool or plgpu.InterpretGPUParams, got {type(interpret).__name__}")
