@@ -92,9 +92,7 @@ def tensor_product(
     }
     if y_channels:
         scratch["y_smem"] = plgpu.SMEM((coo.dim_y, LANES), dtype)
-    body = functools.partial(
-        _with_defaults(tensor_product_kernel, y_smem=None), table=coo.table, y_channels=y_channels
-    )
+    body = functools.partial(_with_defaults(tensor_product_kernel, y_smem=None), table=coo.table, y_channels=y_channels)
     z = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((batch, coo.dim_out, cp), dtype),
