@@ -162,3 +162,17 @@ def test_registered_and_selected_by_name():
     got = conv(x, y, s, graph, backend="pallas_mosaic_interpret")
     want = conv(*(a.astype(jnp.float64) for a in (x, y, s)), graph, backend="reference")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(want))))
+
+
+def test_info_says_why_mosaic_is_not_used(monkeypatch):
+    """``python -m e3j info`` lists the Mosaic backend as passed over on a GPU older than Hopper, and why."""
+    from e3j.__main__ import _passed_over
+
+    monkeypatch.setattr(descriptors, "_mosaic_bindings_installed", lambda: True)
+    names = {b.name for b in e3j.backends.available_backends()}
+    assert "pallas_mosaic" in names, f"the Mosaic backends are not registered ({sorted(names)}): reinstall e3j-pallas-gpu"
+    with jax.sharding.use_abstract_mesh(_abstract("NVIDIA A100-SXM4-80GB")):
+        passed = dict(_passed_over(REQ, "pallas_gpu"))
+    assert "compute capability >= 9.0" in passed["pallas_mosaic"]
+    with jax.sharding.use_abstract_mesh(_abstract("NVIDIA H200")):
+        assert "pallas_mosaic" not in dict(_passed_over(REQ, "pallas_gpu"))
