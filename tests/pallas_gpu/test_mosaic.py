@@ -170,7 +170,7 @@ def test_info_says_why_mosaic_is_not_used(monkeypatch):
 
     monkeypatch.setattr(descriptors, "_mosaic_bindings_installed", lambda: True)
     names = {b.name for b in e3j.backends.available_backends()}
-    assert "pallas_mosaic" in names, f"the Mosaic backends are not registered ({sorted(names)}): reinstall e3j-pallas-gpu"
+    assert "pallas_mosaic" in names, f"Mosaic backends not registered ({sorted(names)}): reinstall e3j-pallas-gpu"
     with jax.sharding.use_abstract_mesh(_abstract("NVIDIA A100-SXM4-80GB")):
         passed = dict(_passed_over(REQ, "pallas_gpu"))
     assert "compute capability >= 9.0" in passed["pallas_mosaic"]
