@@ -1,9 +1,10 @@
 """Tiles, dtypes and interpreter settings shared by the Mosaic GPU kernels of this package.
 
-A Mosaic GPU program is one warpgroup (128 threads); its register arrays are ``[LANES]`` channel
-rows, one element per thread (Mosaic's strided warpgroup layout). Channel counts that are not a
-multiple of :data:`LANES` are zero-padded to one (a copy of the operands; none otherwise): padded
-lanes hold zeros, contribute nothing to the sums over channels, and are sliced off the results.
+A Mosaic GPU program is one warpgroup (128 threads); its register arrays hold :data:`LANES`
+elements, one per thread (Mosaic's strided warpgroup layout): a ``[LANES]`` channel row, or for the
+tensor product with fewer channels a ``[rows, C]`` tile of several batch rows. Other channel counts
+are zero-padded to a multiple of :data:`LANES` (a copy of the operands; none otherwise): padded lanes
+hold zeros, contribute nothing to the sums over channels, and are sliced off the results.
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ def pad_channels(a: jax.Array | None, channels: int) -> jax.Array | None:
     return jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, channels - a.shape[-1])])
 
 
-def zeros(dtype) -> jax.Array:
-    """A ``[LANES]`` zero row in the strided warpgroup layout (a loop carry's layout must not change)."""
-    return plgpu.layout_cast(jnp.zeros((LANES,), dtype), plgpu.Layout.WG_STRIDED((LANES,), vec_size=1))
+def zeros(dtype, shape: tuple[int, ...] = (LANES,)) -> jax.Array:
+    """A zero tile in the strided warpgroup layout (a loop carry's layout must not change)."""
+    return plgpu.layout_cast(jnp.zeros(shape, dtype), plgpu.Layout.WG_STRIDED(shape, vec_size=1))
 
 
 def interpret_params(interpret) -> plgpu.InterpretGPUParams | None:
