@@ -178,3 +178,11 @@ def test_info_says_why_mosaic_is_not_used(monkeypatch):
     assert "compute capability >= 9.0" in passed["pallas_mosaic"]
     with jax.sharding.use_abstract_mesh(_abstract("NVIDIA H200")):
         assert "pallas_mosaic" not in dict(_passed_over(REQ, "pallas_gpu"))
+
+
+@pytest.mark.parametrize("module", [mosaic_tensor_product, mosaic_convolution], ids=lambda m: m.__name__)
+def test_doctests(module):
+    import doctest
+
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0

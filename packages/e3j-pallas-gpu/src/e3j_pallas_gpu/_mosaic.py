@@ -47,6 +47,22 @@ def zeros(dtype, shape: tuple[int, ...] = (LANES,)) -> jax.Array:
     return plgpu.layout_cast(jnp.zeros(shape, dtype), plgpu.Layout.WG_STRIDED(shape, vec_size=1))
 
 
+def stage(copies) -> None:
+    """TMA copies ``(gmem_slice, smem, barrier)`` into shared memory: all issued, then all waited for."""
+    for src, dst, barrier in copies:
+        plgpu.copy_gmem_to_smem(src, dst, barrier)
+    for _, _, barrier in copies:
+        plgpu.barrier_wait(barrier)
+
+
+def flush(copies) -> None:
+    """TMA stores ``(smem, gmem_slice)`` of shared-memory blocks this warpgroup wrote, waited for."""
+    plgpu.commit_smem()  # the warpgroup's writes are visible to the TMA
+    for src, dst in copies:
+        plgpu.copy_smem_to_gmem(src, dst)
+    plgpu.wait_smem_to_gmem(0)
+
+
 def interpret_params(interpret) -> plgpu.InterpretGPUParams | None:
     """``False`` → compiled; ``True`` → Mosaic's GPU interpreter; an ``InterpretGPUParams`` as given."""
     if interpret is False or interpret is None:

@@ -26,8 +26,8 @@ broadcast ``y`` is reduced over the program's lanes in registers, then over chan
 >>> g = e3j.Graph.from_edges(np.array([0, 1]), np.array([1, 0]), 2)
 >>> x, y = np.ones((2, 4, 128), np.float32), np.ones((2, 4), np.float32)
 >>> s = np.ones((2, coo.num_paths, 128), np.float32)
->>> convolution(coo, x, y, s, g, y_channels=False, interpret=True).shape
-(2, 4, 128)
+>>> convolution(coo, x, y, s, g, y_channels=False, interpret=True).shape == (2, coo.dim_out, 128)
+True
 """
 
 from __future__ import annotations
@@ -41,17 +41,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from e3j_core import TensorProductCoo
 
-from ._mosaic import LANES, check_dtype, interpret_params, pad_channels, padded_channels, zeros
+from ._mosaic import LANES, check_dtype, flush, interpret_params, pad_channels, padded_channels, stage, zeros
 
 __all__ = ["convolution", "convolution_bwd"]
-
-
-def _stage(pairs) -> None:
-    """TMA copies ``(gmem_slice, smem, barrier)``: all issued, then all waited for."""
-    for src, dst, barrier in pairs:
-        plgpu.copy_gmem_to_smem(src, dst, barrier)
-    for _, _, barrier in pairs:
-        plgpu.barrier_wait(barrier)
 
 
 def _rows(ref):
@@ -88,7 +80,7 @@ def convolution_kernel(
         staged = [(x_gmem.at[a, :, lanes], x_smem, barriers.at[0]), (s_gmem.at[e, :, lanes], s_smem, barriers.at[1])]
         if y_channels:
             staged.append((y_gmem.at[e, :, lanes], y_smem, barriers.at[2]))
-        _stage(staged)
+        stage(staged)
         s_row = _rows(s_smem)
         y_row = _rows(y_smem) if y_channels else functools.cache(lambda i: y_gmem[e, i])
         acc = list(acc)
@@ -102,9 +94,7 @@ def convolution_kernel(
     acc = jax.lax.fori_loop(offsets_gmem[b], offsets_gmem[b + 1], edge, (zeros(dtype),) * len(i3))
     for i0, v in enumerate(acc):
         m_smem[i0, :] = v.astype(dtype)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(m_smem, m_gmem.at[b, :, lanes])
-    plgpu.wait_smem_to_gmem(0)
+    flush([(m_smem, m_gmem.at[b, :, lanes])])
 
 
 def convolution(
@@ -190,7 +180,7 @@ def convolution_bwd_kernel(
     @pl.when(a < num_nodes)
     def _():
         if need["x"]:
-            _stage([(gmem["x"].at[a, :, lanes], x_smem, barriers.at[0])])
+            stage([(gmem["x"].at[a, :, lanes], x_smem, barriers.at[0])])
         x_row = _rows(x_smem) if need["x"] else None
 
         def edge(k, dx_acc):
@@ -202,7 +192,7 @@ def convolution_bwd_kernel(
                 staged.append((gmem["s"].at[e, :, lanes], s_smem, barriers.at[2]))
             if need["y"] and y_channels:
                 staged.append((gmem["y"].at[e, :, lanes], y_smem, barriers.at[3]))
-            _stage(staged)
+            stage(staged)
             dm_row = _rows(dm_smem)
             s_row = _rows(s_smem) if need["s"] else None
             if need["y"]:
@@ -211,13 +201,13 @@ def convolution_bwd_kernel(
                 y_row = None
             ds = {"path": None, "sum": None}
 
-            def flush():
+            def write_ds():
                 if ds["path"] is not None:
                     gmem["ds"][e, ds["path"], lanes] = ds["sum"].astype(dtype)
 
             def on_row(i0, z):  # rows arrive in output order, so path by path
                 if i3[i0] != ds["path"]:
-                    flush()
+                    write_ds()
                     ds["path"], ds["sum"] = i3[i0], None
                 term = z * dm_row(i0)
                 ds["sum"] = term if ds["sum"] is None else ds["sum"] + term
@@ -231,7 +221,7 @@ def convolution_bwd_kernel(
                 on_row=on_row if want_s else None,
             )
             if want_s:
-                flush()
+                write_ds()
                 for p in empty_paths:
                     gmem["ds"][e, p, lanes] = zeros(dtype)
             if want_y:
