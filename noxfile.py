@@ -142,6 +142,20 @@ def gpu_compile(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def mosaic_lowering(session: nox.Session) -> None:
+    """Every Mosaic GPU kernel lowered for ``cuda`` (H100/H200 device kinds), without a GPU (~11 min).
+
+    Mosaic GPU's lowering rules come with JAX's CUDA plugin (~4.4 GB, installs without a GPU).
+    """
+    session.install("pytest>=8", "hypothesis>=6.100", JAX.replace("jax==", "jax[cuda13]=="))
+    session.install(*(str(ROOT / p) for p in ("packages/e3j-core", "packages/e3j-ops", "packages/e3j-pallas-gpu")))
+    session.run(
+        "python", "-m", "pytest", *(session.posargs or ["tests/pallas_gpu/test_mosaic_lowering.py"]),
+        env={"E3J_REQUIRE_MOSAIC_LOWERING": "1"},
+    )  # fmt: skip
+
+
+@nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     """ruff check and format check."""
     session.install("ruff>=0.6")

@@ -56,5 +56,15 @@ else
   timeout 300 python3 benchmarks/paper_sizes.py --out benchmarks/results --suites table1 fig1 --runs 20 --plot --jobs 12 \
     2>&1 | tail -40 | tee -a "$OUT/log.txt"
 fi
+if [ -z "${E3J_DEVICE_REHEARSAL:-}" ]; then
+  log "Mosaic GPU vs Triton vs CUDA"
+  # issue 17's goals for the Mosaic kernels (H200, lmax 3, float32, C >= 128), as fractions of the jitted
+  # copy measured in the same run (fraction_of_copy in the JSON): TP fwd >= 85 %, conv fwd >= 75 %,
+  # conv bwd >= 55 %. pallas_mosaic runs only on compute capability >= 9.0 (e3j info says why not).
+  timeout 300 python3 -m e3j bench --lmax 3 --channels 128 256 --sizes 16384 --degree 16 --runs 20 --jobs 12 \
+    --backends pallas_mosaic pallas_gpu cuda --no-e3nn --no-progress \
+    --json benchmarks/results/mosaic-vs-triton-vs-cuda.json --markdown benchmarks/results/mosaic-vs-triton-vs-cuda.md \
+    2>&1 | tail -40 | tee -a "$OUT/log.txt"
+fi
 ls benchmarks/results | grep -vxF -f "$before" | sed 's|^|benchmarks/results/|' | tar czf "$OUT/results.tgz" -T -
 log "done"

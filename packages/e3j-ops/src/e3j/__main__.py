@@ -103,8 +103,28 @@ def _info(args: argparse.Namespace) -> int:
             w(f"  {op:<15} {platform:<5} {chosen}\n")
             for note in notes:
                 w(f"      note: {note}\n")
+            for skipped, reason in _passed_over(req, chosen):
+                w(f"      {skipped} not used: {reason}\n")
     out.flush()
     return status
+
+
+def _passed_over(req, chosen: str) -> list[tuple[str, str]]:
+    """``(name, reason)`` of the automatic backends for ``req``'s platform that outrank ``chosen`` but
+    cannot run ``req`` (e.g. Mosaic GPU kernels on a GPU older than Hopper)."""
+    from . import backends
+
+    try:
+        floor = backends.get_backend(chosen).priority
+    except backends.BackendError:
+        floor = -1
+    passed = []
+    for b in backends.available_backends():
+        if b.auto and b.name != chosen and req.platform in b.platforms and b.priority > floor:
+            reason = b.unsupported(req)
+            if reason:
+                passed.append((b.name, reason))
+    return passed
 
 
 @contextlib.contextmanager

@@ -9,7 +9,7 @@ from e3j_core.dependencies import declared_range
 
 from ._version import __version__
 
-__all__ = ["backend", "interpret_backend"]
+__all__ = ["backend", "interpret_backend", "mosaic_backend", "mosaic_interpret_backend"]
 
 #: The JAX range this package is tested with (Pallas's Triton lowering is not a stable API).
 #: Read from the installed metadata (pyproject.toml's dependencies); "" when run from a source tree.
@@ -54,4 +54,136 @@ interpret_backend: dict[str, Any] = {
     "priority": 0,
     "auto": False,
     "load": functools.partial(_load, True),
+}
+
+
+# -- Mosaic GPU (Hopper and newer) -----------------------------------------------------------------
+
+#: Mosaic GPU kernels need Hopper (sm_90) or newer: TMA and the warpgroup programming model.
+MOSAIC_MIN_COMPUTE_CAPABILITY = (9, 0)
+#: Compute capability of the device kinds an abstract mesh may name when lowering without a device
+#: (``jax.sharding.AbstractDevice(device_kind=...)``): substrings of NVIDIA's device-kind strings.
+_KNOWN_DEVICE_KINDS = (
+    ("GB300", (10, 3)),
+    ("GB200", (10, 0)),
+    ("B300", (10, 3)),
+    ("B200", (10, 0)),
+    ("B100", (10, 0)),
+    ("GH200", (9, 0)),
+    ("H200", (9, 0)),
+    ("H100", (9, 0)),
+    ("H800", (9, 0)),
+    ("H20", (9, 0)),
+    ("A100", (8, 0)),
+    ("A10", (8, 6)),
+    ("L40", (8, 9)),
+    ("L4", (8, 9)),
+    ("V100", (7, 0)),
+    ("T4", (7, 5)),
+)
+
+
+def _device_kind_capability(kind: str) -> tuple[int, int] | None:
+    for key, cc in _KNOWN_DEVICE_KINDS:
+        if key in kind:
+            return cc
+    return None
+
+
+def _cuda_capability() -> tuple[tuple[int, int] | None, str]:
+    """The compute capability this lowering targets and where it came from (``None`` if unknown).
+
+    An abstract mesh naming a device kind (lowering without a device) wins; otherwise the smallest
+    compute capability of the local CUDA devices. Probed when an op is lowered, never at import.
+    """
+    import jax
+
+    mesh = jax.sharding.get_abstract_mesh()
+    device = getattr(mesh, "abstract_device", None)
+    kind = getattr(device, "device_kind", None)
+    if kind:
+        return _device_kind_capability(kind), f"abstract device {kind!r}"
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError:
+        return None, "no CUDA device and no abstract device kind"
+    caps = []
+    for d in devices:
+        cc = getattr(d, "compute_capability", None)
+        if cc is None:
+            return None, f"device {d} reports no compute capability"
+        major, minor = str(cc).split(".")[:2]
+        caps.append((int(major), int(minor)))
+    return min(caps), f"{devices[0].device_kind} (sm_{''.join(map(str, min(caps)))})"
+
+
+def _mosaic_bindings_installed() -> bool:
+    """Whether JAX's Mosaic GPU bindings are importable (jaxlib's or the CUDA plugin's)."""
+    import importlib.util
+
+    for name in ("jaxlib.mosaic.gpu", "jax_cuda13_plugin", "jax_cuda12_plugin"):
+        try:
+            if importlib.util.find_spec(f"{name}._mosaic_gpu_ext") is not None:
+                return True
+        except ImportError:  # the parent package is not installed
+            continue
+    return False
+
+
+def mosaic_unsupported(req) -> str | None:
+    """Why the Mosaic GPU kernels cannot run ``req`` (an ``e3j.backends.OpRequest``), or ``None``.
+
+    They need JAX's Mosaic GPU bindings (the CUDA plugin) and compute capability >= 9.0; when it
+    cannot be told (lowering without a device or a known abstract device kind) they are not used,
+    and the Triton kernels (which run on any CUDA GPU) are chosen instead.
+    """
+    if not _mosaic_bindings_installed():
+        return "JAX's Mosaic GPU bindings are not installed (pip install 'jax[cuda13]')"
+    cc, source = _cuda_capability()
+    if cc is None:
+        return f"cannot tell the compute capability ({source}); Mosaic GPU needs sm_90 or newer"
+    if cc < MOSAIC_MIN_COMPUTE_CAPABILITY:
+        need = ".".join(map(str, MOSAIC_MIN_COMPUTE_CAPABILITY))
+        return f"Mosaic GPU needs compute capability >= {need}, {source} has {cc[0]}.{cc[1]}"
+    return None
+
+
+def _load_mosaic(interpret: bool) -> dict[str, Any]:
+    from . import mosaic_convolution, mosaic_tensor_product
+
+    def bind(fn):
+        if not interpret:
+            return fn
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+
+        return functools.partial(fn, interpret=plgpu.InterpretGPUParams())
+
+    modules = {"tensor_product": mosaic_tensor_product, "convolution": mosaic_convolution}
+    return {f"{op}{kind}": bind(getattr(modules[op], op + kind)) for op in modules for kind in ("", "_bwd")}
+
+
+_MOSAIC: dict[str, Any] = {
+    **_COMMON,
+    # Mosaic GPU's TMA has no float64 transfers: float64 ops go to the Triton kernels
+    "dtypes": ("float32",),
+}
+
+#: Mosaic GPU kernels (paper Appendix E.3) on Hopper and newer; preferred over the Triton ones there.
+mosaic_backend: dict[str, Any] = {
+    **_MOSAIC,
+    "name": "pallas_mosaic",
+    "platforms": ("cuda",),
+    "priority": 30,
+    "check": mosaic_unsupported,
+    "load": functools.partial(_load_mosaic, False),
+}
+
+#: The Mosaic GPU kernels in Mosaic's GPU interpreter on the CPU: for tests, only used when asked for.
+mosaic_interpret_backend: dict[str, Any] = {
+    **_MOSAIC,
+    "name": "pallas_mosaic_interpret",
+    "platforms": ("cpu",),
+    "priority": 0,
+    "auto": False,
+    "load": functools.partial(_load_mosaic, True),
 }

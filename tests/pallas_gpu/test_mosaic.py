@@ -1,0 +1,188 @@
+"""e3j-pallas-gpu's Mosaic GPU kernels in Mosaic's GPU interpreter on the CPU, with race detection.
+
+Values are checked against the reference backend (float64) on shared conformance cases (small sizes:
+the interpreter runs every warpgroup and TMA transfer in Python); the race detector must find no
+unordered access to shared or global memory. The descriptor's device check is tested on abstract
+devices. Lowering for ``cuda`` needs JAX's CUDA plugin: see test_mosaic_lowering.py.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from e3j_pallas_gpu import backend as descriptors
+from e3j_pallas_gpu import mosaic_convolution, mosaic_tensor_product
+from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as gpu_interpret
+from jax.experimental.pallas import mosaic_gpu as plgpu
+from jax.sharding import AbstractDevice, AbstractMesh
+from kernel_cases import Case, check_convolution, check_tensor_product, conv_operands, tp_operands
+
+import e3j
+from e3j.backends import Backend, Kernels, OpRequest
+from e3j.reference import convolution as ref_conv
+
+RACES = plgpu.InterpretGPUParams(detect_races=True)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """The interpreter backend's kernels, run with the race detector on."""
+
+    def bound(module, name):
+        return functools.partial(getattr(module, name), interpret=RACES)
+
+    return Kernels(
+        tensor_product=bound(mosaic_tensor_product, "tensor_product"),
+        tensor_product_bwd=bound(mosaic_tensor_product, "tensor_product_bwd"),
+        convolution=bound(mosaic_convolution, "convolution"),
+        convolution_bwd=bound(mosaic_convolution, "convolution_bwd"),
+    )
+
+
+@pytest.fixture
+def no_races():
+    """Fails the test if the interpreter's race detector saw a data race in a kernel it ran."""
+    gpu_interpret.reset_gpu_interpret_mode_state()
+    yield
+    assert not gpu_interpret.get_races().races_found, "the GPU interpreter's race detector found a data race"
+
+
+# broadcast and per-channel y; 16 channels (tiles of 8 batch rows, 3 rows padded to 8), 130 (padded to two
+# 128-lane blocks, the second with 2 live lanes), 3 (too narrow for the TMA: padded); lmax 1 and 2 (the
+# interpreter runs every warpgroup in Python: ~5-20 s a case)
+@pytest.mark.parametrize("case", [Case(1, 16, 3, False), Case(2, 130, 2, True), Case(1, 3, 2, True)], ids=str)
+def test_tensor_product_matches_reference(kernels, no_races, case):
+    check_tensor_product(kernels, case)
+
+
+# hard_graph: isolated node, high-valency receiver, padding edges, unsorted edges
+@pytest.mark.parametrize("case", [Case(1, 16, 5, False), Case(2, 16, 4, True)], ids=str)
+def test_convolution_matches_reference(kernels, no_races, case):
+    check_convolution(kernels, case)
+
+
+def test_race_detector_sees_the_race_the_kernels_avoid():
+    """Without ``commit_smem`` before the next TMA, the interpreter reports the race (the check can fail)."""
+    rows, lanes = 3, 128
+
+    def racy(x_gmem, z_gmem, x_smem, barrier):
+        def step(k, acc):
+            plgpu.copy_gmem_to_smem(x_gmem.at[k], x_smem, barrier)  # may overwrite rows still being read
+            plgpu.barrier_wait(barrier)
+            return acc + x_smem[0, :]
+
+        zero = plgpu.layout_cast(jnp.zeros((lanes,), jnp.float32), plgpu.Layout.WG_STRIDED((lanes,), vec_size=1))
+        z_gmem[...] = jax.lax.fori_loop(0, rows, step, zero)
+
+    gpu_interpret.reset_gpu_interpret_mode_state()
+    kernel = plgpu.kernel(
+        racy,
+        out_type=jax.ShapeDtypeStruct((lanes,), jnp.float32),
+        scratch_types=[plgpu.SMEM((2, lanes), jnp.float32), plgpu.Barrier()],
+        interpret=RACES,
+    )
+    jax.block_until_ready(kernel(jnp.ones((rows, 2, lanes), jnp.float32)))
+    assert gpu_interpret.get_races().races_found
+    gpu_interpret.reset_gpu_interpret_mode_state()
+
+
+def test_float64_is_refused_with_a_clear_error():
+    coo, x, y, _ = tp_operands(Case(1, 16, 2, False, dtype="float64"))
+    with pytest.raises(TypeError, match="tensor_product: the Mosaic GPU kernels support float32, got float64"):
+        mosaic_tensor_product.tensor_product(coo, x, y, y_channels=False, interpret=True)
+    coo, graph, x, y, s, dm = conv_operands(Case(1, 16, 4, False, dtype="float64"))
+    with pytest.raises(TypeError, match=r"convolution_bwd: .* float64"):
+        mosaic_convolution.convolution_bwd(coo, x, y, s, dm, graph, outs=("x",), y_channels=False, interpret=True)
+
+
+def test_bad_interpret_argument():
+    coo, x, y, _ = tp_operands(Case(1, 16, 2, False))
+    with pytest.raises(TypeError, match=r"interpret must be a bool or plgpu\.InterpretGPUParams"):
+        mosaic_tensor_product.tensor_product(coo, x, y, y_channels=False, interpret="yes")
+
+
+# -- descriptors and device selection ----------------------------------------------------------
+
+
+def _abstract(kind: str) -> AbstractMesh:
+    return AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind=kind, num_cores=None, platform="cuda"))
+
+
+REQ = OpRequest("convolution", "cuda", "float32", 64, 3)
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ("NVIDIA H200", None),
+        ("NVIDIA H100 80GB HBM3", None),
+        ("NVIDIA B200", None),
+        ("NVIDIA A100-SXM4-80GB", "needs compute capability >= 9.0, abstract device 'NVIDIA A100-SXM4-80GB' has 8.0"),
+        ("Tesla V100-SXM2-16GB", "has 7.0"),
+        ("Some GPU", "cannot tell the compute capability"),
+    ],
+)
+def test_mosaic_needs_hopper(monkeypatch, kind, expected):
+    monkeypatch.setattr(descriptors, "_mosaic_bindings_installed", lambda: True)
+    backend = Backend.from_mapping(descriptors.mosaic_backend)
+    with jax.sharding.use_abstract_mesh(_abstract(kind)):
+        reason = backend.unsupported(REQ)
+    if expected is None:
+        assert reason is None
+    else:
+        assert expected in reason
+
+
+def test_mosaic_needs_the_bindings(monkeypatch):
+    monkeypatch.setattr(descriptors, "_mosaic_bindings_installed", lambda: False)
+    backend = Backend.from_mapping(descriptors.mosaic_backend)
+    with jax.sharding.use_abstract_mesh(_abstract("NVIDIA H200")):
+        assert "Mosaic GPU bindings are not installed" in backend.unsupported(REQ)
+
+
+def test_mosaic_descriptors():
+    gpu = Backend.from_mapping(descriptors.mosaic_backend)
+    interp = Backend.from_mapping(descriptors.mosaic_interpret_backend)
+    triton = Backend.from_mapping(descriptors.backend)
+    assert gpu.platforms == ("cuda",) and gpu.auto and gpu.deterministic and gpu.priority > triton.priority
+    assert interp.platforms == ("cpu",) and not interp.auto
+    assert gpu.dtypes == ("float32",)  # float64 goes to the Triton kernels
+    assert "float64" in gpu.unsupported(OpRequest("convolution", "cuda", "float64", 64, 3))
+
+
+def test_registered_and_loadable_by_name():
+    """The entry points are installed and the interpreter backend's kernels run (called directly:
+    Mosaic's GPU interpreter runs on ordered io_callbacks, which e3j's primitives do not thread)."""
+    names = {b.name for b in e3j.backends.available_backends()}
+    assert {"pallas_mosaic", "pallas_mosaic_interpret"} <= names, (
+        f"the Mosaic backends are not registered ({sorted(names)}): reinstall e3j-pallas-gpu"
+    )
+    kernels = e3j.backends.kernels_of(e3j.backends.get_backend("pallas_mosaic_interpret"))
+    coo, graph, x, y, s, _ = conv_operands(Case(1, 16, 4, False))
+    got = kernels.convolution(coo, *(jnp.asarray(a, jnp.float32) for a in (x, y, s)), graph, y_channels=False)
+    want = ref_conv.convolution(coo, *(jnp.asarray(a, jnp.float64) for a in (x, y, s)), graph, y_channels=False)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(jnp.max(jnp.abs(want))))
+
+
+def test_info_says_why_mosaic_is_not_used(monkeypatch):
+    """``python -m e3j info`` lists the Mosaic backend as passed over on a GPU older than Hopper, and why."""
+    from e3j.__main__ import _passed_over
+
+    monkeypatch.setattr(descriptors, "_mosaic_bindings_installed", lambda: True)
+    names = {b.name for b in e3j.backends.available_backends()}
+    assert "pallas_mosaic" in names, f"Mosaic backends not registered ({sorted(names)}): reinstall e3j-pallas-gpu"
+    with jax.sharding.use_abstract_mesh(_abstract("NVIDIA A100-SXM4-80GB")):
+        passed = dict(_passed_over(REQ, "pallas_gpu"))
+    assert "compute capability >= 9.0" in passed["pallas_mosaic"]
+    with jax.sharding.use_abstract_mesh(_abstract("NVIDIA H200")):
+        assert "pallas_mosaic" not in dict(_passed_over(REQ, "pallas_gpu"))
+
+
+@pytest.mark.parametrize("module", [mosaic_tensor_product, mosaic_convolution], ids=lambda m: m.__name__)
+def test_doctests(module):
+    import doctest
+
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert result.attempted > 0 and result.failed == 0

@@ -1,0 +1,107 @@
+"""e3j-pallas-gpu's Mosaic GPU kernels lowered for ``cuda`` on this GPU-less machine.
+
+Mosaic GPU's lowering rules come with JAX's CUDA plugin (``jax[cuda13]``, which installs without a
+GPU): ``nox -s mosaic_lowering`` installs it and sets ``E3J_REQUIRE_MOSAIC_LOWERING=1``, which turns
+the skip below into a failure. Each kernel configuration must lower to a ``mosaic_gpu_v2`` custom
+call for Hopper device kinds, and e3j must pick these kernels there (and the Triton ones on an
+Ampere device kind) without the Triton backend's deprecation warning.
+"""
+
+import functools
+import os
+import warnings
+
+import jax
+import numpy as np
+import pytest
+from e3j_pallas_gpu import backend as descriptors
+from e3j_pallas_gpu import mosaic_convolution, mosaic_tensor_product
+from jax.sharding import AbstractDevice, AbstractMesh
+from kernel_cases import Case, conv_operands, tp_operands
+
+import e3j
+
+MOSAIC_CALL = "mosaic_gpu_v2"
+TRITON_CALL = "__gpu$xla.gpu.triton"
+HOPPER = ("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+
+if not descriptors._mosaic_bindings_installed():
+    if os.environ.get("E3J_REQUIRE_MOSAIC_LOWERING") == "1":
+        raise RuntimeError("E3J_REQUIRE_MOSAIC_LOWERING=1 but JAX's Mosaic GPU bindings are not installed")
+    pytest.skip(
+        "JAX's Mosaic GPU bindings (jax[cuda13]) are not installed: nox -s mosaic_lowering", allow_module_level=True
+    )
+
+
+def _lower_cuda(kind: str, fn, *args) -> str:
+    mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind=kind, num_cores=None, platform="cuda"))
+    shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+
+
+# lmax 2 (lowering an lmax-3 backward takes minutes): broadcast and per-channel y, 2 channel blocks
+CASES = [Case(2, 256, 3, False), Case(2, 64, 3, True)]
+
+
+@pytest.mark.parametrize("kind", HOPPER)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_tensor_product_lowers_to_mosaic_gpu(kind, case):
+    coo, x, y, dz = tp_operands(case)
+    yc = case.y_channels
+    assert MOSAIC_CALL in _lower_cuda(
+        kind, functools.partial(mosaic_tensor_product.tensor_product, coo, y_channels=yc), x, y
+    )
+    for outs in (("x", "y"), ("x",), ("y",)):
+        bwd = functools.partial(mosaic_tensor_product.tensor_product_bwd, coo, outs=outs, y_channels=yc)
+        assert MOSAIC_CALL in _lower_cuda(kind, bwd, x, y, dz)
+
+
+@pytest.mark.parametrize("kind", HOPPER)
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_convolution_lowers_to_mosaic_gpu(kind, case):
+    coo, graph, x, y, s, dm = conv_operands(case)
+    yc = case.y_channels
+    fwd = functools.partial(mosaic_convolution.convolution, coo, y_channels=yc)
+    assert MOSAIC_CALL in _lower_cuda(kind, fwd, x, y, s, graph)
+    for outs in (("x", "y", "s"), ("x",), ("y", "s"), ("s",)):
+        bwd = functools.partial(mosaic_convolution.convolution_bwd, coo, outs=outs, y_channels=yc)
+        assert MOSAIC_CALL in _lower_cuda(kind, bwd, x, y, s, dm, graph)
+
+
+def test_lmax3_forward_lowers_to_mosaic_gpu():
+    """The paper's size (lmax 3, 128 channels): both forward kernels."""
+    case = Case(3, 128, 2, False)
+    coo, x, y, _ = tp_operands(case)
+    tp = functools.partial(mosaic_tensor_product.tensor_product, coo, y_channels=False)
+    assert MOSAIC_CALL in _lower_cuda("NVIDIA H200", tp, x, y)
+    coo, graph, x, y, s, _ = conv_operands(case)
+    conv = functools.partial(mosaic_convolution.convolution, coo, y_channels=False)
+    assert MOSAIC_CALL in _lower_cuda("NVIDIA H200", conv, x, y, s, graph)
+
+
+def _lower_e3j_convolution(kind: str) -> tuple[str, list[str]]:
+    coo, graph, x, y, s, _ = conv_operands(Case(1, 128, 5, False))
+    x, y, s = (np.asarray(a, np.float32) for a in (x, y, s))
+    conv = e3j.Convolution(coo.irreps_x, coo.irreps_y, coo.irreps_out)
+
+    def loss(x, y, s, g):
+        return jax.numpy.sin(conv(x, y, s, g)).sum()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        text = _lower_cuda(kind, jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
+    return text, [str(w.message) for w in caught]
+
+
+def test_e3j_selects_mosaic_on_hopper_without_the_triton_warning():
+    text, messages = _lower_e3j_convolution("NVIDIA H200")
+    assert text.count(MOSAIC_CALL) == 2  # the forward and one fused backward
+    assert TRITON_CALL not in text
+    assert not [m for m in messages if "Triton" in m], messages
+
+
+def test_e3j_selects_triton_before_hopper():
+    text, _ = _lower_e3j_convolution("NVIDIA A100-SXM4-80GB")
+    assert MOSAIC_CALL not in text
+    assert text.count(TRITON_CALL) == 2
