@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .clebsch_gordan import clebsch_gordan
-from .irreps import IntoIrreps, Irrep, Irreps
+from .irreps import IntoIrreps, Irrep, Irreps, _is_irrep_like, _is_mul_irrep_like
 
 __all__ = [
     "COO_FORMAT_VERSION",
@@ -469,11 +469,9 @@ def _normalize_filter(filter: IntoIrreps | Iterable | None) -> tuple[Irrep, ...]
     if filter is None:
         return None
     try:
-        if isinstance(filter, (str, Irreps)):
+        if isinstance(filter, (str, Irreps, Irrep)) or _is_irrep_like(filter) or _is_mul_irrep_like(filter):
             irreps = [ir for _, ir in Irreps(filter)]
-        elif isinstance(filter, Irrep):
-            irreps = [filter]
-        else:
+        else:  # an iterable of irreps (e3nn-jax's Irreps is one of MulIrreps)
             irreps = [Irrep(ir) for ir in filter]
     except (TypeError, ValueError) as err:
         raise ValueError(f"filter: cannot interpret {filter!r} as irreps ({err})") from None
