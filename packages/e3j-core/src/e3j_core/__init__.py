@@ -18,6 +18,7 @@ from .coo import (
     CooTable,
     Path,
     TensorProductCoo,
+    select_paths,
     tensor_product_coo,
     unpack_records,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "matrix_x",
     "matrix_y",
     "matrix_z",
+    "select_paths",
     "so3_generators",
     "spherical_harmonic_polynomials",
     "spherical_harmonics",
