@@ -52,6 +52,7 @@ __all__ = [
     "CooTable",
     "Path",
     "TensorProductCoo",
+    "normalize_filter",
     "select_paths",
     "tensor_product_coo",
     "unpack_records",
@@ -470,7 +471,15 @@ class TensorProductCoo:
         return isinstance(other, TensorProductCoo) and other._key() == self._key()
 
 
-def _normalize_filter(filter: IntoIrreps | Iterable | None) -> tuple[Irrep, ...] | None:
+def normalize_filter(filter: IntoIrreps | Iterable | None) -> tuple[Irrep, ...] | None:
+    """The sorted distinct irreps a ``filter=`` argument names (multiplicities ignored), or ``None``.
+
+    Takes what ``e3nn_jax.tensor_product``'s ``filter_ir_out`` takes: irreps (a string, e3j's or
+    e3nn-jax's ``Irreps``), one irrep, or an iterable of irreps.
+
+    >>> normalize_filter("1o + 2x0e + 1o")
+    (0e, 1o)
+    """
     if filter is None:
         return None
     try:
@@ -509,7 +518,7 @@ def tensor_product_coo(
         raise ValueError(f"normalization must be one of {TP_NORMALIZATIONS}, got {normalization!r}")
     if not isinstance(regroup_output, bool):
         raise ValueError(f"regroup_output must be a bool, got {regroup_output!r}")
-    return _build(irreps_x, irreps_y, _normalize_filter(filter), normalization, regroup_output)
+    return _build(irreps_x, irreps_y, normalize_filter(filter), normalization, regroup_output)
 
 
 def select_paths(coo: TensorProductCoo, order: Iterable[int]) -> TensorProductCoo:
