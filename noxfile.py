@@ -23,7 +23,7 @@ PACKAGES = [
     "packages/e3j-cuda",
 ]
 JAX = "jax==0.11.2"  # the primary JAX (the GPU machine image's)
-TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", "matplotlib>=3.8", JAX]
+TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", "flax>=0.10", "matplotlib>=3.8", JAX]
 # the other ends of the range the kernel packages declare (jax>=0.11.1,<0.13): `nox -s tests_jax`
 JAX_RANGE = ["0.11.1", "0.12.0.1"]
 
