@@ -109,3 +109,41 @@ def test_spherical_harmonics_bad_irreps_named():
         e3j.spherical_harmonics(e3nn.Irreps("1o + 1e"), jnp.ones(3), True)
     with pytest.raises(ValueError, match="expected an int, a list of ints or Irreps"):
         e3j.spherical_harmonics(["0e", "bad"], jnp.ones(3), True)
+
+
+@pytest.mark.parametrize(
+    "irreps_out, vector",
+    [
+        (3, "1o"),
+        ([0, 1, 2], "1o"),
+        ([1, 2], "1e"),
+        (range(3), "1e"),
+        ("0e + 1o + 2e", "1o"),
+        (e3nn.Irreps("1e + 2e"), "1e"),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("normalization", [None, "norm"])
+def test_interop_spherical_harmonics_equals_e3nn(irreps_out, vector, normalization):
+    from e3j import interop
+
+    v = e3nn.IrrepsArray(vector, jnp.asarray(VECTORS))
+    ref = e3nn.spherical_harmonics(irreps_out, v, True, normalization)
+    ours = interop.spherical_harmonics(irreps_out, v, True, normalization)
+    assert ours.irreps == ref.irreps
+    np.testing.assert_allclose(ours.array, ref.array, rtol=1e-12, atol=1e-12)
+    plain = interop.spherical_harmonics(str(ref.irreps), jnp.asarray(VECTORS), False)
+    np.testing.assert_allclose(
+        plain.array, e3nn.spherical_harmonics(ref.irreps, jnp.asarray(VECTORS), False).array, rtol=1e-12, atol=1e-12
+    )
+
+
+def test_interop_spherical_harmonics_bad_input():
+    from e3j import interop
+
+    with pytest.raises(ValueError, match="incompatible parities"):
+        interop.spherical_harmonics("1o", e3nn.IrrepsArray("1e", jnp.ones(3)), True)
+    with pytest.raises(ValueError, match="needs input as an IrrepsArray"):
+        interop.spherical_harmonics(2, jnp.ones(3), True)
+    with pytest.raises(ValueError, match="single vector"):
+        interop.spherical_harmonics(2, e3nn.IrrepsArray("2x1o", jnp.ones(6)), True)
