@@ -118,6 +118,14 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def bench_interop(session: nox.Session) -> None:
+    """e3j.interop's fused message passing against the e3nn-jax pattern it replaces (~5 minutes on 2 cores)."""
+    session.install(JAX, "e3nn-jax==0.21.0")
+    _install_packages(session)
+    session.run("python", "benchmarks/interop_message_passing.py", *(session.posargs or ["--nodes", "1000", "3000"]))
+
+
+@nox.session(python=PYTHON)
 def gpu_compile(session: nox.Session) -> None:
     """Registers, spills and compile time of the Pallas GPU kernels for sm_90a, without a GPU (~5 min).
 
