@@ -4,8 +4,9 @@ Message passing at mixed multiplicities (default ``64x0e + 32x1o + 16x2e`` ⊗ s
 ``0e..3o`` -> ``0e + 1o + 2e``; random graph, ``--neighbours`` edges per node), forward (value) and
 forward + backward (value and gradient with respect to node features, edge attributes and weights),
 all jitted, float32, on this machine's default backend. Also measured, to split the fused call's
-cost: e3j's convolution alone on operands already in e3j's layout with a prebuilt graph, and the
-``e3j.Graph`` build. Times are the mean of the fastest 20 % of ``--runs`` calls.
+cost: e3j's convolution alone on operands already in e3j's layout with a prebuilt graph, the
+layout conversions alone (node features in, output out) and the ``e3j.Graph`` build. Times are the
+mean of the fastest 20 % of ``--runs`` calls.
 
     python benchmarks/interop_message_passing.py --nodes 1000 3000 --runs 20
 """
@@ -26,6 +27,7 @@ import e3j
 from e3j import interop
 from e3j._bench import time_call
 from e3j.interop.layout import from_irreps_array
+from e3j.layout import from_mul_ir, to_mul_ir
 
 
 def case(num_nodes, neighbours, irreps_x, lmax, filter_ir_out, dtype, seed=0):
@@ -103,6 +105,12 @@ def measure(n: int, args) -> dict:
     for name, (f, ops) in operands.items():
         times[f"{name}_fwd"] = time_call(jax.jit(f), *ops, runs=args.runs)
         times[f"{name}_fwd_bwd"] = time_call(grad_of(f), *ops, runs=args.runs)
+    # the layout conversions alone: node features in, node output out (the weights are a reshape)
+    out_op = jax.jit(bare)(x_op, sh.array, s_op, graph)
+    layouts = jax.jit(
+        lambda xa, o: (from_mul_ir(xa, mp.plan.irreps_x, mp.channels), to_mul_ir(o, mp.plan.coo.irreps_out))
+    )
+    times["layouts"] = time_call(layouts, x.array, out_op, runs=args.runs)
     times["graph_build"] = time_call(
         jax.jit(lambda s, r: e3j.Graph.from_edges(s, r, num_nodes)), senders, receivers, runs=args.runs
     )
@@ -122,6 +130,7 @@ def measure(n: int, args) -> dict:
         # graph build when it is given senders and receivers
         "layout_share_fwd": round(1 - times["e3j_bare_fwd"] / times["e3j_graph_fwd"], 3),
         "layout_share_fwd_bwd": round(1 - times["e3j_bare_fwd_bwd"] / times["e3j_graph_fwd_bwd"], 3),
+        "layouts_share_fwd": round(times["layouts"] / times["e3j_fwd"], 4),
         "graph_build_share_fwd": round(times["graph_build"] / times["e3j_fwd"], 3),
     }
     print(json.dumps(row), flush=True)
