@@ -5,8 +5,9 @@ Message passing at mixed multiplicities (default ``64x0e + 32x1o + 16x2e`` ⊗ s
 forward + backward (value and gradient with respect to node features, edge attributes and weights),
 all jitted, float32, on this machine's default backend. Also measured, to split the fused call's
 cost: e3j's convolution alone on operands already in e3j's layout with a prebuilt graph, the
-layout conversions alone (node features in, output out) and the ``e3j.Graph`` build. Times are the
-mean of the fastest 20 % of ``--runs`` calls.
+layout conversions alone (node features in, output out) and the ``e3j.Graph`` build. All variants
+are timed in ``--rounds`` interleaved rounds (the CPU may be shared); each time is the best round's
+mean of its fastest 20 % of calls.
 
     python benchmarks/interop_message_passing.py --nodes 1000 3000 --runs 20
 """
@@ -45,6 +46,19 @@ def case(num_nodes, neighbours, irreps_x, lmax, filter_ir_out, dtype, seed=0):
     return mp, x, sh, w, senders, receivers
 
 
+def interleaved(fns: dict, runs: int, rounds: int) -> dict:
+    """Seconds per call of each ``(f, operands)``: the best of ``rounds`` rounds, each round timing every
+    function in turn (:func:`e3j._bench.time_call` on ``runs // rounds`` calls)."""
+    for f, ops in fns.values():
+        jax.block_until_ready(f(*ops))  # compile
+    best = {}
+    for _ in range(rounds):
+        for name, (f, ops) in fns.items():
+            t = time_call(f, *ops, runs=max(1, runs // rounds), warmup=0)
+            best[name] = min(best.get(name, float("inf")), t)
+    return best
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 3000])
@@ -53,6 +67,7 @@ def main(argv=None) -> int:
     parser.add_argument("--lmax", type=int, default=3)
     parser.add_argument("--filter", default="0e + 1o + 2e")
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds (runs split among them)")
     parser.add_argument("--backend", default=None, help="e3j backend (default: selected per platform)")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
@@ -101,19 +116,19 @@ def measure(n: int, args) -> dict:
     # correctness first (the relative error of the fused call against e3nn-jax, float32)
     a, b = jax.jit(ref)(*operands["e3nn"][1]), jax.jit(fused)(*operands["e3j"][1])
     err = float(jnp.abs(a - b).max() / jnp.abs(a).max())
-    times = {}
+    # compile everything, then time in interleaved rounds so that load from other processes on a
+    # shared machine falls on every variant alike
+    jitted = {}
     for name, (f, ops) in operands.items():
-        times[f"{name}_fwd"] = time_call(jax.jit(f), *ops, runs=args.runs)
-        times[f"{name}_fwd_bwd"] = time_call(grad_of(f), *ops, runs=args.runs)
-    # the layout conversions alone: node features in, node output out (the weights are a reshape)
+        jitted[f"{name}_fwd"] = (jax.jit(f), ops)
+        jitted[f"{name}_fwd_bwd"] = (grad_of(f), ops)
     out_op = jax.jit(bare)(x_op, sh.array, s_op, graph)
     layouts = jax.jit(
         lambda xa, o: (from_mul_ir(xa, mp.plan.irreps_x, mp.channels), to_mul_ir(o, mp.plan.coo.irreps_out))
     )
-    times["layouts"] = time_call(layouts, x.array, out_op, runs=args.runs)
-    times["graph_build"] = time_call(
-        jax.jit(lambda s, r: e3j.Graph.from_edges(s, r, num_nodes)), senders, receivers, runs=args.runs
-    )
+    jitted["layouts"] = (layouts, (x.array, out_op))  # node features in, output out; weights: a reshape
+    jitted["graph_build"] = (jax.jit(lambda s, r: e3j.Graph.from_edges(s, r, num_nodes)), (senders, receivers))
+    times = interleaved(jitted, args.runs, args.rounds)
     row = {
         "nodes": n,
         "edges": int(senders.shape[0]),
