@@ -17,14 +17,14 @@ from e3j.flax import Linear
 
 
 @pytest.mark.parametrize(
-    "irreps_in, c_in, irreps_out, c_out, force",
+    "irreps_in, c_in, irreps_out, c_out, force, indexed",
     [
-        ("0e + 1o", 8, "2x0e + 1o + 2e", 4, False),  # 2e absent from the input: dropped
-        ("1o + 2x0e + 1o", 3, "0e + 2x1o", 5, False),  # unsorted input: e3nn regroups it
-        ("0e + 1o", 4, "0e + 1o + 1e", 4, True),  # force_irreps_out: zeros for 1e
+        ("0e + 1o", 8, "2x0e + 1o + 2e", 4, False, False),  # 2e absent from the input: dropped
+        ("0e + 1o", 8, "2x0e + 1o + 2e", 4, False, True),  # species-indexed
+        ("1o + 2x0e + 1o", 3, "0e + 2x1o", 5, False, True),  # unsorted input: e3nn regroups it
+        ("0e + 1o", 4, "0e + 1o + 1e", 4, True, False),  # force_irreps_out: zeros for 1e
     ],
 )
-@pytest.mark.parametrize("indexed", [False, True])
 def test_same_parameters_and_outputs_as_e3nn(irreps_in, c_in, irreps_out, c_out, force, indexed):
     irreps_in, irreps_out = e3j.Irreps(irreps_in), e3j.Irreps(irreps_out)
     x = jax.random.normal(jax.random.key(0), (6, irreps_in.dim, c_in), jnp.float64)

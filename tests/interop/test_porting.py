@@ -44,7 +44,7 @@ def system():
 
 
 def nequip_energy(layer_cls):
-    """Two layers and a scalar readout: energy(params, positions)."""
+    """One layer and a scalar readout: energy(params, positions)."""
     _, senders, receivers, species = system()
 
     class Model(nn.Module):
@@ -52,8 +52,7 @@ def nequip_energy(layer_cls):
         def __call__(self, positions):
             vectors = e3nn.IrrepsArray("1o", positions[receivers] - positions[senders])
             feats = e3nn.IrrepsArray(f"{NUM_SPECIES}x0e", jax.nn.one_hot(species, NUM_SPECIES, dtype=positions.dtype))
-            for layer in (layer_cls(name="layer1"), layer_cls(name="layer2")):
-                feats = layer(vectors, feats, species, senders, receivers)
+            feats = layer_cls(name="layer")(vectors, feats, species, senders, receivers)
             return jnp.sum(e3nn.flax.Linear("0e", name="readout")(feats).array)
 
     return Model()
