@@ -32,14 +32,16 @@ PURE = {
     "e3j-pallas-gpu": "packages/e3j-pallas-gpu",
     "e3j-pallas-tpu": "packages/e3j-pallas-tpu",
 }
-# DESIGN.md §2: what each extra of e3j brings (names with the extras they ask for)
+# docs/install.md: what each extra of e3j brings (names with the extras they ask for)
 EXTRAS = {
     "cuda": {("e3j-cuda", ()), ("e3j-pallas-gpu", ()), ("jax", ("cuda13",))},
     "gpu": {("e3j-pallas-gpu", ()), ("jax", ("cuda13",))},
     "tpu": {("e3j-pallas-tpu", ()), ("jax", ("tpu",))},
 }
 # what `python -m e3j info` lists once e3j, e3j-pallas-gpu and e3j-pallas-tpu are installed
-PURE_BACKENDS = "reference,pallas_gpu,pallas_gpu_interpret,pallas_tpu,pallas_tpu_interpret"
+PURE_BACKENDS = (
+    "reference,pallas_gpu,pallas_gpu_interpret,pallas_mosaic,pallas_mosaic_interpret,pallas_tpu,pallas_tpu_interpret"
+)
 
 
 @pytest.fixture(scope="module")
@@ -157,5 +159,5 @@ def test_wheels_install_and_run_in_a_fresh_venv(wheels, tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "wheel_smoke: ok" in result.stdout
-    for name in ("pallas_gpu_interpret", "pallas_tpu_interpret", "e3nn-jax"):
+    for name in ("pallas_gpu_interpret", "pallas_mosaic_interpret", "pallas_tpu_interpret", "e3nn-jax"):
         assert name in result.stdout.splitlines()[-1], result.stdout

@@ -186,3 +186,21 @@ def test_doctests(module):
 
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_public_ops_run_on_the_interpreter_backend():
+    """Through e3j's primitives (whose lowerings carry no effects): the interpreter runs behind a callback."""
+    conv = e3j.Convolution("0e + 1o", "0e + 1o", filter="0e + 1o")
+    graph = e3j.Graph.from_edges(np.array([0, 1, 2]), np.array([1, 2, 0]), num_nodes=3)
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(3, 4, 8)), jnp.float32)
+    y = jnp.asarray(rng.normal(size=(3, 4)), jnp.float32)
+    s = jnp.asarray(rng.normal(size=(3, conv.num_paths, 8)), jnp.float32)
+
+    def loss(x, backend):
+        return jnp.sum(conv(x, y, s, graph, backend=backend) ** 2)
+
+    got = jax.value_and_grad(loss)(x, "pallas_mosaic_interpret")
+    want = jax.value_and_grad(loss)(x, "reference")
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    np.testing.assert_allclose(got[1], want[1], rtol=1e-5, atol=1e-5)

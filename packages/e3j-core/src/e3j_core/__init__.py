@@ -19,6 +19,7 @@ from .coo import (
     CooTable,
     Path,
     TensorProductCoo,
+    select_paths,
     tensor_product_coo,
     unpack_records,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "matrix_x",
     "matrix_y",
     "matrix_z",
+    "select_paths",
     "so3_generators",
     "spherical_harmonic_polynomials",
     "spherical_harmonics",

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .clebsch_gordan import clebsch_gordan
-from .irreps import IntoIrreps, Irrep, Irreps
+from .irreps import IntoIrreps, Irrep, Irreps, _is_irrep_like, _is_mul_irrep_like
 
 __all__ = [
     "COO_FORMAT_VERSION",
@@ -52,6 +52,8 @@ __all__ = [
     "CooTable",
     "Path",
     "TensorProductCoo",
+    "normalize_filter",
+    "select_paths",
     "tensor_product_coo",
     "unpack_records",
 ]
@@ -398,8 +400,11 @@ class TensorProductCoo:
         filter: the allowed output irreps, or ``None`` for all.
         normalization: ``"component"`` (e3nn's default), ``"norm"`` or ``"none"``.
         regroup_output: ``True`` for e3nn's sorted and merged output layout.
-        irreps_out: output irreps, equal to e3nn's.
+        irreps_out: output irreps, equal to e3nn's (or, after :func:`select_paths`, the irreps of
+            the selected paths in their order, consecutive equal irreps merged).
         paths: one :class:`Path` per ``2l+1`` output block, in output-row order.
+        path_order: ``None`` for e3nn's path order, else the indices (into the e3nn-ordered paths)
+            of the paths kept by :func:`select_paths`, in their new order.
         table: the bilinear table, dims ``(Dout, Dx, Dy)``.
         i3: ``int32 [Dout]``, the path of each output row.
     """
@@ -413,6 +418,7 @@ class TensorProductCoo:
     paths: tuple[Path, ...] = field(repr=False)
     table: CooTable = field(repr=False)
     i3: np.ndarray = field(repr=False)
+    path_order: tuple[int, ...] | None = None
 
     format_version = COO_FORMAT_VERSION
 
@@ -456,7 +462,7 @@ class TensorProductCoo:
         return CooTable(t.dims + (self.num_paths,), indices, t.coefficients, (0, 1, 2, 3), ("trilinear", *t.key))
 
     def _key(self) -> tuple:
-        return (self.irreps_x, self.irreps_y, self.filter, self.normalization, self.regroup_output)
+        return (self.irreps_x, self.irreps_y, self.filter, self.normalization, self.regroup_output, self.path_order)
 
     def __hash__(self) -> int:
         return hash(self._key())
@@ -465,15 +471,21 @@ class TensorProductCoo:
         return isinstance(other, TensorProductCoo) and other._key() == self._key()
 
 
-def _normalize_filter(filter: IntoIrreps | Iterable | None) -> tuple[Irrep, ...] | None:
+def normalize_filter(filter: IntoIrreps | Iterable | None) -> tuple[Irrep, ...] | None:
+    """The sorted distinct irreps a ``filter=`` argument names (multiplicities ignored), or ``None``.
+
+    Takes what ``e3nn_jax.tensor_product``'s ``filter_ir_out`` takes: irreps (a string, e3j's or
+    e3nn-jax's ``Irreps``), one irrep, or an iterable of irreps.
+
+    >>> normalize_filter("1o + 2x0e + 1o")
+    (0e, 1o)
+    """
     if filter is None:
         return None
     try:
-        if isinstance(filter, (str, Irreps)):
+        if isinstance(filter, (str, Irreps, Irrep)) or _is_irrep_like(filter) or _is_mul_irrep_like(filter):
             irreps = [ir for _, ir in Irreps(filter)]
-        elif isinstance(filter, Irrep):
-            irreps = [filter]
-        else:
+        else:  # an iterable of irreps (e3nn-jax's Irreps is one of MulIrreps)
             irreps = [Irrep(ir) for ir in filter]
     except (TypeError, ValueError) as err:
         raise ValueError(f"filter: cannot interpret {filter!r} as irreps ({err})") from None
@@ -506,7 +518,75 @@ def tensor_product_coo(
         raise ValueError(f"normalization must be one of {TP_NORMALIZATIONS}, got {normalization!r}")
     if not isinstance(regroup_output, bool):
         raise ValueError(f"regroup_output must be a bool, got {regroup_output!r}")
-    return _build(irreps_x, irreps_y, _normalize_filter(filter), normalization, regroup_output)
+    return _build(irreps_x, irreps_y, normalize_filter(filter), normalization, regroup_output)
+
+
+def select_paths(coo: TensorProductCoo, order: Iterable[int]) -> TensorProductCoo:
+    """The tensor product restricted to the paths ``order`` (indices into ``coo.paths``), in that order.
+
+    Path ``k`` of the result is ``coo.paths[order[k]]`` and occupies the ``k``-th output block; paths
+    not listed are dropped. This lets a caller whose weights and outputs follow another convention
+    (e.g. e3nn's ``concatenate([...]).regroup()`` pattern) fold that order into the tables once,
+    instead of gathering weights and outputs at run time. The result is cached and, like every
+    descriptor, keeps its paths in output-row order (``i3`` non-decreasing).
+
+    >>> coo = tensor_product_coo("0e + 1o", "0e + 1o", filter="1o")
+    >>> [(str(p.ir_x), str(p.ir_y)) for p in coo.paths]
+    [('0e', '1o'), ('1o', '0e')]
+    >>> swapped = select_paths(coo, [1, 0])
+    >>> [(str(p.ir_x), str(p.ir_y)) for p in swapped.paths], swapped.irreps_out
+    ([('1o', '0e'), ('0e', '1o')], 2x1o)
+    """
+    if not isinstance(coo, TensorProductCoo):
+        raise TypeError(f"coo must be a TensorProductCoo, got {type(coo).__name__}")
+    try:
+        order = tuple(int(i) for i in order)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"order must be a sequence of path indices, got {order!r}") from err
+    if not order:
+        raise ValueError("order must select at least one path")
+    if len(set(order)) != len(order) or not all(0 <= i < coo.num_paths for i in order):
+        raise ValueError(f"order must list distinct path indices in [0, {coo.num_paths}), got {list(order)}")
+    base = coo if coo.path_order is None else _build(*coo._key()[:5])
+    base_order = order if coo.path_order is None else tuple(coo.path_order[i] for i in order)
+    if base_order == tuple(range(base.num_paths)):
+        return base
+    return _select(base, base_order)
+
+
+@cache
+def _select(coo: TensorProductCoo, order: tuple[int, ...]) -> TensorProductCoo:
+    paths, row_map, out_row = [], np.full(coo.dim_out, -1, np.int64), 0
+    for i in order:
+        p = coo.paths[i]
+        row_map[p.out_slice] = np.arange(out_row, out_row + p.ir_out.dim)
+        paths.append(p._replace(out_start=out_row))
+        out_row += p.ir_out.dim
+    t = coo.table
+    keep = row_map[t.i0] >= 0
+    indices = np.stack([row_map[t.i0[keep]], t.i1[keep], t.i2[keep]]).astype(np.int32)
+    coefficients = t.coefficients[keep]
+    by_row = _lexsort(indices)
+    indices = np.ascontiguousarray(indices[:, by_row])
+    coefficients = coefficients[by_row]
+    indices.setflags(write=False)
+    coefficients.setflags(write=False)
+    table = CooTable((out_row, t.dims[1], t.dims[2]), indices, coefficients, (0, 1, 2), (*t.key, order))
+    i3 = np.repeat(np.arange(len(paths), dtype=np.int32), [p.ir_out.dim for p in paths])
+    i3.setflags(write=False)
+    irreps_out = Irreps([(1, p.ir_out) for p in paths]).simplify()
+    return TensorProductCoo(
+        coo.irreps_x,
+        coo.irreps_y,
+        coo.filter,
+        coo.normalization,
+        coo.regroup_output,
+        irreps_out,
+        tuple(paths),
+        table,
+        i3,
+        order,
+    )
 
 
 def _copies(irreps: Irreps, regroup: bool) -> list[tuple[Irrep, list[int]]]:

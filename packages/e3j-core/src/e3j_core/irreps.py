@@ -31,7 +31,8 @@ _PARITY = {"e": 1, "o": -1}
 class Irrep:
     """An irreducible representation of O(3): degree ``l`` and parity ``p``.
 
-    Accepts ``Irrep("1o")``, ``Irrep(1, -1)``, ``Irrep((1, -1))`` or another ``Irrep``.
+    Accepts ``Irrep("1o")``, ``Irrep(1, -1)``, ``Irrep((1, -1))``, another ``Irrep`` or an
+    e3nn-jax ``Irrep`` (any object with integer ``l`` and ``p``; e3nn-jax is never imported).
     Irreps are immutable, hashable and ordered as in e3nn-jax:
     ``0e < 0o < 1o < 1e < 2e < 2o < 3o < 3e ...`` (within one ``l``, the parity of the spherical
     harmonic of that degree comes first).
@@ -54,10 +55,12 @@ class Irrep:
                 l, p = l.ir.l, l.ir.p
             elif isinstance(l, str):
                 l, p = _parse_irrep(l)
+            elif _is_mul_irrep_like(l):  # e.g. e3nn-jax's MulIrrep (a tuple, so before the pair case)
+                l, p = Irrep(l.ir)
+            elif _is_irrep_like(l):  # e.g. e3nn-jax's Irrep
+                l, p = l.l, l.p
             elif isinstance(l, tuple) and len(l) == 2:
                 l, p = l
-            elif hasattr(l, "l") and hasattr(l, "p"):  # duck-typed irreps, e.g. e3nn-jax's
-                l, p = l.l, l.p
             else:
                 raise ValueError(
                     f"cannot interpret {l!r} as an Irrep: expected a string like '1o', a pair (l, p) or an Irrep"
@@ -205,8 +208,9 @@ class Irreps(tuple):
     """A direct sum of irreps with multiplicities: a tuple of :class:`MulIrrep`.
 
     Accepts an e3nn string (``"2x0e + 1o"``; ``0x`` multiplicities allowed; the empty string is the
-    empty sum), an :class:`Irrep`, a :class:`MulIrrep`, another ``Irreps``, or an iterable of
-    irreps, ``(mul, irrep)`` pairs or strings. The feature layout of an ``Irreps`` is e3nn's: the
+    empty sum), an :class:`Irrep`, a :class:`MulIrrep`, another ``Irreps``, an iterable of
+    irreps, ``(mul, irrep)`` pairs or strings, or e3nn-jax's ``Irreps``, ``MulIrrep`` and ``Irrep``
+    (recognized by their attributes; e3nn-jax is never imported). The feature layout of an ``Irreps`` is e3nn's: the
     blocks one after another, each block ``mul`` copies of ``2l+1`` components.
 
     >>> irreps = Irreps("2x0e + 1o + 0x2e")
@@ -230,6 +234,10 @@ class Irreps(tuple):
             out.append(_mul_irrep(irreps.mul, irreps.ir, irreps))
         elif isinstance(irreps, str):
             out.extend(_parse_irreps(irreps))
+        elif _is_mul_irrep_like(irreps):  # e3nn-jax's Irrep and MulIrrep are tuples: not iterated
+            out.append(_mul_irrep(irreps.mul, irreps.ir, irreps))
+        elif _is_irrep_like(irreps):
+            out.append(MulIrrep(1, Irrep(irreps)))
         elif isinstance(irreps, Iterable):
             for item in irreps:
                 out.append(_into_mul_irrep(item))
@@ -425,6 +433,19 @@ class Irreps(tuple):
 IntoIrreps = Union[Irreps, str, Irrep, MulIrrep, Iterable, None]
 
 
+def _is_irrep_like(obj: object) -> bool:
+    """An irrep from another library (e3nn-jax's ``Irrep``): integer attributes ``l`` and ``p``.
+
+    Duck-typed so that core never imports e3nn-jax.
+    """
+    return not isinstance(obj, (str, Irreps)) and hasattr(obj, "l") and hasattr(obj, "p") and not hasattr(obj, "ir")
+
+
+def _is_mul_irrep_like(obj: object) -> bool:
+    """A multiplicity and irrep from another library (e3nn-jax's ``MulIrrep``): attributes ``mul`` and ``ir``."""
+    return not isinstance(obj, (str, Irreps)) and hasattr(obj, "mul") and hasattr(obj, "ir")
+
+
 def _mul_irrep(mul: object, ir: object, where: object) -> MulIrrep:
     if isinstance(mul, bool) or not isinstance(mul, int) or mul < 0:
         raise ValueError(f"invalid multiplicity in {where!r}: must be an int >= 0, got {mul!r}")
@@ -441,13 +462,13 @@ def _into_mul_irrep(item: object) -> MulIrrep:
         if len(parsed) != 1:
             raise ValueError(f"invalid irreps item '{item}': expected a single block like '2x1o'")
         return parsed[0]
+    if _is_mul_irrep_like(item):  # e.g. e3nn-jax's MulIrrep
+        return _mul_irrep(item.mul, item.ir, item)
+    if _is_irrep_like(item):  # e.g. e3nn-jax's Irrep, a pair (l, p) that is not (mul, ir)
+        return MulIrrep(1, Irrep(item))  # type: ignore[arg-type]
     if isinstance(item, tuple) and len(item) == 2:
         mul, ir = item
         return _mul_irrep(mul, ir, item)
-    if hasattr(item, "mul") and hasattr(item, "ir"):  # duck-typed, e.g. e3nn-jax's MulIrrep
-        return _mul_irrep(item.mul, item.ir, item)
-    if hasattr(item, "l") and hasattr(item, "p"):
-        return MulIrrep(1, Irrep(item))  # type: ignore[arg-type]
     raise ValueError(f"cannot interpret {item!r} as an irrep with multiplicity")
 
 

@@ -34,7 +34,7 @@ from math import comb
 import numpy as np
 
 from . import _polynomials as poly
-from .irreps import Irreps
+from .irreps import Irrep, Irreps, _is_irrep_like, _is_mul_irrep_like
 
 __all__ = [
     "NORMALIZATIONS",
@@ -172,8 +172,14 @@ def _polynomials(ls: tuple[int, ...], normalization: str) -> SphericalHarmonicPo
 def _as_ls(ls: int | Sequence[int] | Irreps | str) -> tuple[int, ...]:
     if isinstance(ls, (int, np.integer)) and not isinstance(ls, bool):
         return (_check_l(ls),)
-    if isinstance(ls, (str, Irreps)):
-        irreps = Irreps(ls)
+    irreps_like = isinstance(ls, (str, Irreps, Irrep)) or _is_irrep_like(ls) or _is_mul_irrep_like(ls)
+    if not irreps_like and isinstance(ls, Sequence) and not all(isinstance(l, (int, float, np.number)) for l in ls):
+        irreps_like = True  # e.g. e3nn-jax's Irreps, a tuple of MulIrreps, or a list of irreps
+    if irreps_like:
+        try:
+            irreps = Irreps(ls)
+        except ValueError as err:
+            raise ValueError(f"expected an int, a list of ints or Irreps, got {ls!r} ({err})") from None
         odd = {ir.p for _, ir in irreps if ir.l % 2}
         if len(odd) > 1 or any(ir.p != 1 for _, ir in irreps if ir.l % 2 == 0):
             raise ValueError(

@@ -2,7 +2,9 @@
 
 The public API: irreps and static math re-exported from e3j-core, JAX spherical harmonics, the
 differentiable :class:`TensorProduct` and :class:`Convolution`, :class:`Graph`, :class:`Linear`,
-layout helpers, and backend selection.
+layout helpers, and backend selection. Optional subpackages, imported only when asked for:
+``e3j.interop`` (drop-ins taking and returning e3nn-jax's ``IrrepsArray``; extra ``e3j[e3nn]``) and
+``e3j.flax`` (Flax modules with e3nn-jax's parameters; extra ``e3j[flax]``).
 
 >>> import e3j, jax.numpy as jnp
 >>> tp = e3j.TensorProduct("0e + 1o", "0e + 1o")

@@ -23,6 +23,15 @@ class CooOp:
             irreps_x, irreps_y, filter, normalization=normalization, regroup_output=regroup_output
         )
 
+    @classmethod
+    def from_coo(cls, coo: TensorProductCoo):
+        """The op of a prebuilt descriptor, e.g. one reordered by :func:`e3j_core.select_paths`."""
+        if not isinstance(coo, TensorProductCoo):
+            raise TypeError(f"coo must be an e3j_core.TensorProductCoo, got {type(coo).__name__}")
+        op = cls.__new__(cls)
+        op.coo = coo
+        return op
+
     @property
     def irreps_x(self) -> Irreps:
         return self.coo.irreps_x

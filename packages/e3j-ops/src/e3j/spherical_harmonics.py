@@ -18,19 +18,23 @@ def spherical_harmonics(
     irreps_out: int | Sequence[int] | Irreps | str,
     input: jax.Array,
     normalize: bool,
-    normalization: str = "component",
+    normalization: str | None = "component",
 ) -> jax.Array:
     """Real spherical harmonics ``[..., 3] -> [..., D]``, equal to ``e3nn_jax.spherical_harmonics(...).array``.
 
-    ``irreps_out`` is an int, a list of ints or irreps like ``"0e + 1o + 2e"``; conventions are
-    e3nn's (``y`` polar, ``l=1`` components ``(x, y, z)``). Monomials of the coordinates are formed
+    ``irreps_out`` is an int ``l`` (the single degree ``l``, as in e3nn-jax), a list of ints, or
+    irreps: a string like ``"0e + 1o + 2e"``, an :class:`e3j.Irreps` or an e3nn-jax ``Irreps`` /
+    ``Irrep``. ``normalization`` is ``"component"`` (also for ``None``, e3nn-jax's default),
+    ``"norm"`` or ``"integral"``. For an ``e3nn.IrrepsArray`` input and output use
+    ``e3j.interop.spherical_harmonics``. Conventions are e3nn's (``y`` polar, ``l=1`` components
+    ``(x, y, z)``). Monomials of the coordinates are formed
     once and mixed by a small constant matrix. With ``normalize=True`` the input is divided by its
     norm; the zero vector maps to ``Y_0`` and zeros, with finite (zero) gradients.
 
     >>> spherical_harmonics("0e + 1o", jnp.array([0.0, 2.0, 0.0], jnp.float32), normalize=True)
     Array([1.       , 0.       , 1.7320508, 0.       ], dtype=float32)
     """
-    polys = spherical_harmonic_polynomials(irreps_out, normalization)
+    polys = spherical_harmonic_polynomials(irreps_out, "component" if normalization is None else normalization)
     dtype = float_dtype("input", input)
     x = jnp.asarray(input, dtype)
     if x.ndim == 0 or x.shape[-1] != 3:

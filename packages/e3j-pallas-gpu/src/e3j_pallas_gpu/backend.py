@@ -148,6 +148,18 @@ def mosaic_unsupported(req) -> str | None:
     return None
 
 
+def _behind_callback(kernel):
+    """An interpreted kernel as its own jitted program behind a ``pure_callback``: Mosaic's GPU
+    interpreter threads ordered I/O effects, which e3j's (effect-free) primitive lowerings cannot carry."""
+    import jax
+
+    def run(coo, *args, **options):
+        fn = jax.jit(lambda *a: kernel(coo, *a, **options))
+        return jax.pure_callback(fn, jax.eval_shape(fn, *args), *args)
+
+    return run
+
+
 def _load_mosaic(interpret: bool) -> dict[str, Any]:
     from . import mosaic_convolution, mosaic_tensor_product
 
@@ -156,7 +168,7 @@ def _load_mosaic(interpret: bool) -> dict[str, Any]:
             return fn
         from jax.experimental.pallas import mosaic_gpu as plgpu
 
-        return functools.partial(fn, interpret=plgpu.InterpretGPUParams())
+        return _behind_callback(functools.partial(fn, interpret=plgpu.InterpretGPUParams()))
 
     modules = {"tensor_product": mosaic_tensor_product, "convolution": mosaic_convolution}
     return {f"{op}{kind}": bind(getattr(modules[op], op + kind)) for op in modules for kind in ("", "_bwd")}

@@ -1,0 +1,156 @@
+"""The fused e3nn-jax drop-in (``e3j.interop.MessagePassing``) against the e3nn-jax code it replaces.
+
+Message passing at mixed multiplicities (default ``64x0e + 32x1o + 16x2e`` ⊗ spherical harmonics
+``0e..3o`` -> ``0e + 1o + 2e``; random graph, ``--neighbours`` edges per node), forward (value) and
+forward + backward (value and gradient with respect to node features, edge attributes and weights),
+all jitted, float32, on this machine's default backend. Also measured, to split the fused call's
+cost: e3j's convolution alone on operands already in e3j's layout with a prebuilt graph, the
+layout conversions alone (node features in, output out) and the ``e3j.Graph`` build. All variants
+are timed in ``--rounds`` interleaved rounds (the CPU may be shared); each time is the best round's
+mean of its fastest 20 % of calls.
+
+    python benchmarks/interop_message_passing.py --nodes 1000 3000 --runs 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+
+import e3nn_jax as e3nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import e3j
+from e3j import interop
+from e3j._bench import time_call
+from e3j.interop.layout import from_irreps_array
+from e3j.layout import from_mul_ir, to_mul_ir
+
+
+def case(num_nodes, neighbours, irreps_x, lmax, filter_ir_out, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    num_edges = num_nodes * neighbours
+    senders = jnp.asarray(rng.integers(0, num_nodes, num_edges), jnp.int32)
+    receivers = jnp.asarray(np.sort(rng.integers(0, num_nodes, num_edges)), jnp.int32)
+    irreps_x = e3nn.Irreps(irreps_x)
+    x = e3nn.IrrepsArray(irreps_x, jnp.asarray(rng.normal(size=(num_nodes, irreps_x.dim)), dtype))
+    sh = e3nn.spherical_harmonics(
+        e3nn.Irreps.spherical_harmonics(lmax), jnp.asarray(rng.normal(size=(num_edges, 3)), dtype), True
+    )
+    mp = interop.MessagePassing(irreps_x, sh.irreps, filter_ir_out)
+    w = jnp.asarray(rng.normal(size=(num_edges, mp.num_weights)), dtype)
+    return mp, x, sh, w, senders, receivers
+
+
+def interleaved(fns: dict, runs: int, rounds: int) -> dict:
+    """Seconds per call of each ``(f, operands)``: the best of ``rounds`` rounds, each round timing every
+    function in turn (:func:`e3j._bench.time_call` on ``runs // rounds`` calls)."""
+    for f, ops in fns.values():
+        jax.block_until_ready(f(*ops))  # compile
+    best = {}
+    for _ in range(rounds):
+        for name, (f, ops) in fns.items():
+            t = time_call(f, *ops, runs=max(1, runs // rounds), warmup=0)
+            best[name] = min(best.get(name, float("inf")), t)
+    return best
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 3000])
+    parser.add_argument("--neighbours", type=int, default=27)
+    parser.add_argument("--irreps", default="64x0e + 32x1o + 16x2e")
+    parser.add_argument("--lmax", type=int, default=3)
+    parser.add_argument("--filter", default="0e + 1o + 2e")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds (runs split among them)")
+    parser.add_argument("--backend", default=None, help="e3j backend (default: selected per platform)")
+    parser.add_argument("--json", help="write the rows here")
+    args = parser.parse_args(argv)
+    with e3j.use_backend(args.backend) if args.backend else contextlib.nullcontext():
+        rows = [measure(n, args) for n in args.nodes]
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"backend": jax.default_backend(), "unit": "ms", "rows": rows}, f, indent=1)
+    return 0
+
+
+def measure(n: int, args) -> dict:
+    mp, x, sh, w, senders, receivers = case(n, args.neighbours, args.irreps, args.lmax, args.filter, jnp.float32)
+    num_nodes = n
+
+    def ref(xa, ya, wa, senders, receivers):
+        m = e3nn.tensor_product(
+            e3nn.IrrepsArray(x.irreps, xa)[senders], e3nn.IrrepsArray(sh.irreps, ya), filter_ir_out=args.filter
+        )
+        return e3nn.scatter_sum(m * wa, dst=receivers, output_size=num_nodes).array
+
+    def fused(xa, ya, wa, senders, receivers):
+        return mp(e3nn.IrrepsArray(x.irreps, xa), e3nn.IrrepsArray(sh.irreps, ya), wa, senders, receivers).array
+
+    graph = e3j.Graph.from_edges(senders, receivers, num_nodes)
+    x_op, _ = from_irreps_array(x)
+    s_op = w.reshape(w.shape[0], mp.plan.coo.num_paths, mp.channels)
+    assert mp.plan.weight_index is None and mp.plan.out_index is None
+
+    def fused_graph(xa, ya, wa, g):
+        return mp(e3nn.IrrepsArray(x.irreps, xa), e3nn.IrrepsArray(sh.irreps, ya), wa, graph=g).array
+
+    def bare(xa, ya, sa, g):
+        return mp.convolution(xa, ya, sa, g)
+
+    def grad_of(f):
+        return jax.jit(jax.value_and_grad(lambda *a: jnp.sum(f(*a)), argnums=(0, 1, 2)))
+
+    # the graph is an argument (not a constant folded into the executable), as in a training step
+    operands = {
+        "e3nn": (ref, (x.array, sh.array, w, senders, receivers)),
+        "e3j": (fused, (x.array, sh.array, w, senders, receivers)),
+        "e3j_graph": (fused_graph, (x.array, sh.array, w, graph)),
+        "e3j_bare": (bare, (x_op, sh.array, s_op, graph)),
+    }
+    # correctness first (the relative error of the fused call against e3nn-jax, float32)
+    a, b = jax.jit(ref)(*operands["e3nn"][1]), jax.jit(fused)(*operands["e3j"][1])
+    err = float(jnp.abs(a - b).max() / jnp.abs(a).max())
+    # compile everything, then time in interleaved rounds so that load from other processes on a
+    # shared machine falls on every variant alike
+    jitted = {}
+    for name, (f, ops) in operands.items():
+        jitted[f"{name}_fwd"] = (jax.jit(f), ops)
+        jitted[f"{name}_fwd_bwd"] = (grad_of(f), ops)
+    out_op = jax.jit(bare)(x_op, sh.array, s_op, graph)
+    layouts = jax.jit(
+        lambda xa, o: (from_mul_ir(xa, mp.plan.irreps_x, mp.channels), to_mul_ir(o, mp.plan.coo.irreps_out))
+    )
+    jitted["layouts"] = (layouts, (x.array, out_op))  # node features in, output out; weights: a reshape
+    jitted["graph_build"] = (jax.jit(lambda s, r: e3j.Graph.from_edges(s, r, num_nodes)), (senders, receivers))
+    times = interleaved(jitted, args.runs, args.rounds)
+    row = {
+        "nodes": n,
+        "edges": int(senders.shape[0]),
+        "backend": args.backend or "default",
+        "irreps": args.irreps,
+        "lmax": args.lmax,
+        "channels": mp.channels,
+        "paths": mp.plan.coo.num_paths,
+        "max_rel_err_vs_e3nn": err,
+        **{k: round(v * 1e3, 3) for k, v in times.items()},
+        "speedup_fwd": round(times["e3nn_fwd"] / times["e3j_fwd"], 2),
+        "speedup_fwd_bwd": round(times["e3nn_fwd_bwd"] / times["e3j_fwd_bwd"], 2),
+        # what the drop-in adds to e3j's convolution: layouts (with a prebuilt graph), and the
+        # graph build when it is given senders and receivers
+        "layout_share_fwd": round(1 - times["e3j_bare_fwd"] / times["e3j_graph_fwd"], 3),
+        "layout_share_fwd_bwd": round(1 - times["e3j_bare_fwd_bwd"] / times["e3j_graph_fwd_bwd"], 3),
+        "layouts_share_fwd": round(times["layouts"] / times["e3j_fwd"], 4),
+        "graph_build_share_fwd": round(times["graph_build"] / times["e3j_fwd"], 3),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+if __name__ == "__main__":
+    sys.exit(main())

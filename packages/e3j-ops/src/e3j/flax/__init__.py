@@ -1,0 +1,25 @@
+"""Flax modules on e3j arrays whose parameters are e3nn-jax's (extra ``e3j[flax]``).
+
+Flax is imported here only. :class:`Linear` creates exactly the parameters of
+``e3nn_jax.flax.Linear`` (names, shapes, initialization, meaning), so a checkpoint of an e3nn-jax
+model loads unchanged; with ``num_indexed_weights`` it is the species-indexed linear of NequIP's
+self-interaction. :class:`MessagePassing` is the fused e3nn message-passing pattern of
+:mod:`e3j.interop` as a module.
+
+>>> import jax, jax.numpy as jnp
+>>> from e3j.flax import Linear
+>>> lin = Linear("0e + 1o", channels_out=8, irreps_in="0e + 1o")
+>>> params = lin.init(jax.random.key(0), jnp.ones((5, 4, 16)))
+>>> jax.tree.map(jnp.shape, params["params"])
+{'w[0,0] 16x0e,8x0e': (16, 8), 'w[1,1] 16x1o,8x1o': (16, 8)}
+"""
+
+try:
+    import flax  # noqa: F401
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise ImportError("e3j.flax needs flax: pip install 'e3j[flax]'") from err
+
+from .linear import Linear
+from .message_passing import MessagePassing
+
+__all__ = ["Linear", "MessagePassing"]

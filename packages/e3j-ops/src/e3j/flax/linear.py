@@ -1,0 +1,155 @@
+"""An equivariant linear layer on e3j's ``[..., D, C]`` arrays with ``e3nn_jax.flax.Linear``'s parameters."""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from e3j_core import Irreps
+
+from .._checks import check_rank, float_dtype
+
+__all__ = ["Linear"]
+
+_NORMALIZATION = {"element": 0.0, "path": 1.0}
+
+
+class Linear(nn.Module):
+    """``[..., D_in, C_in] -> [..., D_out, C_out]``, the parameters of ``e3nn.flax.Linear``.
+
+    The arrays are e3j's (irreps ``irreps_in`` with ``C_in`` trailing channels); the parameters
+    are those ``e3nn.flax.Linear(mul_ir_irreps(irreps_out, channels_out))`` creates for an input
+    of irreps ``mul_ir_irreps(irreps_in, C_in)`` (e3nn's flat layout): one ``"w[i,j] {in},{out}"``
+    array ``[mul_in, mul_out]`` per pair of equal irreps of the regrouped input and the simplified
+    output, normal with std ``1`` (e3nn's default ``gradient_normalization="path"``), and the output
+    scaled by ``1/sqrt(fan_in)`` (``path_normalization="element"``). Copy ``u`` of e3nn's block is
+    copy ``u // C``, channel ``u % C`` of e3j's (:func:`e3j.from_mul_ir`), so the same parameters
+    give the same function: ``to_mul_ir(Linear(...)(x)) == e3nn.flax.Linear(...)(to_mul_ir(x))``.
+
+    With ``num_indexed_weights=S`` every parameter gains a leading ``[S]`` axis and the call takes
+    integer indices first, ``lin(index, x)`` with ``index: int [...]`` (e.g. the species of each
+    node), as ``e3nn.flax.Linear(..., num_indexed_weights=S)(index, x)``.
+
+    Output irreps: ``irreps_out`` simplified and, unless ``force_irreps_out``, without the irreps
+    the input lacks (zeros for them otherwise), as in e3nn-jax. Biases are not supported.
+
+    >>> import jax, jax.numpy as jnp
+    >>> lin = Linear("2x0e + 1o", channels_out=4, irreps_in="0e + 1o", num_indexed_weights=3)
+    >>> x, species = jnp.ones((5, 4, 8)), jnp.array([0, 1, 2, 0, 1])
+    >>> params = lin.init(jax.random.key(0), species, x)
+    >>> jax.tree.map(jnp.shape, params["params"])
+    {'w[0,0] 8x0e,8x0e': (3, 8, 8), 'w[1,1] 8x1o,4x1o': (3, 8, 4)}
+    >>> lin.apply(params, species, x).shape
+    (5, 5, 4)
+    """
+
+    irreps_out: object
+    channels_out: int
+    irreps_in: object
+    num_indexed_weights: int | None = None
+    force_irreps_out: bool = False
+    path_normalization: str | float = "element"
+    gradient_normalization: str | float = "path"
+
+    @nn.compact
+    def __call__(self, index_or_x: jax.Array, x: jax.Array | None = None) -> jax.Array:
+        if x is None:
+            if self.num_indexed_weights is not None:
+                raise ValueError("this Linear has num_indexed_weights: call it as lin(index, x)")
+            index, x = None, index_or_x
+        else:
+            if self.num_indexed_weights is None:
+                raise ValueError("lin(index, x) needs num_indexed_weights; call lin(x)")
+            index = jnp.asarray(index_or_x)
+            if not jnp.issubdtype(index.dtype, jnp.integer):
+                raise TypeError(f"index must be an integer array, got dtype {index.dtype}")
+        irreps_in = Irreps(self.irreps_in)
+        check_rank("x", x, tuple(range(2, 10)), f"[..., D_in={irreps_in.dim}, C_in]")
+        dtype = float_dtype("x", x)
+        if x.shape[-2] != irreps_in.dim:
+            raise ValueError(f"x must be [..., {irreps_in.dim}, C_in] for irreps_in {irreps_in}, got {x.shape}")
+        if index is not None:
+            if index.shape != x.shape[:-2]:
+                raise ValueError(
+                    f"index must be [{', '.join(map(str, x.shape[:-2]))}] like x's batch, got {index.shape}"
+                )
+        c_in, c_out = x.shape[-1], self.channels_out
+        if isinstance(c_out, bool) or not isinstance(c_out, int) or c_out <= 0:
+            raise ValueError(f"channels_out must be an int > 0, got {c_out!r}")
+        path_norm = _parse(self.path_normalization, "path_normalization")
+        grad_norm = _parse(self.gradient_normalization, "gradient_normalization")
+
+        blocks_in = _blocks(irreps_in, regroup=True)  # (ir, rows of each copy), e3nn's regrouped input
+        irreps_out = Irreps(self.irreps_out).simplify()
+        if not self.force_irreps_out:
+            irreps_out = irreps_out.filter(keep=[ir for ir, _ in blocks_in])
+        blocks_out = _blocks(irreps_out, regroup=False)
+        flat_in = [(len(rows) * c_in, ir) for ir, rows in blocks_in]
+        flat_out = [(len(rows) * c_out, ir) for ir, rows in blocks_out]
+        instructions = [(i, j) for i, (_, a) in enumerate(flat_in) for j, (_, b) in enumerate(flat_out) if a == b]
+
+        # parameters first, in e3nn's order (flax draws each from the module's key in creation order)
+        params = {}
+        for i, j in instructions:
+            mine = [k for k, jj in instructions if jj == j]
+            fan = flat_in[i][0] ** path_norm * sum(flat_in[k][0] ** (1.0 - path_norm) for k in mine)
+            alpha = 1 / fan if fan > 0 else 1.0
+            shape = (flat_in[i][0], flat_out[j][0])
+            if self.num_indexed_weights is not None:
+                shape = (self.num_indexed_weights, *shape)
+            name = f"w[{i},{j}] {_mul_ir(flat_in[i])},{_mul_ir(flat_out[j])}"
+            init = nn.initializers.normal(stddev=math.sqrt(alpha) ** (1.0 - grad_norm))
+            params[i, j] = (self.param(name, init, shape, dtype), math.sqrt(alpha) ** grad_norm)
+
+        lead = x.shape[:-2]
+        outs = []
+        for j, (ir, rows_out) in enumerate(blocks_out):
+            mul_out = len(rows_out)
+            acc = jnp.zeros((*lead, mul_out, ir.dim, c_out), dtype)
+            for i in [i for i, jj in instructions if jj == j]:
+                w, path_weight = params[i, j]
+                rows_in = blocks_in[i][1]
+                xi = x[..., jnp.asarray(rows_in).reshape(-1), :].reshape(*lead, len(rows_in), ir.dim, c_in)
+                if index is None:
+                    w = w.reshape(len(rows_in), c_in, mul_out, c_out)
+                    y = jnp.einsum("...kdc,kcmo->...mdo", xi, w)
+                else:
+                    w = w[index].reshape(*lead, len(rows_in), c_in, mul_out, c_out)
+                    y = jnp.einsum("...kdc,...kcmo->...mdo", xi, w)
+                acc = acc + path_weight * y
+            outs.append(acc.reshape(*lead, mul_out * ir.dim, c_out))
+        if not outs:
+            return jnp.zeros((*lead, 0, c_out), dtype)
+        return jnp.concatenate(outs, axis=-2)
+
+
+def _parse(value, name: str) -> float:
+    if isinstance(value, str):
+        if value not in _NORMALIZATION:
+            raise ValueError(f"{name} must be 'element', 'path' or a float, got {value!r}")
+        return _NORMALIZATION[value]
+    return float(value)
+
+
+def _mul_ir(mul_ir) -> str:
+    return f"{mul_ir[0]}x{mul_ir[1]}"
+
+
+def _blocks(irreps: Irreps, *, regroup: bool):
+    """``[(irrep, [first row of each copy])]``; regrouped as e3nn's ``remove_zero_chunks().regroup()``."""
+    starts = [s.start for s in irreps.slices()]
+    order = irreps.sort().inv if regroup else range(len(irreps))
+    out = []
+    for b in order:
+        mul, ir = irreps[b]
+        if regroup and mul == 0:
+            continue
+        rows = [list(range(starts[b] + u * ir.dim, starts[b] + (u + 1) * ir.dim)) for u in range(mul)]
+        if regroup and out and out[-1][0] == ir:
+            out[-1][1].extend(rows)
+        else:
+            out.append((ir, rows))
+    return out

@@ -1,0 +1,46 @@
+"""The fused e3nn message-passing pattern (:class:`e3j.interop.MessagePassing`) as a Flax module."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+
+__all__ = ["MessagePassing"]
+
+
+class MessagePassing(nn.Module):
+    """``scatter_sum(concatenate([x[s].filter(self_connection), tp(x[s], y)]).regroup() * w)``, fused.
+
+    No parameters of its own (the per-edge weights ``w`` come from the caller's radial network, as
+    in NequIP and MACE), so a model that swaps e3nn-jax's pattern for this module keeps its parameter
+    tree. Arguments and result are those of :func:`e3j.interop.message_passing` (``IrrepsArray``
+    in and out; needs the ``e3nn`` extra).
+
+    >>> import jax, jax.numpy as jnp, numpy as np, e3nn_jax as e3nn
+    >>> mp = MessagePassing(filter_ir_out="0e + 1o", self_connection="0e + 1o")
+    >>> x = e3nn.IrrepsArray("4x0e + 4x1o", jnp.ones((3, 16)))
+    >>> y = e3nn.IrrepsArray("1o + 2e", jnp.ones((2, 8)))
+    >>> out, _ = mp.init_with_output(jax.random.key(0), x, y, jnp.ones((2, 20)), np.array([0, 1]), np.array([1, 2]))
+    >>> out.irreps
+    8x0e+12x1o
+    """
+
+    filter_ir_out: object = None
+    self_connection: object = None
+    irrep_normalization: str | None = None
+
+    @nn.compact
+    def __call__(self, node_feats, edge_attrs, weights: jax.Array, senders=None, receivers=None, *, graph=None):
+        from ..interop import message_passing
+
+        return message_passing(
+            node_feats,
+            edge_attrs,
+            weights,
+            senders,
+            receivers,
+            filter_ir_out=self.filter_ir_out,
+            self_connection=self.self_connection,
+            irrep_normalization=self.irrep_normalization,
+            graph=graph,
+        )

@@ -1,0 +1,192 @@
+"""e3nn-jax's message-passing pattern (NequIP, MACE) as one fused :class:`e3j.Convolution`.
+
+The e3nn-jax code this replaces, for node features ``x [N, irreps_node]``, edge attributes
+``y [E, irreps_edge]`` (e.g. spherical harmonics) and per-edge weights ``w [E, num_weights]`` (e.g.
+a radial MLP's output)::
+
+    m = x[senders]
+    m = e3nn.concatenate([m.filter(self_connection),           # only if self_connection is given
+                          e3nn.tensor_product(m, y, filter_ir_out=filter_ir_out)]).regroup()
+    m = m * w                                                   # one weight per irrep copy of m
+    out = e3nn.scatter_sum(m, dst=receivers, output_size=N)
+
+(without ``self_connection``: ``m = e3nn.tensor_product(m, y, filter_ir_out=filter_ir_out)``).
+Here it is one convolution ``out_b = Σ_{a→b} s_ab · (x_a ⊗ y'_ab)``; messages are never formed.
+
+How e3nn's order is folded in, statically: e3j's paths are put in the order e3nn numbers the copies
+of ``m`` (:func:`e3j_core.select_paths`), so ``w`` reshapes to e3j's ``[E, P, C]`` for free and
+e3j's output ``[N, Dout, C]`` is e3nn's by :func:`e3j.to_mul_ir` (a transpose of the ``N``-sized
+output). The filtered copy of ``x`` is the tensor product with a constant ``0e`` edge attribute
+(``x ⊗ 1 = x`` exactly under e3nn's ``component`` normalization), so ``y' = [1, y]``: one column
+prepended per edge. The node features are split into channels: ``C`` = the gcd of their
+multiplicities (uniform ``C x ir`` blocks map one-to-one; mixed multiplicities such as
+``64x0e + 32x1o + 16x2e`` run as ``4x0e + 2x1o + 2e`` with 16 channels). Only an edge attribute
+with a multiplicity above 1 (never spherical harmonics) makes e3nn's order depend on the channel,
+and then the weights and output are gathered with static indices instead.
+"""
+
+from __future__ import annotations
+
+import e3nn_jax as e3nn
+import jax
+import jax.numpy as jnp
+
+from e3j_core import Irreps
+from e3j_core.coo import normalize_filter
+
+from ..convolution import Convolution
+from ..graph import Graph
+from ..layout import from_mul_ir
+from ._plan import plan
+from .layout import to_e3nn_irreps
+from .tensor_product import to_flat
+
+__all__ = ["MessagePassing", "message_passing"]
+
+
+class MessagePassing:
+    """The static part of :func:`message_passing`: irreps in, ``irreps_out`` and ``num_weights`` out.
+
+    ``mp = MessagePassing(irreps_node, irreps_edge, filter_ir_out, self_connection=...)``;
+    ``mp(node_feats, edge_attrs, weights, senders, receivers)`` or ``mp(..., graph=g)`` with an
+    :class:`e3j.Graph` built once (``Graph.from_edges(senders, receivers, N)``; building it inside
+    the call sorts the edges every time). ``weights: [E, mp.num_weights]``, e3nn's order (one per
+    irrep copy of the messages, ``messages.irreps.num_irreps``). Returns ``IrrepsArray [N, mp.irreps_out]``.
+
+    >>> import numpy as np, jax.numpy as jnp
+    >>> mp = MessagePassing("8x0e + 8x1o", "1o + 2e", "0e + 1o", self_connection="0e + 1o")
+    >>> mp.irreps_out, mp.num_weights
+    (16x0e+24x1o, 40)
+    >>> x = e3nn.IrrepsArray("8x0e + 8x1o", jnp.ones((3, 32)))
+    >>> y = e3nn.IrrepsArray("1o + 2e", jnp.ones((4, 8)))
+    >>> mp(x, y, jnp.ones((4, 40)), np.array([0, 1, 2, 0]), np.array([1, 0, 1, 2])).shape
+    (3, 88)
+    """
+
+    def __init__(
+        self,
+        irreps_node,
+        irreps_edge,
+        filter_ir_out=None,
+        *,
+        self_connection=None,
+        irrep_normalization: str | None = None,
+    ) -> None:
+        if irrep_normalization is None:
+            irrep_normalization = e3nn.config("irrep_normalization")
+        if self_connection is not None and irrep_normalization != "component":
+            raise ValueError(
+                f"self_connection needs irrep_normalization='component' (x ⊗ 1 = x), got {irrep_normalization!r}"
+            )
+        try:
+            self.irreps_node = Irreps(irreps_node)
+        except ValueError as err:
+            raise ValueError(f"irreps_node: {err}") from None
+        try:
+            self.irreps_edge = Irreps(irreps_edge)
+        except ValueError as err:
+            raise ValueError(f"irreps_edge: {err}") from None
+        keep = normalize_filter(self_connection)
+        self.plan = plan(
+            self.irreps_node, self.irreps_edge, normalize_filter(filter_ir_out), keep, irrep_normalization, True
+        )
+        self.convolution = Convolution.from_coo(self.plan.coo)
+
+    @property
+    def irreps_out(self) -> e3nn.Irreps:
+        """e3nn's irreps of the messages and of the result."""
+        return to_e3nn_irreps(self.plan.irreps_out)
+
+    @property
+    def num_weights(self) -> int:
+        """``irreps_out.num_irreps``: one weight per copy."""
+        return self.plan.num_weights
+
+    @property
+    def channels(self) -> int:
+        """``C``, the channels e3j runs the node features in."""
+        return self.plan.channels
+
+    def __call__(
+        self,
+        node_feats: e3nn.IrrepsArray,
+        edge_attrs: e3nn.IrrepsArray | jax.Array,
+        weights: jax.Array,
+        senders: jax.Array | None = None,
+        receivers: jax.Array | None = None,
+        *,
+        graph: Graph | None = None,
+        backend: str | None = None,
+    ) -> e3nn.IrrepsArray:
+        p = self.plan
+        if not isinstance(node_feats, e3nn.IrrepsArray):
+            raise TypeError(f"node_feats must be an e3nn.IrrepsArray, got {type(node_feats).__name__}")
+        if Irreps(node_feats.irreps) != self.irreps_node or node_feats.ndim != 2:
+            raise ValueError(f"node_feats must be an IrrepsArray [N, {self.irreps_node}], got {node_feats.irreps} "
+                             f"of shape {node_feats.shape}")  # fmt: skip
+        if isinstance(edge_attrs, e3nn.IrrepsArray):
+            if Irreps(edge_attrs.irreps) != self.irreps_edge:
+                raise ValueError(f"edge_attrs must have irreps {self.irreps_edge}, got {edge_attrs.irreps}")
+            edge_attrs = edge_attrs.array
+        if jnp.ndim(edge_attrs) != 2 or edge_attrs.shape[1] != self.irreps_edge.dim:
+            raise ValueError(f"edge_attrs must be [E, {self.irreps_edge.dim}] for {self.irreps_edge}, "
+                             f"got shape {jnp.shape(edge_attrs)}")  # fmt: skip
+        num_edges = edge_attrs.shape[0]
+        if jnp.ndim(weights) != 2 or weights.shape != (num_edges, p.num_weights):
+            raise ValueError(f"weights must be [E={num_edges}, num_weights={p.num_weights}] (one per irrep copy "
+                             f"of {self.irreps_out}, e3nn's order), got shape {jnp.shape(weights)}")  # fmt: skip
+        num_nodes = node_feats.shape[0]
+        if graph is None:
+            if senders is None or receivers is None:
+                raise ValueError("give senders and receivers, or graph=e3j.Graph")
+            graph = Graph.from_edges(senders, receivers, num_nodes)
+        elif senders is not None or receivers is not None:
+            raise ValueError("give senders and receivers, or graph, not both")
+        dtype = jnp.result_type(node_feats.array, edge_attrs, weights)
+        x = from_mul_ir(node_feats.array.astype(dtype), p.irreps_x, p.channels)
+        y = edge_attrs.astype(dtype)
+        if p.constant_row:  # the constant 0e column of the self connection
+            y = jnp.concatenate([jnp.ones((num_edges, 1), dtype), y], axis=1)
+        w = weights.astype(dtype)
+        if p.weight_index is None:
+            s = w.reshape(num_edges, p.coo.num_paths, p.channels)
+        else:
+            s = w[:, p.weight_index]
+        out = self.convolution(x, y, s, graph, backend=backend)
+        return e3nn.IrrepsArray(self.irreps_out, to_flat(out, p))
+
+
+def message_passing(
+    node_feats: e3nn.IrrepsArray,
+    edge_attrs: e3nn.IrrepsArray,
+    weights: jax.Array,
+    senders: jax.Array | None = None,
+    receivers: jax.Array | None = None,
+    *,
+    filter_ir_out=None,
+    self_connection=None,
+    irrep_normalization: str | None = None,
+    graph: Graph | None = None,
+    backend: str | None = None,
+) -> e3nn.IrrepsArray:
+    """The e3nn-jax pattern of this module's docstring, fused: ``scatter_sum(pattern(x[senders], y) * w)``.
+
+    ``node_feats: IrrepsArray [N, irreps_node]``, ``edge_attrs: IrrepsArray [E, irreps_edge]``,
+    ``weights: [E, num_weights]`` in e3nn's order (``num_weights`` = the number of irrep copies of
+    the messages; see :class:`MessagePassing`), ``senders``/``receivers: int [E]`` or
+    ``graph=``:class:`e3j.Graph`. Returns ``IrrepsArray [N, irreps_out]`` (the ``output_size`` is
+    ``N``).
+    """
+    edge_irreps = edge_attrs.irreps if isinstance(edge_attrs, e3nn.IrrepsArray) else None
+    if edge_irreps is None:
+        raise TypeError(
+            f"edge_attrs must be an e3nn.IrrepsArray (its irreps pick the tables), got {type(edge_attrs).__name__}"
+        )
+    mp = MessagePassing(
+        node_feats.irreps,
+        edge_irreps,
+        filter_ir_out,
+        self_connection=self_connection,
+        irrep_normalization=irrep_normalization,
+    )
+    return mp(node_feats, edge_attrs, weights, senders, receivers, graph=graph, backend=backend)

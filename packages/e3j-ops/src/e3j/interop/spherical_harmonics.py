@@ -1,0 +1,66 @@
+"""``e3nn.spherical_harmonics`` on e3j's exact polynomials, ``IrrepsArray`` in and out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import e3nn_jax as e3nn
+import jax
+
+from e3j_core import Irreps
+
+from ..spherical_harmonics import spherical_harmonics as _sh
+from .layout import to_e3nn_irreps
+
+__all__ = ["spherical_harmonics"]
+
+
+def spherical_harmonics(
+    irreps_out: e3nn.Irreps | Irreps | str | int | Sequence[int],
+    input: e3nn.IrrepsArray | jax.Array,
+    normalize: bool,
+    normalization: str | None = None,
+) -> e3nn.IrrepsArray:
+    """Equal to ``e3nn.spherical_harmonics(irreps_out, input, normalize, normalization)``.
+
+    ``input``: ``[..., 3]`` array or an ``IrrepsArray`` of one vector (``1o`` or ``1e``); degrees
+    given as an int or ints take their parity from it (``p**l``), as in e3nn-jax, and need it.
+    ``normalization=None`` reads e3nn-jax's configured default.
+
+    >>> import jax.numpy as jnp
+    >>> spherical_harmonics([1, 2], e3nn.IrrepsArray("1e", jnp.array([0.0, 1.0, 0.0])), True).irreps
+    1x1e+1x2e
+    """
+    if normalization is None:
+        normalization = e3nn.config("spherical_harmonics_normalization")
+    if isinstance(irreps_out, range):
+        irreps_out = list(irreps_out)
+    degrees = isinstance(irreps_out, int) or (
+        isinstance(irreps_out, Sequence)
+        and not isinstance(irreps_out, str)
+        and all(isinstance(l, int) for l in irreps_out)
+        and not hasattr(irreps_out, "l")
+    )
+    vec_p = None
+    if isinstance(input, e3nn.IrrepsArray):
+        vec_p = _vector_parity(input.irreps)
+        input = input.array
+    if degrees:
+        if vec_p is None:
+            raise ValueError("irreps_out given as degrees needs input as an IrrepsArray (1o or 1e), as in e3nn-jax")
+        ls = [irreps_out] if isinstance(irreps_out, int) else list(irreps_out)
+        irreps = Irreps([(1, (l, vec_p**l)) for l in ls])
+    else:
+        irreps = Irreps(irreps_out)
+        if vec_p is not None and any(ir.p != vec_p for _, ir in irreps if ir.l % 2):
+            raise ValueError(
+                f"input (1{'e' if vec_p == 1 else 'o'}) and irreps_out ({irreps}) have incompatible parities"
+            )
+    return e3nn.IrrepsArray(to_e3nn_irreps(irreps), _sh(irreps, input, normalize, normalization))
+
+
+def _vector_parity(irreps: e3nn.Irreps) -> int:
+    irreps = Irreps(irreps)
+    if len(irreps) != 1 or irreps[0].mul != 1 or irreps[0].ir.l != 1:
+        raise ValueError(f"input must be a single vector (1x1o or 1x1e), got {irreps}")
+    return irreps[0].ir.p

@@ -1,0 +1,69 @@
+"""``e3nn.tensor_product`` on e3j's kernels, ``IrrepsArray`` in and out."""
+
+from __future__ import annotations
+
+import math
+
+import e3nn_jax as e3nn
+import jax.numpy as jnp
+
+from e3j_core import Irreps
+from e3j_core.coo import normalize_filter
+
+from ..layout import from_mul_ir, to_mul_ir
+from ..tensor_product import TensorProduct
+from ._plan import Plan, plan
+from .layout import to_e3nn_irreps
+
+__all__ = ["tensor_product"]
+
+
+def tensor_product(
+    input1: e3nn.IrrepsArray,
+    input2: e3nn.IrrepsArray,
+    *,
+    filter_ir_out=None,
+    irrep_normalization: str | None = None,
+    regroup_output: bool = True,
+    backend: str | None = None,
+) -> e3nn.IrrepsArray:
+    """Equal to ``e3nn.tensor_product(input1, input2, filter_ir_out=..., ...)``: same irreps, same layout.
+
+    ``input1``'s multiplicities are split into channels (their gcd ``C``, see
+    :func:`e3j.interop.from_irreps_array`); ``input2`` is broadcast over them. Leading shapes
+    broadcast as in e3nn-jax. The output is e3j's ``[B, Dout, C]`` written in e3nn's flat layout by
+    :func:`e3j.to_mul_ir` — a transpose; when ``input2`` has a multiplicity above 1, e3nn numbers
+    those copies inside the channels and the output is gathered with a static index instead.
+
+    >>> import jax.numpy as jnp
+    >>> x = e3nn.IrrepsArray("4x0e + 4x1o", jnp.ones((2, 16)))
+    >>> y = e3nn.IrrepsArray("0e + 1o", jnp.ones((2, 4)))
+    >>> z = tensor_product(x, y, filter_ir_out="0e + 1o")
+    >>> z.irreps, bool(jnp.allclose(z.array, e3nn.tensor_product(x, y, filter_ir_out="0e + 1o").array))
+    (8x0e+8x1o, True)
+    """
+    input1, input2 = e3nn.as_irreps_array(input1), e3nn.as_irreps_array(input2)
+    dtype = jnp.result_type(input1.array, input2.array)
+    if not jnp.issubdtype(dtype, jnp.floating):
+        dtype = jnp.ones(()).dtype
+    if irrep_normalization is None:
+        irrep_normalization = e3nn.config("irrep_normalization")
+    irreps_x, irreps_y = Irreps(input1.irreps), Irreps(input2.irreps)
+    leading = jnp.broadcast_shapes(input1.shape[:-1], input2.shape[:-1])
+    expected = e3nn.tensor_product(input1.irreps, input2.irreps, filter_ir_out=filter_ir_out,
+                                   regroup_output=regroup_output)  # fmt: skip
+    if expected.dim == 0 or irreps_x.dim == 0 or irreps_y.dim == 0:
+        return e3nn.IrrepsArray(expected, jnp.zeros((*leading, expected.dim), dtype))
+    p = plan(irreps_x, irreps_y, normalize_filter(filter_ir_out), None, irrep_normalization, regroup_output)
+    batch = math.prod(leading)
+    x = jnp.broadcast_to(input1.array.astype(dtype), (*leading, irreps_x.dim)).reshape(batch, irreps_x.dim)
+    y = jnp.broadcast_to(input2.array.astype(dtype), (*leading, irreps_y.dim)).reshape(batch, irreps_y.dim)
+    out = TensorProduct.from_coo(p.coo)(from_mul_ir(x, p.irreps_x, p.channels), y, backend=backend)
+    return e3nn.IrrepsArray(to_e3nn_irreps(p.irreps_out), to_flat(out, p).reshape(*leading, -1))
+
+
+def to_flat(out: jnp.ndarray, p: Plan) -> jnp.ndarray:
+    """e3j's output ``[B, Dout, C]`` in e3nn's flat layout and copy order."""
+    if p.out_index is None:
+        return to_mul_ir(out, p.coo.irreps_out)
+    return out.reshape(out.shape[0], -1)[:, p.out_index]

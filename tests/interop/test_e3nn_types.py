@@ -1,0 +1,149 @@
+"""e3nn-jax's irreps types are accepted wherever e3j takes irreps (core never imports e3nn-jax).
+
+Oracle: e3nn-jax itself (its ``Irreps`` parsing and ``spherical_harmonics``), in float64.
+"""
+
+from __future__ import annotations
+
+import e3nn_jax as e3nn
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import e3j
+
+
+@pytest.mark.parametrize("text", ["2x0e + 1o", "1o + 0e + 3x2e", "0x1e + 1y", ""])
+def test_irreps_from_e3nn_irreps_equal_the_string(text):
+    ours = e3j.Irreps(e3nn.Irreps(text))
+    assert ours == e3j.Irreps(text)
+    assert str(ours) == str(e3nn.Irreps(text))
+
+
+def test_irrep_mul_irrep_and_items_from_e3nn():
+    assert e3j.Irrep(e3nn.Irrep("2e")) == e3j.Irrep("2e")
+    assert e3j.Irrep(e3nn.MulIrrep(3, e3nn.Irrep("1o"))) == e3j.Irrep("1o")
+    # e3nn's Irrep and MulIrrep are tuples: they must not be read as iterables of ints
+    assert e3j.Irreps(e3nn.Irrep("1o")) == "1o"
+    assert e3j.Irreps(e3nn.MulIrrep(2, e3nn.Irrep("1o"))) == "2x1o"
+    assert e3j.Irreps([e3nn.Irrep("1o"), e3nn.MulIrrep(2, e3nn.Irrep("0e"))]) == "1o + 2x0e"
+    assert e3j.Irreps([(2, (1, -1))]) == "2x1o"  # plain (mul, (l, p)) pairs still work
+    # e3nn-jax refuses a MulIrrep as a filter; e3j reads it as its irrep
+    assert e3j.TensorProduct("1o", "1o", filter=e3nn.MulIrrep(2, e3nn.Irrep("1e"))).irreps_out == "1e"
+
+
+@pytest.mark.parametrize(
+    "filter_",
+    [
+        e3nn.Irreps("0e + 1o"),
+        e3nn.Irreps("3x1e"),
+        e3nn.Irrep("2e"),
+        [e3nn.Irrep("0e"), e3nn.Irrep("1e")],
+        "0e + 1o",
+    ],
+    ids=str,
+)
+def test_filter_accepts_e3nn_types_like_e3nn(filter_):
+    tp = e3j.TensorProduct(e3nn.Irreps("0e + 1o + 2e"), e3nn.Irreps("0e + 1o"), filter=filter_)
+    x = e3nn.IrrepsArray("0e + 1o + 2e", jnp.arange(9.0)[None])
+    y = e3nn.IrrepsArray("0e + 1o", jnp.arange(1.0, 5.0)[None])
+    ref = e3nn.tensor_product(x, y, filter_ir_out=filter_)
+    assert tp.irreps_out == ref.irreps
+    np.testing.assert_allclose(tp(x.array[..., None], y.array)[..., 0], ref.array, rtol=1e-12, atol=1e-14)
+
+
+def test_ops_and_layout_take_e3nn_irreps():
+    irreps = e3nn.Irreps("2x0e + 1o")
+    assert e3j.Convolution(irreps, e3nn.Irreps("0e + 1o")).irreps_x == "2x0e + 1o"
+    assert e3j.Linear(irreps, e3nn.Irreps("1o"), channels_in=2, channels_out=2).irreps_out == "1o"
+    x = jnp.arange(5 * 3.0).reshape(1, 5, 3)
+    assert e3j.mul_ir_irreps(irreps, 3) == "6x0e + 3x1o"
+    np.testing.assert_array_equal(e3j.from_mul_ir(e3j.to_mul_ir(x, irreps), irreps, 3), x)
+
+
+def test_bad_duck_typed_irrep_names_the_problem():
+    class BadIrrep:  # a foreign irrep with an impossible parity
+        l, p = 1, 0
+
+    with pytest.raises(ValueError, match="parity p must be 1 or -1"):
+        e3j.Irreps([BadIrrep()])
+    with pytest.raises(ValueError, match="filter: cannot interpret"):
+        e3j.TensorProduct("1o", "1o", filter=BadIrrep())
+
+
+VECTORS = np.random.default_rng(0).normal(size=(7, 3))
+
+
+@pytest.mark.parametrize(
+    "irreps_out",
+    [
+        e3nn.Irreps("0e + 1o + 2e + 3o"),
+        e3nn.Irreps("1x0e + 2x2e"),
+        e3nn.Irreps("1e + 2e"),
+        e3nn.Irreps.spherical_harmonics(4),
+        "0e + 1o + 2e",
+        e3j.Irreps("1o + 3o"),
+        [0, 2, 3],
+        range(4),
+        2,
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("normalization", [None, "component", "norm", "integral"])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_spherical_harmonics_accepts_what_e3nn_accepts(irreps_out, normalization, normalize):
+    v = jnp.asarray(VECTORS)
+    # e3nn-jax takes degrees (int or ints) only with an IrrepsArray input, of a 1o vector here
+    e3nn_input = e3nn.IrrepsArray("1o", v) if isinstance(irreps_out, (int, list, range)) else v
+    if isinstance(irreps_out, e3j.Irreps):
+        ref_irreps = str(irreps_out)
+    else:
+        ref_irreps = irreps_out
+    ref = e3nn.spherical_harmonics(ref_irreps, e3nn_input, normalize, normalization).array
+    ours = e3j.spherical_harmonics(irreps_out, v, normalize, normalization)
+    np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_spherical_harmonics_bad_irreps_named():
+    with pytest.raises(ValueError, match="mix parities"):
+        e3j.spherical_harmonics(e3nn.Irreps("1o + 1e"), jnp.ones(3), True)
+    with pytest.raises(ValueError, match="expected an int, a list of ints or Irreps"):
+        e3j.spherical_harmonics(["0e", "bad"], jnp.ones(3), True)
+
+
+@pytest.mark.parametrize(
+    "irreps_out, vector",
+    [
+        (3, "1o"),
+        ([0, 1, 2], "1o"),
+        ([1, 2], "1e"),
+        (range(3), "1e"),
+        ("0e + 1o + 2e", "1o"),
+        (e3nn.Irreps("1e + 2e"), "1e"),
+    ],
+    ids=str,
+)
+@pytest.mark.parametrize("normalization", [None, "norm"])
+def test_interop_spherical_harmonics_equals_e3nn(irreps_out, vector, normalization):
+    from e3j import interop
+
+    v = e3nn.IrrepsArray(vector, jnp.asarray(VECTORS))
+    ref = e3nn.spherical_harmonics(irreps_out, v, True, normalization)
+    ours = interop.spherical_harmonics(irreps_out, v, True, normalization)
+    assert ours.irreps == ref.irreps
+    np.testing.assert_allclose(ours.array, ref.array, rtol=1e-12, atol=1e-12)
+    plain = interop.spherical_harmonics(str(ref.irreps), jnp.asarray(VECTORS), False)
+    np.testing.assert_allclose(
+        plain.array, e3nn.spherical_harmonics(ref.irreps, jnp.asarray(VECTORS), False).array, rtol=1e-12, atol=1e-12
+    )
+
+
+def test_interop_spherical_harmonics_bad_input():
+    from e3j import interop
+
+    with pytest.raises(ValueError, match="incompatible parities"):
+        interop.spherical_harmonics("1o", e3nn.IrrepsArray("1e", jnp.ones(3)), True)
+    with pytest.raises(ValueError, match="needs input as an IrrepsArray"):
+        interop.spherical_harmonics(2, jnp.ones(3), True)
+    with pytest.raises(ValueError, match="single vector"):
+        interop.spherical_harmonics(2, e3nn.IrrepsArray("2x1o", jnp.ones(6)), True)
