@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import e3j_models as em
 import numpy as np
+
+import e3j_models as em
 
 Z = (1, 8)
 CUTOFF = 3.0
@@ -12,6 +13,7 @@ CONFIGS = {
     "mace_corr2": em.mace_a(Z, num_channels=3, l_max=2, node_symmetry=1, **SMALL),
     "mace_corr3": em.mace_b(Z, num_channels=2, l_max=1, node_symmetry=1, **SMALL),
     "nequip": em.nequip(Z, num_layers=2, num_channels=2, node_irreps="2x0e + 0o + 1o + 1e", l_max=1, **SMALL),
+    "nequip_tiny": em.nequip(Z, num_layers=1, num_channels=2, node_irreps="0e + 1o", l_max=1, **SMALL),
 }
 CELL = np.array([[4.2, 0.0, 0.0], [0.9, 4.0, 0.0], [0.4, -0.5, 4.4]])
 

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import functools
 
-import e3j_models as em
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from model_systems import CONFIGS, CUTOFF, Z, random_rotation, structure
 
+import e3j_models as em
+
 pytest.importorskip("e3nn_jax")
 
-NAMES = list(CONFIGS)
+# correlation 3 compiles for minutes on 2 shared cores: in `nox -s models_slow`, not the CI session
+NAMES = ["mace_corr2", "nequip", pytest.param("mace_corr3", marks=pytest.mark.models_slow)]
 
 
 @functools.cache
@@ -115,7 +117,9 @@ def test_forces_and_stress_are_finite_differences(name):
         np.testing.assert_allclose((energies[0] - energies[1]) / (2 * h) / volume, ref["stress"][0, i, j], atol=1e-9)
 
 
-@pytest.mark.parametrize("name", ["mace_corr2", "nequip"])
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.models_slow) for n in ("mace_corr2", "nequip")] + ["nequip_tiny"]
+)
 def test_padding_changes_nothing(name):
     pot, batch, params, run, _ = _setup(name)
     ref = run(params, batch)

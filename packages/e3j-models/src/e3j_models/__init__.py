@@ -12,12 +12,15 @@ Building blocks (Flax modules and functions, e3j layout ``[N, D, C]``): :func:`r
 128
 """
 
+from typing import TYPE_CHECKING
+
 from ._version import __version__
 from .batch import GraphBatch, edge_vectors, make_batch
 from .config import MACEConfig, NequIPConfig, config_from_dict, config_to_dict, mace_a, mace_b, nequip
 from .embedding import SpeciesEmbedding
 from .gate import gate, gate_irreps_in
 from .interaction import Interaction, RadialMLP
+from .io import load, save
 from .linear import EquivariantLinear
 from .models import MACE, NequIP
 from .neighbours import batch_structures, bucket_size, neighbour_list
@@ -28,6 +31,7 @@ from .symmetric_contraction import SymmetricContraction, SymmetricContractionSpe
 
 __all__ = [
     "MACE",
+    "Calculator",
     "E3jOps",
     "EquivariantLinear",
     "GraphBatch",
@@ -51,6 +55,7 @@ __all__ = [
     "gate",
     "gate_irreps_in",
     "get_ops",
+    "load",
     "mace_a",
     "mace_b",
     "make_batch",
@@ -58,4 +63,18 @@ __all__ = [
     "nequip",
     "polynomial_envelope",
     "radial_embedding",
+    "save",
 ]
+
+
+def __getattr__(name: str):
+    # the ASE calculator imports ase, an optional extra: loaded on first use only
+    if name == "Calculator":
+        from .calculator import Calculator
+
+        return Calculator
+    raise AttributeError(f"module 'e3j_models' has no attribute {name!r}")
+
+
+if TYPE_CHECKING:
+    from .calculator import Calculator

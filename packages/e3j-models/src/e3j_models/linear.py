@@ -6,7 +6,7 @@
 >>> {k: v.shape for k, v in params["params"].items()}
 {'0e': (1, 2, 8, 4), '1o': (1, 1, 8, 4)}
 >>> lin.apply(params, jnp.ones((3, 4, 8))).shape
-(3, 7, 4)
+(3, 5, 4)
 """
 
 from __future__ import annotations

@@ -9,10 +9,10 @@ cell (zero volume) get NaN stress.
 
 >>> import jax, numpy as np
 >>> from e3j_models import Potential, make_batch, nequip
->>> pot = Potential(nequip((1, 8), num_layers=1, num_channels=4))
+>>> pot = Potential(nequip((1, 8), num_layers=1, num_channels=2, node_irreps="0e + 1o", l_max=1))
 >>> batch = make_batch(np.array([[0.0, 0, 0], [0.9, 0.3, 0]]), [1, 0], [0, 1], [1, 0])
 >>> params = pot.init(jax.random.key(0), batch)
->>> out = pot(params, batch)
+>>> out = jax.jit(pot)(params, batch)
 >>> out["energy"].shape, out["forces"].shape
 ((1,), (2, 3))
 """
@@ -54,7 +54,7 @@ class Potential:
     def init(self, key: jax.Array, batch: GraphBatch, dtype=None) -> dict[str, Any]:
         """Random parameters, floating leaves in ``dtype`` (default: the positions' dtype)."""
         dtype = batch.positions.dtype if dtype is None else dtype
-        params = self.module.init(key, batch.positions, batch.cell, batch)
+        params = jax.jit(self.module.init)(key, batch.positions, batch.cell, batch)
         return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
 
     def node_energies(self, params, batch: GraphBatch) -> jax.Array:
