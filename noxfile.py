@@ -92,6 +92,14 @@ def models_slow(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def models_bench(session: nox.Session) -> None:
+    """e3j-models vs the e3nn-jax twin: ms per energy+forces of MACE (a) and NequIP (slow: ~30 min on 2 cores)."""
+    session.install(JAX, "e3nn-jax==0.21.0")
+    _install_packages(session)
+    session.run("python", "benchmarks/models_vs_e3nn.py", *(session.posargs or ["--atoms", "1000"]))
+
+
+@nox.session(python=PYTHON)
 @nox.parametrize("jax", JAX_RANGE)
 def tests_jax(session: nox.Session, jax: str) -> None:
     """The test suite on the oldest and newest JAX of the supported range (not run by CI: ~15 min each).

@@ -28,6 +28,7 @@ from .ops import E3jOps, Ops, get_ops
 from .potential import Potential
 from .radial import bessel_basis, polynomial_envelope, radial_embedding
 from .symmetric_contraction import SymmetricContraction, SymmetricContractionSpec
+from .systems import water_box
 
 __all__ = [
     "MACE",
@@ -64,6 +65,7 @@ __all__ = [
     "polynomial_envelope",
     "radial_embedding",
     "save",
+    "water_box",
 ]
 
 
