@@ -115,3 +115,28 @@ def test_bad_input_names_the_argument():
         em.mace_a(Z, correlation=0)
     with pytest.raises(TypeError, match="config must be"):
         em.Potential(CONFIGS)
+
+
+def test_e3j_path_runs_without_e3nn_jax():
+    """e3nn-jax is an optional extra: block its import and run a model; the twin then says what to install."""
+    code = """
+import sys
+sys.modules["e3nn_jax"] = None  # any import of it now fails
+import jax, numpy as np
+import e3j_models as em
+cfg = em.nequip((1,), num_layers=1, num_channels=2, node_irreps="0e + 1o", l_max=1)
+batch = em.make_batch(np.array([[0.0, 0, 0], [1.0, 0.2, 0]]), [0, 0], [0, 1], [1, 0])
+pot = em.Potential(cfg)
+print(float(jax.jit(pot)(pot.init(jax.random.key(0), batch), batch)["energy"][0]))
+try:
+    em.get_ops("e3nn")
+except ImportError as err:
+    print("twin:", err)
+"""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "twin: backend='e3nn' needs e3nn-jax: pip install 'e3j-models[e3nn]'" in out.stdout

@@ -19,7 +19,7 @@ from .batch import GraphBatch, edge_vectors, make_batch
 from .config import MACEConfig, NequIPConfig, config_from_dict, config_to_dict, mace_a, mace_b, nequip
 from .embedding import SpeciesEmbedding
 from .gate import gate, gate_irreps_in
-from .interaction import Interaction, RadialMLP
+from .interaction import Interaction, RadialMLP, edge_features
 from .io import load, save
 from .linear import EquivariantLinear
 from .models import MACE, NequIP
@@ -52,6 +52,7 @@ __all__ = [
     "bucket_size",
     "config_from_dict",
     "config_to_dict",
+    "edge_features",
     "edge_vectors",
     "gate",
     "gate_irreps_in",

@@ -16,14 +16,17 @@ from collections.abc import Sequence
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from e3j import Graph, Irreps
 from e3j_core import tensor_product_coo
 
+from .batch import GraphBatch, edge_vectors
 from .linear import EquivariantLinear
-from .ops import get_ops
+from .ops import Ops, get_ops
+from .radial import radial_embedding
 
-__all__ = ["Interaction", "RadialMLP"]
+__all__ = ["Interaction", "RadialMLP", "edge_features"]
 
 
 class RadialMLP(nn.Module):
@@ -70,3 +73,15 @@ class Interaction(nn.Module):
         return EquivariantLinear(str(coo.irreps_out), self.irreps_out, self.channels, self.backend, name="linear_down")(
             m
         )
+
+
+def edge_features(
+    ops: Ops, cfg, positions: jax.Array, cell: jax.Array, batch: GraphBatch
+) -> tuple[jax.Array, jax.Array]:
+    """Spherical harmonics ``[E, D_sh]`` (``cfg.irreps_sh``) and radial embedding ``[E, cfg.num_rbf]`` of the edges."""
+    vectors = edge_vectors(positions, cell, batch)
+    r2 = jnp.sum(vectors * vectors, axis=-1)
+    r = jnp.sqrt(jnp.where(r2 > 0, r2, 1.0))
+    sh = ops.spherical_harmonics(cfg.irreps_sh, vectors)
+    radial = radial_embedding(r, cfg.num_rbf, cfg.cutoff, cfg.envelope_p, batch.graph.edge_mask & (r2 > 0))
+    return sh, radial

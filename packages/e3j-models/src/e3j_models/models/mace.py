@@ -17,27 +17,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from ..batch import GraphBatch, edge_vectors
+from ..batch import GraphBatch
 from ..config import MACEConfig
 from ..embedding import SpeciesEmbedding
 from ..gate import gate, gate_irreps_in
-from ..interaction import Interaction
+from ..interaction import Interaction, edge_features
 from ..linear import EquivariantLinear
 from ..ops import get_ops
-from ..radial import radial_embedding
 from ..symmetric_contraction import SymmetricContraction, SymmetricContractionSpec
 
 __all__ = ["MACE"]
-
-
-def edge_features(ops, cfg, positions, cell, batch):
-    """Spherical harmonics ``[E, D_sh]`` and radial embedding ``[E, num_rbf]`` of the batch's edges."""
-    vectors = edge_vectors(positions, cell, batch)
-    r2 = jnp.sum(vectors * vectors, axis=-1)
-    r = jnp.sqrt(jnp.where(r2 > 0, r2, 1.0))
-    sh = ops.spherical_harmonics(cfg.irreps_sh, vectors)
-    radial = radial_embedding(r, cfg.num_rbf, cfg.cutoff, cfg.envelope_p, batch.graph.edge_mask & (r2 > 0))
-    return sh, radial
 
 
 class MACE(nn.Module):

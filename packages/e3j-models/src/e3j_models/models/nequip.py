@@ -17,10 +17,9 @@ from ..batch import GraphBatch
 from ..config import NequIPConfig
 from ..embedding import SpeciesEmbedding
 from ..gate import gate, gate_irreps_in
-from ..interaction import Interaction
+from ..interaction import Interaction, edge_features
 from ..linear import EquivariantLinear
 from ..ops import get_ops
-from .mace import edge_features
 
 __all__ = ["NequIP"]
 
