@@ -26,7 +26,7 @@ def _compare(cfg, structures, dtype, rtol):
     got = jax.jit(functools.partial(pot.__call__, stress=True))(params, batch)
     want = jax.jit(functools.partial(twin.__call__, stress=True))(params, batch)
     assert got["energy"].dtype == dtype
-    periodic = [i for i, s in enumerate(structures) if s.get("pbc", False) is True]
+    periodic = np.array([i for i, s in enumerate(structures) if s.get("pbc", False) is True])
     errors = {}
     for key, a, b in (
         ("energy", got["energy"], want["energy"]),
