@@ -21,11 +21,13 @@ PACKAGES = [
     "packages/e3j-pallas-gpu",
     "packages/e3j-pallas-tpu",
     "packages/e3j-cuda",
+    "packages/e3j-models",
 ]
 JAX = "jax==0.11.2"  # the primary JAX (the GPU machine image's)
 # hatchling: tests/integration/test_wheels.py builds the pure wheels offline (--no-build-isolation)
 TEST_REQUIREMENTS = [
-    "pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", "flax>=0.10", "matplotlib>=3.8", "hatchling>=1.21", JAX,
+    "pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", "flax>=0.10", "matplotlib>=3.8", "hatchling>=1.21",
+    "ase>=3.23", JAX,
 ]  # fmt: skip
 # the other ends of the range the kernel packages declare (jax>=0.11.1,<0.13): `nox -s tests_jax`
 JAX_RANGE = ["0.11.1", "0.12.0.1"]
@@ -93,7 +95,23 @@ def tests(session: nox.Session) -> None:
     _install_packages(session, cuda_architectures="90a-real")
     # a test-only backend plugin (reference kernels under another name; see tests/ops/test_backends.py)
     session.install(str(ROOT / "tests/plugins/e3j-test-backend"))
-    session.run("python", "-m", "pytest", *(session.posargs or ["tests", "-m", "not gpu"]))
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests", "-m", "not gpu and not models_slow"]))
+
+
+@nox.session(python=PYTHON)
+def models_slow(session: nox.Session) -> None:
+    """e3j-models checks too slow for CI: MACE at correlation 3, padding of MACE (~10 min on 2 cores)."""
+    session.install(*TEST_REQUIREMENTS)
+    _install_packages(session)
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests/models", "-m", "models_slow"]))
+
+
+@nox.session(python=PYTHON)
+def models_bench(session: nox.Session) -> None:
+    """e3j-models vs the e3nn-jax twin: ms per energy+forces of MACE (a) and NequIP (slow: ~30 min on 2 cores)."""
+    session.install(JAX, "e3nn-jax==0.21.0")
+    _install_packages(session)
+    session.run("python", "benchmarks/models_vs_e3nn.py", *(session.posargs or ["--atoms", "1000"]))
 
 
 @nox.session(python=PYTHON)

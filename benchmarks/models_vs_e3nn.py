@@ -1,0 +1,129 @@
+"""e3j-models on e3j against the e3nn-jax twin, same parameters, in one run (issue 15).
+
+    python benchmarks/models_vs_e3nn.py [--models mace_a nequip] [--atoms 1000 5000] [--runs 5]
+                                        [--dtype float32] [--out benchmarks/results/cpu-models-vs-e3nn.json]
+
+For each model preset (Table 3: MACE (a), NequIP; full sizes) and each atom count: a periodic water
+box at liquid density (0.1 atoms/Å³, molecules on a jittered grid), neighbour list within 5 Å
+(vesin), padded by 10 %; then the jitted energy + forces of the e3j path and of the e3nn-jax twin with
+the same parameters: ms per evaluation (mean of the fastest 20 % of ``--runs`` after one warm-up),
+compile time, XLA's own memory analysis of the compiled executable (temporaries + arguments +
+outputs), and from it the largest atom count that would fit in this machine's memory (linear in the
+atom count at fixed density; an estimate, not a run). Results: JSON + Markdown beside ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import e3j_models as em
+from e3j._bench import time_call
+
+PRESETS = {"mace_a": em.mace_a, "mace_b": em.mace_b, "nequip": em.nequip}
+
+
+def memory_bytes(compiled) -> int | None:
+    m = compiled.memory_analysis()
+    if m is None:
+        return None
+    return int(m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes)
+
+
+def machine_memory() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["mace_a", "nequip"], choices=sorted(PRESETS))
+    ap.add_argument("--atoms", nargs="+", type=int, default=[1000])
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    ap.add_argument("--backends", nargs="+", default=["e3j", "e3nn"])
+    ap.add_argument("--out", default="benchmarks/results/cpu-models-vs-e3nn.json")
+    args = ap.parse_args()
+    if args.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    dtype = np.dtype(args.dtype)
+    rows = []
+    for model in args.models:
+        cfg = PRESETS[model]((1, 8))
+        for n in args.atoms:
+            batch = em.batch_structures([em.water_box(n)], cfg.atomic_numbers, cfg.cutoff, dtype=dtype)
+            n_real, e_real = int(batch.node_mask.sum()), int(batch.graph.num_valid)
+            params = None
+            for backend in args.backends:
+                pot = em.Potential(cfg, None if backend == "e3j" else backend)
+                if params is None:
+                    params = pot.init(jax.random.key(0), batch, dtype=dtype)
+                fn = jax.jit(lambda p, b, pot=pot: pot(p, b))
+                t0 = time.perf_counter()
+                compiled = fn.lower(params, batch).compile()
+                compile_s = time.perf_counter() - t0
+                mem = memory_bytes(compiled)
+                seconds = time_call(compiled, params, batch, runs=args.runs, warmup=1)
+                out = compiled(params, batch)
+                row = {
+                    "model": model,
+                    "backend": backend,
+                    "atoms": n_real,
+                    "edges": e_real,
+                    "padded_nodes": int(batch.node_mask.shape[0]),
+                    "padded_edges": int(batch.graph.num_edges),
+                    "dtype": args.dtype,
+                    "ms": seconds * 1e3,
+                    "compile_s": compile_s,
+                    "memory_bytes": mem,
+                    "max_atoms_estimate": None if not mem else int(machine_memory() / mem * n_real),
+                    "energy": float(out["energy"][0]),
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+            for r in rows[-len(args.backends) :]:
+                ref = rows[-len(args.backends)]
+                r["energy_rel_diff_vs_first"] = abs(r["energy"] - ref["energy"]) / abs(ref["energy"])
+    result = {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "memory_bytes": machine_memory(),
+            "jax": jax.__version__,
+            "device": str(jax.devices()[0]),
+            "note": "2 cores shared with other jobs: timings are noisy",
+        },
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": "python benchmarks/models_vs_e3nn.py "
+        + " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items()),
+        "rows": rows,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    lines = [
+        "| model | atoms | edges | backend | ms / energy+forces | compile s | memory (XLA) | est. max atoms |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        mem = f"{r['memory_bytes'] / 2**30:.2f} GiB" if r["memory_bytes"] else "n/a"
+        lines.append(
+            f"| {r['model']} | {r['atoms']} | {r['edges']} | {r['backend']} | {r['ms']:.0f} | {r['compile_s']:.0f} "
+            f"| {mem} | {r['max_atoms_estimate'] or 'n/a'} |"
+        )
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    jnp.zeros(())  # initialize the backend before timing anything
+    main()

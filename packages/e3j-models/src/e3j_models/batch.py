@@ -1,0 +1,108 @@
+"""The model input: many structures in one static-shape graph (a pytree).
+
+Nodes of all structures are concatenated (``node_graph`` says whose), padding nodes are flagged by
+``node_mask`` and padding edges by the :class:`e3j.Graph`'s ``edge_mask``. The edge ``e`` points from
+``senders[e]`` to ``receivers[e]`` with vector
+``positions[senders] - positions[receivers] + shifts[e] @ cell[node_graph[receivers[e]]]`` (``shifts``
+integer cell images, as floats; cell rows are the lattice vectors, zeros for open systems).
+:func:`e3j_models.neighbours.batch_structures` builds one from atoms; :func:`make_batch` from arrays.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from e3j import Graph
+
+__all__ = ["GraphBatch", "edge_vectors", "make_batch"]
+
+
+class GraphBatch(NamedTuple):
+    """``positions [N, 3]``, ``species int32 [N]`` (model species index), ``graph`` (``E`` edges),
+    ``shifts [E, 3]``, ``cell [G, 3, 3]``, ``node_graph int32 [N]`` (in ``[0, G)``), ``node_mask bool [N]``."""
+
+    positions: jax.Array
+    species: jax.Array
+    graph: Graph
+    shifts: jax.Array
+    cell: jax.Array
+    node_graph: jax.Array
+    node_mask: jax.Array
+
+    @property
+    def num_graphs(self) -> int:
+        return int(self.cell.shape[0])
+
+
+def make_batch(
+    positions,
+    species,
+    senders,
+    receivers,
+    *,
+    shifts=None,
+    cell=None,
+    node_graph=None,
+    node_mask=None,
+    edge_mask=None,
+    num_graphs: int | None = None,
+) -> GraphBatch:
+    """A :class:`GraphBatch` from host arrays (one open structure by default), checked.
+
+    >>> import numpy as np
+    >>> b = make_batch(np.zeros((2, 3)), [0, 0], [0, 1], [1, 0])
+    >>> b.num_graphs, b.graph.num_edges, b.cell.shape
+    (1, 2, (1, 3, 3))
+    """
+    positions = np.asarray(positions)
+    if positions.ndim != 2 or positions.shape[1] != 3 or not np.issubdtype(positions.dtype, np.floating):
+        raise ValueError(f"positions must be a float [N, 3] array, got {positions.dtype} {positions.shape}")
+    n = positions.shape[0]
+    species = np.asarray(species)
+    if species.shape != (n,) or not np.issubdtype(species.dtype, np.integer):
+        raise ValueError(f"species must be an int [N={n}] array, got {species.dtype} {species.shape}")
+    senders, receivers = np.asarray(senders, np.int64), np.asarray(receivers, np.int64)
+    e = senders.shape[0]
+    node_graph = np.zeros(n, np.int32) if node_graph is None else np.asarray(node_graph)
+    if node_graph.shape != (n,):
+        raise ValueError(f"node_graph must be int [N={n}], got {node_graph.shape}")
+    if num_graphs is None:
+        num_graphs = (
+            int(node_graph.max(initial=0)) + 1 if cell is None else int(np.shape(cell)[0]) if np.ndim(cell) == 3 else 1
+        )
+    cell = np.zeros((num_graphs, 3, 3), positions.dtype) if cell is None else np.asarray(cell, positions.dtype)
+    if cell.ndim == 2:
+        cell = cell[None]
+    if cell.shape != (num_graphs, 3, 3):
+        raise ValueError(f"cell must be [G={num_graphs}, 3, 3] (or [3, 3] for one structure), got {cell.shape}")
+    shifts = np.zeros((e, 3), positions.dtype) if shifts is None else np.asarray(shifts, positions.dtype)
+    if shifts.shape != (e, 3):
+        raise ValueError(f"shifts must be [E={e}, 3], got {shifts.shape}")
+    node_mask = np.ones(n, bool) if node_mask is None else np.asarray(node_mask, bool)
+    if node_mask.shape != (n,):
+        raise ValueError(f"node_mask must be bool [N={n}], got {node_mask.shape}")
+    graph = Graph.from_edges(
+        senders, receivers, n, edge_mask=None if edge_mask is None else np.asarray(edge_mask, bool)
+    )
+    return GraphBatch(
+        jnp.asarray(positions),
+        jnp.asarray(species, jnp.int32),
+        graph,
+        jnp.asarray(shifts),
+        jnp.asarray(cell),
+        jnp.asarray(node_graph, jnp.int32),
+        jnp.asarray(node_mask),
+    )
+
+
+def edge_vectors(positions: jax.Array, cell: jax.Array, batch: GraphBatch) -> jax.Array:
+    """``[E, 3]`` edge vectors (sender minus receiver plus the cell image); padding edges are unit x."""
+    g = batch.graph
+    offset = jnp.einsum("ei,eij->ej", batch.shifts.astype(positions.dtype), cell[batch.node_graph[g.receivers]])
+    vectors = positions[g.senders] - positions[g.receivers] + offset
+    unit = jnp.zeros_like(vectors).at[:, 0].set(1)
+    return jnp.where(g.edge_mask[:, None], vectors, unit)

@@ -1,0 +1,183 @@
+"""Model configurations and the paper's Table 3 presets.
+
+A config is a frozen dataclass (hashable, so it can be a Flax module attribute) that round-trips
+through a plain JSON-able dict (:func:`config_to_dict`, :func:`config_from_dict`). ``atomic_numbers``
+lists the elements the model knows, in the order of its species index.
+
+>>> cfg = mace_a((1, 8), num_channels=16)
+>>> cfg.num_layers, cfg.correlation, cfg.l_max, cfg.num_channels
+(2, 2, 3, 16)
+>>> config_from_dict(config_to_dict(cfg)) == cfg
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from e3j import Irreps
+
+__all__ = [
+    "MACEConfig",
+    "NequIPConfig",
+    "config_from_dict",
+    "config_to_dict",
+    "mace_a",
+    "mace_b",
+    "nequip",
+]
+
+
+def _check_common(cfg) -> None:
+    z = cfg.atomic_numbers
+    if not z or any(isinstance(a, bool) or not isinstance(a, int) or not 1 <= a <= 118 for a in z):
+        raise ValueError(f"atomic_numbers must be a non-empty tuple of ints in [1, 118], got {z!r}")
+    if len(set(z)) != len(z):
+        raise ValueError(f"atomic_numbers must not repeat, got {z!r}")
+    for name in ("num_layers", "num_channels", "l_max", "num_rbf", "envelope_p", "readout_hidden"):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "l_max" else 1):
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if not cfg.cutoff > 0:
+        raise ValueError(f"cutoff must be > 0 (Å), got {cfg.cutoff!r}")
+    if not cfg.avg_num_neighbors > 0:
+        raise ValueError(f"avg_num_neighbors must be > 0, got {cfg.avg_num_neighbors!r}")
+    if cfg.atomic_energies is not None and len(cfg.atomic_energies) != len(z):
+        raise ValueError(f"atomic_energies must have one value per atomic number ({len(z)}), got {cfg.atomic_energies}")
+
+
+@dataclass(frozen=True)
+class MACEConfig:
+    """MACE (Batatia et al. 2023) with the power-expansion symmetric contraction.
+
+    ``node_symmetry``: the largest l of the hidden node features (``"0e + 1o + 2e"`` for 2 without
+    pseudotensors); ``l_max``: of the edge spherical harmonics and the ``A`` features;
+    ``node_gating``: a gated nonlinearity on the hidden features after each layer but the last.
+    The last layer keeps scalars only and reads out through a ``readout_hidden``-wide SiLU MLP.
+    """
+
+    atomic_numbers: tuple[int, ...]
+    num_layers: int = 2
+    num_channels: int = 128
+    correlation: int = 2
+    node_symmetry: int = 2
+    l_max: int = 3
+    cutoff: float = 5.0
+    num_rbf: int = 8
+    node_gating: bool = True
+    include_pseudotensors: bool = False
+    radial_mlp: tuple[int, ...] = (64, 64, 64)
+    avg_num_neighbors: float = 30.0
+    readout_hidden: int = 16
+    envelope_p: int = 6
+    atomic_energies: tuple[float, ...] | None = None
+
+    kind: ClassVar[str] = "mace"
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        if isinstance(self.correlation, bool) or not isinstance(self.correlation, int) or self.correlation < 1:
+            raise ValueError(f"correlation must be an int >= 1, got {self.correlation!r}")
+        if not isinstance(self.node_symmetry, int) or not 0 <= self.node_symmetry <= self.l_max * self.correlation:
+            raise ValueError(f"node_symmetry must be an int in [0, l_max·correlation], got {self.node_symmetry!r}")
+
+    def _irreps(self, lmax: int) -> Irreps:
+        if self.include_pseudotensors:
+            return Irreps([(1, (l, p)) for l in range(lmax + 1) for p in (1, -1)]).regroup()
+        return Irreps.spherical_harmonics(lmax)
+
+    @property
+    def irreps_sh(self) -> Irreps:
+        return Irreps.spherical_harmonics(self.l_max)
+
+    @property
+    def irreps_a(self) -> Irreps:
+        """The irreps of the ``A`` features (the symmetric contraction's input), ``C`` channels each."""
+        return self._irreps(self.l_max)
+
+    @property
+    def irreps_hidden(self) -> Irreps:
+        return self._irreps(self.node_symmetry)
+
+
+@dataclass(frozen=True)
+class NequIPConfig:
+    """NequIP (Batzner et al. 2022): gated interaction blocks with a self-connection.
+
+    ``node_irreps`` are per channel (``num_channels`` channels each block).
+    """
+
+    atomic_numbers: tuple[int, ...]
+    num_layers: int = 5
+    num_channels: int = 32
+    node_irreps: str = "2x0e + 2x0o + 1o + 1e + 2e + 2o"
+    l_max: int = 2
+    cutoff: float = 5.0
+    num_rbf: int = 8
+    radial_mlp: tuple[int, ...] = (64, 64)
+    avg_num_neighbors: float = 30.0
+    readout_hidden: int = 16
+    envelope_p: int = 6
+    atomic_energies: tuple[float, ...] | None = None
+
+    kind: ClassVar[str] = "nequip"
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        try:
+            irreps = Irreps(self.node_irreps)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"node_irreps must be irreps like '2x0e + 1o', got {self.node_irreps!r}") from err
+        if irreps.dim == 0:
+            raise ValueError(f"node_irreps must not be empty, got {self.node_irreps!r}")
+
+    @property
+    def irreps_sh(self) -> Irreps:
+        return Irreps.spherical_harmonics(self.l_max)
+
+    @property
+    def irreps_node(self) -> Irreps:
+        return Irreps(self.node_irreps).regroup()
+
+
+_KINDS = {"mace": MACEConfig, "nequip": NequIPConfig}
+
+
+def config_to_dict(config: MACEConfig | NequIPConfig) -> dict[str, Any]:
+    """A JSON-able dict with ``"model"`` naming the architecture."""
+    out = {"model": config.kind}
+    for f in dataclasses.fields(config):
+        v = getattr(config, f.name)
+        out[f.name] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def config_from_dict(d: dict[str, Any]) -> MACEConfig | NequIPConfig:
+    """The inverse of :func:`config_to_dict`; unknown keys are an error."""
+    d = dict(d)
+    kind = d.pop("model", None)
+    if kind not in _KINDS:
+        raise ValueError(f"config 'model' must be one of {sorted(_KINDS)}, got {kind!r}")
+    cls = _KINDS[kind]
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - names
+    if unknown:
+        raise ValueError(f"unknown {kind} config keys: {sorted(unknown)}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def mace_a(atomic_numbers, **overrides) -> MACEConfig:
+    """Table 3's MACE (a): 2 layers, 128 channels, correlation 2, node_symmetry 2, l_max 3, 5 Å, 8 RBF, gating."""
+    return MACEConfig(tuple(atomic_numbers), **overrides)
+
+
+def mace_b(atomic_numbers, **overrides) -> MACEConfig:
+    """Table 3's MACE (b): as (a) with correlation 3 and node_symmetry 1."""
+    return MACEConfig(tuple(atomic_numbers), **{"correlation": 3, "node_symmetry": 1, **overrides})
+
+
+def nequip(atomic_numbers, **overrides) -> NequIPConfig:
+    """Table 3's NequIP: 5 layers, 32 channels, ``2x0e + 2x0o + 1o + 1e + 2e + 2o``, l_max 2, 5 Å, 8 RBF."""
+    return NequIPConfig(tuple(atomic_numbers), **overrides)

@@ -1,0 +1,93 @@
+"""Save and load a model (config + parameters) as one version-tagged ``.npz`` file, without pickle.
+
+Layout: a zip of ``.npy`` arrays (numpy's ``.npz``), read back with ``allow_pickle=False``:
+
+- ``__header__``: UTF-8 JSON as a ``uint8`` array:
+  ``{"format": "e3j-models", "format_version": 1, "package_version": ..., "config": {...}}`` where
+  ``config`` is :func:`e3j_models.config_to_dict` (``"model"``: ``"mace"`` or ``"nequip"``).
+- one array per parameter leaf, named by its path in the Flax tree joined with ``/``
+  (e.g. ``params/interaction_0/linear_up/0e``).
+
+A file of another ``format`` or a newer ``format_version`` is refused with a clear error.
+
+>>> import jax, numpy as np, tempfile, os
+>>> from e3j_models import Potential, make_batch, nequip
+>>> pot = Potential(nequip((1,), num_layers=1, num_channels=2, node_irreps="0e", l_max=1))
+>>> params = pot.init(jax.random.key(0), make_batch(np.zeros((1, 3)), [0], [], []))
+>>> path = os.path.join(tempfile.mkdtemp(), "model.npz")
+>>> save(path, pot.config, params)
+>>> config, loaded = load(path)
+>>> config == pot.config, jax.tree.all(jax.tree.map(lambda a, b: bool((a == b).all()), params, loaded))
+(True, True)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import numpy as np
+
+from ._version import __version__
+from .config import MACEConfig, NequIPConfig, config_from_dict, config_to_dict
+
+__all__ = ["FORMAT", "FORMAT_VERSION", "load", "save"]
+
+FORMAT = "e3j-models"
+#: bumped when the file layout or the meaning of a parameter changes
+FORMAT_VERSION = 1
+
+
+def _flatten(tree: Any, prefix: str, out: dict[str, np.ndarray]) -> None:
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            if "/" in str(k):
+                raise ValueError(f"parameter name {k!r} must not contain '/'")
+            _flatten(v, f"{prefix}/{k}" if prefix else str(k), out)
+    else:
+        out[prefix] = np.asarray(tree)
+
+
+def save(path: str | os.PathLike, config: MACEConfig | NequIPConfig, params: dict[str, Any]) -> None:
+    """Write ``config`` and ``params`` (a nested dict of arrays, as ``Potential.init`` gives) to ``path``."""
+    if not isinstance(config, (MACEConfig, NequIPConfig)):
+        raise TypeError(f"config must be a MACEConfig or NequIPConfig, got {type(config).__name__}")
+    arrays: dict[str, np.ndarray] = {}
+    _flatten(params, "", arrays)
+    if "__header__" in arrays:
+        raise ValueError("a parameter may not be named '__header__'")
+    header = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "package_version": __version__,
+        "config": config_to_dict(config),
+    }
+    arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+
+
+def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, Any]]:
+    """``(config, params)`` from a file written by :func:`save`."""
+    with np.load(path, allow_pickle=False) as data:
+        if "__header__" not in data.files:
+            raise ValueError(f"{os.fspath(path)!r} is not an e3j-models file (no __header__)")
+        header = json.loads(bytes(data["__header__"]).decode())
+        if header.get("format") != FORMAT:
+            raise ValueError(f"{os.fspath(path)!r} has format {header.get('format')!r}, expected {FORMAT!r}")
+        version = header.get("format_version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise ValueError(
+                f"{os.fspath(path)!r} has format_version {version!r}; this e3j-models reads up to {FORMAT_VERSION}"
+            )
+        params: dict[str, Any] = {}
+        for name in data.files:
+            if name == "__header__":
+                continue
+            node = params
+            *parents, leaf = name.split("/")
+            for p in parents:
+                node = node.setdefault(p, {})
+            node[leaf] = data[name]
+    return config_from_dict(header["config"]), params

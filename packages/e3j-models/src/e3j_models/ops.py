@@ -1,0 +1,134 @@
+"""The equivariant operations a model is written against, and their e3j implementation.
+
+A model never calls e3j (or e3nn-jax) directly: it calls an :class:`Ops` strategy, so that one model
+definition and one parameter tree run on e3j (any e3j backend, by name) or on the e3nn-jax twin
+(``backend="e3nn"``, see :mod:`e3j_models._e3nn_ops`). Features are in e3j's layout ``[B, D, C]``
+(``D`` the irreps dimension, trailing channels) at this interface.
+
+Operations (all static irreps are :class:`e3j.Irreps`):
+
+- ``spherical_harmonics(irreps, vectors [E, 3]) -> [E, D]`` (normalized input, ``"component"``).
+- ``convolution(irreps_x, irreps_y, filter, x [N, Dx, C], y [E, Dy], s [E, P, C], graph) -> [N, Dout, C]``:
+  ``m_b = Σ_{a→b} s_ab[p] · (x_a ⊗ y_ab)[path p]``, padding edges contributing nothing.
+- ``tensor_product(irreps_x, irreps_y, filter, x [B, Dx, C], y [B, Dy, C]) -> [B, Dout, C]``, channel-wise.
+- ``linear(irreps_in, irreps_out, weights, x [B, Din, Cin]) -> [B, Dout, Cout]``: :class:`e3j.Linear`'s
+  weights and normalization.
+- ``symmetric_contraction(spec, weights, x [N, D, C], species [N]) -> [N, D_out, C]``: MACE's product
+  basis (see :mod:`e3j_models.symmetric_contraction`); the one place a fused kernel plugs in.
+
+>>> ops = get_ops(None)
+>>> ops.name
+'e3j'
+>>> get_ops("reference").backend
+'reference'
+"""
+
+from __future__ import annotations
+
+import math
+from functools import cache
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+
+import e3j
+from e3j import Irreps
+
+from .symmetric_contraction import SymmetricContractionSpec
+
+__all__ = ["E3jOps", "Ops", "get_ops"]
+
+
+class Ops(Protocol):
+    """What a model needs from an equivariant backend (see the module docstring for shapes)."""
+
+    name: str
+
+    def spherical_harmonics(self, irreps: Irreps, vectors: jax.Array) -> jax.Array: ...
+
+    def convolution(self, irreps_x, irreps_y, filter, x, y, s, graph: e3j.Graph) -> jax.Array: ...
+
+    def tensor_product(self, irreps_x, irreps_y, filter, x, y) -> jax.Array: ...
+
+    def linear(self, irreps_in, irreps_out, weights: dict[str, jax.Array], x: jax.Array) -> jax.Array: ...
+
+    def symmetric_contraction(
+        self, spec: SymmetricContractionSpec, weights: dict[str, jax.Array], x: jax.Array, species: jax.Array
+    ) -> jax.Array: ...
+
+
+@cache
+def _conv(irreps_x: Irreps, irreps_y: Irreps, filter: Irreps | None) -> e3j.Convolution:
+    return e3j.Convolution(irreps_x, irreps_y, filter)
+
+
+@cache
+def _tp(irreps_x: Irreps, irreps_y: Irreps, filter: Irreps | None) -> e3j.TensorProduct:
+    return e3j.TensorProduct(irreps_x, irreps_y, filter)
+
+
+@cache
+def _linear(irreps_in: Irreps, irreps_out: Irreps, channels_in: int, channels_out: int) -> e3j.Linear:
+    return e3j.Linear(irreps_in, irreps_out, channels_in=channels_in, channels_out=channels_out)
+
+
+class E3jOps:
+    """The e3j implementation; ``backend`` names an e3j backend (``None``: e3j's own selection)."""
+
+    name = "e3j"
+
+    def __init__(self, backend: str | None = None) -> None:
+        self.backend = backend
+
+    def spherical_harmonics(self, irreps, vectors):
+        return e3j.spherical_harmonics(Irreps(irreps), vectors, normalize=True)
+
+    def convolution(self, irreps_x, irreps_y, filter, x, y, s, graph):
+        return _conv(Irreps(irreps_x), Irreps(irreps_y), _opt(filter))(x, y, s, graph, backend=self.backend)
+
+    def tensor_product(self, irreps_x, irreps_y, filter, x, y):
+        return _tp(Irreps(irreps_x), Irreps(irreps_y), _opt(filter))(x, y, backend=self.backend)
+
+    def linear(self, irreps_in, irreps_out, weights, x):
+        channels_out = next(iter(weights.values())).shape[-1] if weights else 1
+        lin = _linear(Irreps(irreps_in), Irreps(irreps_out), int(x.shape[-1]), int(channels_out))
+        return lin(weights, x)
+
+    def symmetric_contraction(self, spec, weights, x, species):
+        """Power expansion with e3j tensor products, then the species-wise linear projection."""
+        terms = [x]  # B_1 = A
+        for k in range(2, spec.correlation + 1):
+            prev_irreps = spec.irreps_in if k == 2 else spec.power_irreps[k - 3]
+            terms.append(self.tensor_product(prev_irreps, spec.irreps_in, spec.power_filter(k), terms[-1], x))
+        irreps_of = [spec.irreps_in, *spec.power_irreps]
+        out_blocks = []
+        for ir, n in spec.copies_per_irrep():
+            rows = []
+            for irreps_k, term in zip(irreps_of, terms):
+                start = 0
+                for mul, ir_k in irreps_k:
+                    for _ in range(mul):
+                        if ir_k == ir:
+                            rows.append(term[:, start : start + ir.dim, :])
+                        start += ir_k.dim
+            stacked = jnp.stack(rows, axis=1)  # [N, n, dim, C]
+            w = weights[str(ir)].astype(x.dtype)[species]  # [N, n, C]
+            out_blocks.append(jnp.einsum("nkdc,nkc->ndc", stacked, w) / math.sqrt(n))
+        return jnp.concatenate(out_blocks, axis=1)
+
+
+def _opt(filter):
+    return None if filter is None else Irreps(filter)
+
+
+@cache
+def get_ops(backend: str | None) -> Ops:
+    """The :class:`Ops` for ``backend``: ``"e3nn"`` for the e3nn-jax twin, else an e3j backend name or ``None``."""
+    if backend == "e3nn":
+        from ._e3nn_ops import E3nnOps
+
+        return E3nnOps()
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be None, 'e3nn' or an e3j backend name, got {backend!r}")
+    return E3jOps(backend)

@@ -1,0 +1,88 @@
+"""A model as an interatomic potential: energies, forces ``-∂E/∂r`` and stress ``(1/V) ∂E/∂ε``.
+
+:class:`Potential` binds a config to its Flax module and a backend (``None`` or an e3j backend name:
+e3j; ``"e3nn"``: the e3nn-jax twin). The parameter tree does not depend on the backend, so one
+``params`` evaluates on both. Forces are the gradient of the total energy with respect to positions;
+stress is the gradient with respect to a homogeneous deformation ``F = 1 + ε`` applied to positions
+and cell (per structure), divided by the cell volume (ASE's sign convention); structures without a
+cell (zero volume) get NaN stress.
+
+>>> import jax, numpy as np
+>>> from e3j_models import Potential, make_batch, nequip
+>>> pot = Potential(nequip((1, 8), num_layers=1, num_channels=2, node_irreps="0e + 1o", l_max=1))
+>>> batch = make_batch(np.array([[0.0, 0, 0], [0.9, 0.3, 0]]), [1, 0], [0, 1], [1, 0])
+>>> params = pot.init(jax.random.key(0), batch)
+>>> out = jax.jit(pot)(params, batch)
+>>> out["energy"].shape, out["forces"].shape
+((1,), (2, 3))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .batch import GraphBatch
+from .config import MACEConfig, NequIPConfig
+from .models import MACE, NequIP
+
+__all__ = ["Potential"]
+
+
+class Potential:
+    """``Potential(config, backend=None)``; ``pot(params, batch, forces=True, stress=False)`` -> dict.
+
+    The dict has ``energy [G]`` and, as asked, ``forces [N, 3]`` (zero on padding nodes) and
+    ``stress [G, 3, 3]``. The methods are pure functions of ``params`` and ``batch``: wrap them in
+    ``jax.jit`` (the batch's shapes are the compile key).
+    """
+
+    def __init__(self, config: MACEConfig | NequIPConfig, backend: str | None = None) -> None:
+        if isinstance(config, MACEConfig):
+            self.module = MACE(config, backend)
+        elif isinstance(config, NequIPConfig):
+            self.module = NequIP(config, backend)
+        else:
+            raise TypeError(f"config must be a MACEConfig or NequIPConfig, got {type(config).__name__}")
+        self.config, self.backend = config, backend
+
+    def with_backend(self, backend: str | None) -> Potential:
+        return Potential(self.config, backend)
+
+    def init(self, key: jax.Array, batch: GraphBatch, dtype=None) -> dict[str, Any]:
+        """Random parameters, floating leaves in ``dtype`` (default: the positions' dtype)."""
+        dtype = batch.positions.dtype if dtype is None else dtype
+        params = jax.jit(self.module.init)(key, batch.positions, batch.cell, batch)
+        return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
+
+    def node_energies(self, params, batch: GraphBatch) -> jax.Array:
+        """``[N]``, zero on padding nodes."""
+        e = self.module.apply(params, batch.positions, batch.cell, batch)
+        return jnp.where(batch.node_mask, e, 0)
+
+    def energy(self, params, batch: GraphBatch) -> jax.Array:
+        """``[G]`` total energy of each structure."""
+        return jax.ops.segment_sum(self.node_energies(params, batch), batch.node_graph, batch.num_graphs)
+
+    def _energy_of(self, params, positions, strain, batch):
+        deform = jnp.eye(3, dtype=positions.dtype) + strain  # [G, 3, 3]
+        positions = jnp.einsum("ni,nji->nj", positions, deform[batch.node_graph])
+        cell = jnp.einsum("gki,gji->gkj", batch.cell, deform)
+        e = jnp.where(batch.node_mask, self.module.apply(params, positions, cell, batch), 0)
+        per_graph = jax.ops.segment_sum(e, batch.node_graph, batch.num_graphs)
+        return jnp.sum(per_graph), per_graph
+
+    def __call__(self, params, batch: GraphBatch, *, forces: bool = True, stress: bool = False) -> dict[str, jax.Array]:
+        strain = jnp.zeros((batch.num_graphs, 3, 3), batch.positions.dtype)
+        if not (forces or stress):
+            return {"energy": self._energy_of(params, batch.positions, strain, batch)[1]}
+        grads, energy = jax.grad(self._energy_of, argnums=(1, 2), has_aux=True)(params, batch.positions, strain, batch)
+        out = {"energy": energy}
+        if forces:
+            out["forces"] = jnp.where(batch.node_mask[:, None], -grads[0], 0)
+        if stress:
+            volume = jnp.abs(jnp.linalg.det(batch.cell))
+            out["stress"] = jnp.where(volume[:, None, None] > 0, grads[1] / volume[:, None, None], jnp.nan)
+        return out

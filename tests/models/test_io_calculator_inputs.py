@@ -1,0 +1,142 @@
+"""Save/load, the ASE calculator (compiles once per bucket; stress against ASE's finite
+differences), neighbour lists against brute force, and bad input named in the error."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from model_systems import CELL, CONFIGS, CUTOFF, Z, structure
+
+import e3j_models as em
+
+TINY = em.nequip(Z, num_layers=1, num_channels=2, node_irreps="0e + 1o", l_max=1, cutoff=CUTOFF, radial_mlp=(4,))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    pot = em.Potential(TINY)
+    batch = em.batch_structures([structure(1)], Z, CUTOFF)
+    params = jax.tree.map(lambda a: a + 0.1, pot.init(jax.random.key(1), batch))
+    return pot, batch, params
+
+
+def test_save_load_round_trip(tmp_path, tiny):
+    pot, batch, params = tiny
+    path = tmp_path / "m.npz"
+    em.save(path, pot.config, params)
+    config, loaded = em.load(path)
+    assert config == pot.config
+    assert jax.tree.structure(loaded) == jax.tree.structure(params)
+    np.testing.assert_array_equal(pot.energy(loaded, batch), pot.energy(params, batch))
+    with np.load(path, allow_pickle=False) as data:  # the documented header
+        header = json.loads(bytes(data["__header__"]).decode())
+    assert header["format"] == "e3j-models" and header["format_version"] == 1 and header["config"]["model"] == "nequip"
+
+
+def test_load_refuses_other_formats(tmp_path):
+    np.savez(tmp_path / "x.npz", a=np.zeros(2))
+    with pytest.raises(ValueError, match="not an e3j-models file"):
+        em.load(tmp_path / "x.npz")
+    header = {"format": "e3j-models", "format_version": 99, "config": {}}
+    np.savez(tmp_path / "y.npz", __header__=np.frombuffer(json.dumps(header).encode(), np.uint8))
+    with pytest.raises(ValueError, match="format_version 99"):
+        em.load(tmp_path / "y.npz")
+
+
+def test_calculator_compiles_once_per_bucket_and_matches_ase_numerics(tiny):
+    ase = pytest.importorskip("ase")
+    pot, _, params = tiny
+    s = structure(1)
+    atoms = ase.Atoms(numbers=s["numbers"], positions=s["positions"], cell=CELL, pbc=True)
+    calc = em.Calculator(pot, params)
+    atoms.calc = calc
+    e0 = atoms.get_potential_energy()
+    rng = np.random.default_rng(0)
+    for _ in range(3):  # small MD-like moves keep the bucket
+        atoms.positions += rng.normal(scale=0.01, size=atoms.positions.shape)
+        atoms.get_forces()
+    assert len(calc.buckets) == 1 and calc._run._cache_size() == 1
+    assert e0 != atoms.get_potential_energy()
+    np.testing.assert_allclose(atoms.get_stress(), calc.calculate_numerical_stress(atoms, d=1e-5), atol=1e-7)
+    np.testing.assert_allclose(atoms.get_forces(), calc.calculate_numerical_forces(atoms, d=1e-5), atol=1e-7)
+    open_atoms = ase.Atoms(numbers=s["numbers"], positions=s["positions"])
+    open_atoms.calc = em.Calculator(pot, params)
+    assert open_atoms.get_forces().shape == (8, 3)
+    with pytest.raises(ase.calculators.calculator.PropertyNotImplementedError, match="periodic"):
+        open_atoms.get_stress()
+
+
+@pytest.mark.parametrize("periodic", [True, False])
+def test_neighbour_list_is_brute_force(periodic):
+    s = structure(7, n=10, periodic=periodic)
+    cutoff = 3.4  # larger than half the cell's height: several images of one atom
+    senders, receivers, shifts = em.neighbour_list(s["positions"], cutoff, s["cell"], periodic)
+    pos = s["positions"]
+    cell = CELL if periodic else np.zeros((3, 3))
+    got = sorted(
+        (int(a), int(b), *np.round(d, 9))
+        for a, b, d in zip(receivers, senders, pos[senders] - pos[receivers] + shifts @ cell)
+    )
+    want = []
+    images = np.array(list(np.ndindex(5, 5, 5))) - 2 if periodic else np.zeros((1, 3), int)
+    for a in range(len(pos)):
+        for b in range(len(pos)):
+            for img in images:
+                d = pos[b] - pos[a] + img @ cell
+                if 0 < np.linalg.norm(d) < cutoff:
+                    want.append((a, b, *np.round(d, 9)))
+    assert got == sorted(want) and len(got) > 0
+
+
+def test_bad_input_names_the_argument():
+    s = structure(1)
+    with pytest.raises(ValueError, match=r"numbers.*\[6\].*unknown"):
+        em.batch_structures([{**s, "numbers": np.full(8, 6)}], Z, CUTOFF)
+    with pytest.raises(ValueError, match="cell must be a 3×3"):
+        em.batch_structures([{**s, "cell": np.eye(2)}], Z, CUTOFF)
+    bad = s["positions"].copy()
+    bad[2, 1] = np.nan
+    with pytest.raises(ValueError, match=r"positions must be finite.*atom 2"):
+        em.batch_structures([{**s, "positions": bad}], Z, CUTOFF)
+    with pytest.raises(ValueError, match="positions is empty"):
+        em.batch_structures([{"positions": np.zeros((0, 3)), "numbers": np.zeros(0, int)}], Z, CUTOFF)
+    with pytest.raises(ValueError, match="structures is empty"):
+        em.batch_structures([], Z, CUTOFF)
+    with pytest.raises(ValueError, match="cell is singular"):
+        em.batch_structures([{**s, "cell": np.zeros((3, 3))}], Z, CUTOFF)
+    with pytest.raises(ValueError, match="num_nodes=4"):
+        em.batch_structures([s], Z, CUTOFF, num_nodes=4)
+    with pytest.raises(ValueError, match="atomic_numbers"):
+        em.nequip((1, 1))
+    with pytest.raises(ValueError, match="correlation"):
+        em.mace_a(Z, correlation=0)
+    with pytest.raises(TypeError, match="config must be"):
+        em.Potential(CONFIGS)
+
+
+def test_e3j_path_runs_without_e3nn_jax():
+    """e3nn-jax is an optional extra: block its import and run a model; the twin then says what to install."""
+    code = """
+import sys
+sys.modules["e3nn_jax"] = None  # any import of it now fails
+import jax, numpy as np
+import e3j_models as em
+cfg = em.nequip((1,), num_layers=1, num_channels=2, node_irreps="0e + 1o", l_max=1)
+batch = em.make_batch(np.array([[0.0, 0, 0], [1.0, 0.2, 0]]), [0, 0], [0, 1], [1, 0])
+pot = em.Potential(cfg)
+print(float(jax.jit(pot)(pot.init(jax.random.key(0), batch), batch)["energy"][0]))
+try:
+    em.get_ops("e3nn")
+except ImportError as err:
+    print("twin:", err)
+"""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "twin: backend='e3nn' needs e3nn-jax: pip install 'e3j-models[e3nn]'" in out.stdout
