@@ -78,6 +78,8 @@ def _info(args: argparse.Namespace) -> int:
         w(f"    deterministic: {'yes' if b.deterministic else 'no'}\n")
         w(f"    jax:           {b.jax_requirement or 'any'}\n")
         w(f"    COO format:    {b.coo_format_version}\n")
+        for note in b.notes:
+            w(f"    note:          {note}\n")
         compatible = d["compatible"]
         w(f"    compatible:    {compatible if compatible == 'yes' else 'no: ' + compatible}\n")
     errors = backends.discovery_errors()

@@ -13,8 +13,9 @@ __all__ = ["backend", "interpret_backend"]
 COO_FORMAT = 2
 #: The JAX range this package is tested with (Pallas's Triton lowering is not a stable API).
 JAX_REQUIREMENT = ">=0.11.1,<0.13"
-#: Unrolled programs grow as l^5 in the number of records; beyond this the compile time is not worth it.
-MAX_L = 4
+#: Tables with at most this many COO records are unrolled into the kernels, larger ones walked
+#: (lmax 3 filtered: 353 records, unrolled; lmax 4: 1158, walked). Why here: see ``_records``.
+UNROLL_RECORDS = 400
 
 
 def _load(interpret: bool) -> dict[str, Any]:
@@ -31,7 +32,11 @@ _COMMON: dict[str, Any] = {
     "version": __version__,
     "ops": ("tensor_product", "convolution"),
     "dtypes": ("float32", "float64"),
-    "max_l": MAX_L,
+    # no l limit: tables above the unroll limit are walked (see _records)
+    "notes": (
+        f"tables of <= {UNROLL_RECORDS} COO records (lmax 3 filtered: 353) are unrolled into the kernels; "
+        "larger ones are walked record by record (any l)",
+    ),
     "deterministic": True,
     "jax_requirement": JAX_REQUIREMENT,
     "coo_format_version": COO_FORMAT,
