@@ -79,7 +79,15 @@ def tests(session: nox.Session) -> None:
     _install_packages(session)
     # a test-only backend plugin (reference kernels under another name; see tests/ops/test_backends.py)
     session.install(str(ROOT / "tests/plugins/e3j-test-backend"))
-    session.run("python", "-m", "pytest", *(session.posargs or ["tests", "-m", "not gpu"]))
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests", "-m", "not gpu and not slow"]))
+
+
+@nox.session(python=PYTHON)
+def slow(session: nox.Session) -> None:
+    """The heavier CPU checks the tests session leaves out (marker ``slow``: a few minutes)."""
+    session.install(*TEST_REQUIREMENTS)
+    _install_packages(session)
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests", "-m", "slow and not gpu"]))
 
 
 @nox.session(python=PYTHON)

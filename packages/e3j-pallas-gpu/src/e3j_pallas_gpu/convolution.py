@@ -164,7 +164,7 @@ def convolution_bwd_kernel(
     """Sender ``program_id(0)``'s ``dx`` row and its edges' ``dy``/``ds`` rows, records unrolled.
 
     ``offsets_ref``/``order_ref`` are the graph's ``sender_offsets``/``sender_order``; an operand ref
-    is ``None`` when no requested cotangent reads it, an output ref when it is not requested. ``dx_ref``
+    may be ``None`` when no requested cotangent reads it, an output ref is when it is not requested. ``dx_ref``
     is the sender's ``[Dx, cb]`` block; ``dy_ref`` (``[E, Dy, C]``, or ``[C / cb, E, Dy]`` partial sums
     for a broadcast ``y``) and ``ds_ref [E, P, C]`` are whole. Program ``N`` clears the padding edges.
     """
@@ -323,7 +323,10 @@ def convolution_bwd_walk_kernel(
 
 def _whole(a) -> pl.BlockSpec | None:
     """The whole array as one block (rows gathered by index inside the kernel); ``None`` for ``None``."""
-    return None if a is None else pl.BlockSpec(a.shape, lambda *_, n=len(a.shape): (0,) * n)
+    if a is None:
+        return None
+    zeros = (0,) * len(a.shape)
+    return pl.BlockSpec(a.shape, lambda *_: zeros)
 
 
 def _params(cb: int):
@@ -343,7 +346,9 @@ def convolution(
     cb = channel_block(channels)
     args = [graph.receiver_offsets, graph.order, graph.senders]
     if unrolls(coo.table):
-        kernel = functools.partial(convolution_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), y_channels=y_channels)
+        kernel = functools.partial(
+            convolution_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), y_channels=y_channels
+        )
     else:
         kernel = functools.partial(convolution_walk_kernel, y_channels=y_channels)
         args += [records(coo.table, x.dtype), jnp.asarray(coo.i3)]

@@ -97,12 +97,10 @@ def tensor_product_walk_kernel(table_refs, x_ref, y_ref, z_ref, *, y_channels: b
     jax.lax.fori_loop(0, z_ref.shape[1], row, 0)
 
 
-def tensor_product_bwd_kernel(
-    x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, table: CooTable, y_channels: bool
-) -> None:
+def tensor_product_bwd_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, table: CooTable, y_channels: bool) -> None:
     """``dx = vjp_x(y, dz)`` (when ``dx_ref``) and ``dy = vjp_y(x, dz)`` (when ``dy_ref``), unrolled.
 
-    ``x_ref`` is ``None`` when ``dy`` is not asked for, ``y_ref`` when ``dx`` is not; ``dy_ref`` is
+    ``x_ref`` may be ``None`` when ``dy`` is not asked for, ``y_ref`` when ``dx`` is not; ``dy_ref`` is
     ``[bt, Dy, cb]``, or ``[bt, Dy]`` (summed over the block's lanes) for a broadcast ``y``.
     """
     # one pass over the records by output row: each dz row is live for its row only, beside the dx
@@ -212,8 +210,8 @@ def tensor_product_bwd(
     dtype = dz.dtype
     cb, bt, padded, nc = _tiles(batch, channels)
     want_x, want_y = "x" in outs, "y" in outs
-    x_spec = _spec(bt, coo.dim_x, cb, True) if want_y else None
-    y_spec = _spec(bt, coo.dim_y, cb, y_channels) if want_x else None
+    x_spec = _spec(bt, coo.dim_x, cb, True) if x is not None else None
+    y_spec = _spec(bt, coo.dim_y, cb, y_channels) if y is not None else None
     in_specs = [x_spec, y_spec, _spec(bt, coo.dim_out, cb, True)]
     args = [pad_rows(x, padded), pad_rows(y, padded), pad_rows(dz, padded)]
     dx_shape = jax.ShapeDtypeStruct((padded, coo.dim_x, channels), dtype) if want_x else None
