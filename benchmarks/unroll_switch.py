@@ -228,7 +228,9 @@ def main(argv=None) -> int:
     print(table)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-        Path(args.out).with_suffix(".md").write_text(f"`{result['command']}` ({result['date']}, {result['host']})\n\n{table}\n")
+        Path(args.out).with_suffix(".md").write_text(
+            f"`{result['command']}` ({result['date']}, {result['host']})\n\n{table}\n"
+        )
     return 0
 
 
