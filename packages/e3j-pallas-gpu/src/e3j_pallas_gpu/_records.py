@@ -33,6 +33,11 @@ def records(table: CooTable, dtype) -> tuple[jax.Array, jax.Array, jax.Array]:
     """``(row_offsets int32 [rows + 1], indices int32 [arity, N], coefficients dtype [N])`` of ``table``.
 
     ``indices[k]`` is slot ``k + 1`` (slot 0, the output row, is implied by ``row_offsets``).
+
+    >>> from e3j_core import tensor_product_coo
+    >>> table = tensor_product_coo("1o", "1o", filter="0e + 1e").table  # 4 output rows, 9 records
+    >>> unrolls(table), [a.shape for a in records(table, "float32")]
+    (True, [(5,), (2, 9), (9,)])
     """
     return (
         jnp.asarray(table.row_offsets),

@@ -38,6 +38,11 @@ def records(table: CooTable) -> tuple[jax.Array, jax.Array, jax.Array]:
 
     ``indices[r · arity + k]`` is record ``r``'s slot ``k + 1`` (slot 0, the output row, is implied by
     ``row_offsets``); one-dimensional, as SMEM pads the minor axes of two-dimensional arrays.
+
+    >>> from e3j_core import tensor_product_coo
+    >>> table = tensor_product_coo("1o", "1o", filter="0e + 1e").table  # 4 output rows, 9 records
+    >>> unrolls(table), [a.shape for a in records(table)], smem_bytes(table)
+    (True, [(5,), (18,), (9,)], 128)
     """
     return (
         jnp.asarray(table.row_offsets),
