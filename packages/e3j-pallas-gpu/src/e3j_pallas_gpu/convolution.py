@@ -120,17 +120,25 @@ def _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, *, 
     """Zero the ``dy``/``ds`` rows of the padding edges (``sender_order[num_valid:]``) in channel block ``c``."""
     zero = jnp.zeros((lanes.size,), (dy_ref if dy_ref is not None else ds_ref).dtype)
 
+    # loops, not unrolled stores: the program must not grow with the table (registers, compile time)
     def clear(k, carry):
         e = order_ref[k]
+
+        def dy_row(i, carry):
+            if y_channels:
+                dy_ref[e, i, lanes] = zero
+            else:
+                dy_ref[c, e, i] = jnp.zeros((), dy_ref.dtype)
+            return carry
+
+        def ds_row(p, carry):
+            ds_ref[e, p, lanes] = zero
+            return carry
+
         if dy_ref is not None:
-            for i in range(dy_ref.shape[-1] if not y_channels else dy_ref.shape[1]):
-                if y_channels:
-                    dy_ref[e, i, lanes] = zero
-                else:
-                    dy_ref[c, e, i] = jnp.zeros((), dy_ref.dtype)
+            jax.lax.fori_loop(0, dy_ref.shape[1] if y_channels else dy_ref.shape[2], dy_row, 0)
         if ds_ref is not None:
-            for p in range(ds_ref.shape[1]):
-                ds_ref[e, p, lanes] = zero
+            jax.lax.fori_loop(0, ds_ref.shape[1], ds_row, 0)
         return carry
 
     jax.lax.fori_loop(num_valid_ref[0], order_ref.shape[0], clear, 0)
