@@ -20,8 +20,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
-
 
 def machine_name() -> str:
     """``cpu``, or the accelerator's kind in lower case with dashes (``nvidia-h200``, ``tpu-v5-lite``)."""
@@ -40,7 +38,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--backends", nargs="+", default=None, help="implementations (default: every usable one + e3nn)")
-    p.add_argument("--out", default=str(RESULTS), help="directory for <machine>-scaling-l.{json,md}")
+    p.add_argument("--out", default="benchmarks/results", help="directory for <machine>-scaling-l.{json,md}")
     args = p.parse_args(argv)
     stem = Path(args.out) / f"{machine_name()}-scaling-l"
     cmd = [sys.executable, "-m", "e3j", "bench", "--ops", "tensor_product", "--directions", "fwd", "bwd"]

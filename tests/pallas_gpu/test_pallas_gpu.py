@@ -98,6 +98,16 @@ def test_descriptors():
     assert _records.unrolls(sh[0].table) and not _records.unrolls(sh[1].table)  # as the note says
 
 
+def test_info_states_the_unroll_switch_and_no_degree_limit(capsys):
+    from e3j.__main__ import main
+
+    main(["info"])
+    out = capsys.readouterr().out
+    block = out[out.index("  pallas_gpu ") :].split("compatible:")[0]
+    assert "limits:        none" in block
+    assert f"note:          tables of <= {_records.UNROLL_RECORDS} COO records" in block
+
+
 # -- lowering for CUDA on this (GPU-less) machine ----------------------------------------------
 
 _H100 = AbstractMesh(
