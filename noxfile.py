@@ -95,7 +95,9 @@ def tests(session: nox.Session) -> None:
     _install_packages(session, cuda_architectures="90a-real")
     # a test-only backend plugin (reference kernels under another name; see tests/ops/test_backends.py)
     session.install(str(ROOT / "tests/plugins/e3j-test-backend"))
-    session.run("python", "-m", "pytest", *(session.posargs or ["tests", "-m", "not gpu and not models_slow"]))
+    session.run(
+        "python", "-m", "pytest", *(session.posargs or ["tests", "-m", "not gpu and not slow and not models_slow"])
+    )
 
 
 @nox.session(python=PYTHON)
@@ -112,6 +114,14 @@ def models_bench(session: nox.Session) -> None:
     session.install(JAX, "e3nn-jax==0.21.0")
     _install_packages(session)
     session.run("python", "benchmarks/models_vs_e3nn.py", *(session.posargs or ["--atoms", "1000"]))
+
+
+@nox.session(python=PYTHON)
+def slow(session: nox.Session) -> None:
+    """The heavier CPU checks the tests session leaves out (marker ``slow``: a few minutes)."""
+    session.install(*TEST_REQUIREMENTS)
+    _install_packages(session)
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests", "-m", "slow and not gpu"]))
 
 
 @nox.session(python=PYTHON)

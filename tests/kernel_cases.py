@@ -8,7 +8,9 @@ from the reference kernels evaluated in float64 on the same (float32-representab
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import jax
@@ -22,6 +24,16 @@ from e3j_core import tensor_product_coo
 
 IRREPS = {1: "0e + 1o", 2: "0e + 1o + 2e", 3: "0e + 1o + 2e + 3o"}
 
+# Tables with degrees up to 6 in inputs and outputs, both above the Pallas kernels' unroll limit (their
+# records are walked): ``name: (irreps_x, irreps_y, filter)``. Their reference results are checked
+# against e3nn-jax (forward and VJP) before any backend is compared with them.
+HIGH_L = {
+    # issue 18's: outputs up to l = 5; 1297 records, 320 output rows, 58 paths
+    "l5": ("2x0e + 1x0o + 2x1e + 2x2o + 1x3e + 2x3o", "1x1o + 1x2o", None),
+    # l = 6 in both inputs and the output; 407 records
+    "l6": ("1o + 6e", "1o + 6e", "0e + 1e + 6e + 6o"),
+}
+
 
 @dataclass(frozen=True)
 class Case:
@@ -31,18 +43,21 @@ class Case:
     y_channels: bool
     dtype: str = "float32"
     mul: int = 1
+    table: str | None = None  # a key of HIGH_L (then lmax is only a label)
 
     @property
     def coo(self):
+        if self.table is not None:
+            irreps_x, irreps_y, filter = HIGH_L[self.table]
+            return tensor_product_coo(irreps_x, irreps_y, filter=filter)
         ir = IRREPS[self.lmax]
         x = " + ".join(f"{self.mul}x{t.strip()}" for t in ir.split("+")) if self.mul > 1 else ir
         return tensor_product_coo(x, ir, filter=ir)
 
     def __str__(self) -> str:
         y = "yC" if self.y_channels else "y"
-        return f"l{self.lmax}-C{self.channels}-R{self.rows}-{y}-{self.dtype}" + (
-            f"-mul{self.mul}" if self.mul > 1 else ""
-        )
+        name = self.table or f"l{self.lmax}"
+        return f"{name}-C{self.channels}-R{self.rows}-{y}-{self.dtype}" + (f"-mul{self.mul}" if self.mul > 1 else "")
 
 
 TP_CASES = [
@@ -64,6 +79,13 @@ ODD_CHANNEL_CASES = [
     Case(2, 20, 5, False),
     Case(2, 300, 3, True),
     Case(1, 300, 4, False),
+]
+
+# HIGH_L's tables, tensor product and convolution, on few channels and tiny graphs (interpreters are slow:
+# the Pallas interpreters run the second one only in the slow session)
+HIGH_L_CASES = [
+    Case(6, 4, 3, True, table="l6"),
+    Case(5, 2, 3, False, dtype="float64", table="l5"),
 ]
 
 CONV_CASES = [
@@ -170,25 +192,92 @@ def assert_close(got, want, dtype, what: str) -> None:
     assert err <= tol * scale, f"{what}: max error {err:.3g} > {tol:g} x max|want| = {tol * scale:.3g}"
 
 
+def _e3nn_tensor_product(coo, x, y, y_channels: bool):
+    """``x ⊗ y`` by e3nn-jax on e3j's ``[B, D, C]`` layouts (channel by channel), float64."""
+    import e3nn_jax as e3nn
+
+    filter = None if coo.filter is None else [str(ir) for ir in coo.filter]
+
+    def one_channel(x, y):
+        z = e3nn.tensor_product(
+            e3nn.IrrepsArray(str(coo.irreps_x), x), e3nn.IrrepsArray(str(coo.irreps_y), y), filter_ir_out=filter
+        )
+        assert str(z.irreps) == str(coo.irreps_out), (z.irreps, coo.irreps_out)
+        return z.array
+
+    return jax.vmap(one_channel, in_axes=(-1, -1 if y_channels else None), out_axes=-1)(x, y)
+
+
+def _e3nn_convolution(coo, graph, x, y, s, y_channels: bool):
+    """``m_b = Σ_{a→b} s_ab[i3] · (x_a ⊗ y_ab)`` with e3nn-jax's tensor product, float64."""
+    mask = np.asarray(graph.edge_mask)
+    senders = np.where(mask, np.asarray(graph.senders), 0)
+    z = _e3nn_tensor_product(coo, x[senders], y, y_channels) * s[:, np.asarray(coo.i3), :]
+    z = jnp.where(mask[:, None, None], z, 0)
+    return jax.ops.segment_sum(z, np.asarray(graph.receivers), num_segments=x.shape[0])
+
+
+def _assert_matches_e3nn(fn, args, cotangent, want_out, want_grads, what: str) -> None:
+    """The reference's output and VJP (``want_*``) equal e3nn-jax's (``fn``) on ``args`` (float64)."""
+
+    def out_and_vjp(args, cotangent):
+        out, vjp = jax.vjp(fn, *args)
+        return out, vjp(cotangent)
+
+    with jax.enable_x64(True):
+        out, grads = jax.jit(out_and_vjp)(_f64(*args), jnp.asarray(cotangent, jnp.float64))
+    assert_close(want_out, out, "float64", f"reference {what} vs e3nn-jax")
+    for name, g in zip("xys", grads):  # args are (x, y[, s])
+        assert_close(want_grads[name], g, "float64", f"reference {what} d{name} vs e3nn-jax")
+
+
+@contextlib.contextmanager
+def _reference_formulation(case: Case) -> Iterator[None]:
+    """HIGH_L's tables through the reference's gathered formulation: unrolled, they take tens of seconds
+    to compile here (tests/ops/test_reference_kernels.py checks that both formulations agree)."""
+    saved = ref_tp._UNROLL_LIMIT
+    if case.table is not None:
+        ref_tp._UNROLL_LIMIT = 0
+    try:
+        yield
+    finally:
+        ref_tp._UNROLL_LIMIT = saved
+
+
 @functools.cache
 def _tp_reference(case: Case):
     """The float64 reference's ``z`` and ``{dx, dy}`` on ``tp_operands(case)`` (one evaluation per case
-    and process: every backend checked against the same case shares it)."""
+    and process: every backend checked against the same case shares it); for HIGH_L's tables, checked
+    against e3nn-jax first."""
     coo, x, y, dz = tp_operands(case)
     yc = case.y_channels
-    z = np.asarray(ref_tp.tensor_product(coo, *_f64(x, y), y_channels=yc))
-    grads = ref_tp.tensor_product_bwd(coo, *_f64(x, y, dz), outs=("x", "y"), y_channels=yc)
-    return z, {k: np.asarray(v) for k, v in grads.items()}
+    with _reference_formulation(case):
+        z = np.asarray(jax.jit(functools.partial(ref_tp.tensor_product, coo, y_channels=yc))(*_f64(x, y)))
+        grads = jax.jit(functools.partial(ref_tp.tensor_product_bwd, coo, outs=("x", "y"), y_channels=yc))(
+            *_f64(x, y, dz)
+        )
+    grads = {k: np.asarray(v) for k, v in grads.items()}
+    if case.table is not None:
+        fn = functools.partial(_e3nn_tensor_product, coo, y_channels=yc)
+        _assert_matches_e3nn(fn, (x, y), dz, z, grads, "tensor product")
+    return z, grads
 
 
 @functools.cache
 def _conv_reference(case: Case):
-    """The float64 reference's ``m`` and ``{dx, dy, ds}`` on ``conv_operands(case)`` (shared, as above)."""
+    """The float64 reference's ``m`` and ``{dx, dy, ds}`` on ``conv_operands(case)`` (shared, and checked
+    against e3nn-jax, as above)."""
     coo, graph, x, y, s, dm = conv_operands(case)
     yc = case.y_channels
-    m = np.asarray(ref_conv.convolution(coo, *_f64(x, y, s), graph, y_channels=yc))
-    grads = ref_conv.convolution_bwd(coo, *_f64(x, y, s, dm), graph, outs=("x", "y", "s"), y_channels=yc)
-    return m, {k: np.asarray(v) for k, v in grads.items()}
+    with _reference_formulation(case):
+        m = np.asarray(jax.jit(functools.partial(ref_conv.convolution, coo, y_channels=yc))(*_f64(x, y, s), graph))
+        bwd = functools.partial(ref_conv.convolution_bwd, coo, outs=("x", "y", "s"), y_channels=yc)
+        grads = jax.jit(bwd)(*_f64(x, y, s, dm), graph)
+    grads = {k: np.asarray(v) for k, v in grads.items()}
+    if case.table is not None:
+        fn = functools.partial(_e3nn_convolution, coo, graph, y_channels=yc)
+        _assert_matches_e3nn(fn, (x, y, s), dm, m, grads, "convolution")
+    return m, grads
 
 
 def check_tensor_product(kernels: e3j.Kernels, case: Case) -> None:
@@ -279,7 +368,8 @@ def check_gradients_through_primitives(backend: str, tp_case: Case, conv_case: C
     def tp_loss(x, y, b):
         return jnp.sum(jnp.sin(tp(x, y, backend=b)) * w)
 
-    _compare_derivatives(tp_loss, (x, y), backend, tp_case.dtype, "tensor product")
+    with _reference_formulation(tp_case):
+        _compare_derivatives(tp_loss, (x, y), backend, tp_case.dtype, "tensor product")
 
     coo, graph, x, y, s, _ = conv_operands(conv_case, seed=2)
     conv = e3j.Convolution(coo.irreps_x, coo.irreps_y, coo.irreps_out)
@@ -288,7 +378,8 @@ def check_gradients_through_primitives(backend: str, tp_case: Case, conv_case: C
     def conv_loss(x, y, s, b):
         return jnp.sum(jnp.sin(conv(x, y, s, graph, backend=b)) * w)
 
-    _compare_derivatives(conv_loss, (x, y, s), backend, conv_case.dtype, "convolution")
+    with _reference_formulation(conv_case):
+        _compare_derivatives(conv_loss, (x, y, s), backend, conv_case.dtype, "convolution")
 
 
 def _compare_derivatives(loss, args, backend, dtype, what):

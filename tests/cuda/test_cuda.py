@@ -21,6 +21,7 @@ import pytest
 from e3j_cuda import _ffi, kernels
 from kernel_cases import (
     CONV_CASES,
+    HIGH_L_CASES,
     IRREPS,
     LAUNCH_CASES,
     ODD_CHANNEL_CASES,
@@ -63,6 +64,12 @@ def test_convolution_matches_reference(host, case):
 
 @pytest.mark.parametrize("case", ODD_CHANNEL_CASES, ids=str)
 def test_odd_channel_counts(host, case):
+    check_tensor_product(host, case)
+    check_convolution(host, case)
+
+
+@pytest.mark.parametrize("case", HIGH_L_CASES, ids=str)
+def test_high_degree_tables(host, case):
     check_tensor_product(host, case)
     check_convolution(host, case)
 
@@ -117,6 +124,7 @@ def test_gradients_through_primitives(name):
         name, Case(2, 16, 5, True, dtype="float64"), Case(2, 16, 6, False, dtype="float64")
     )
     check_gradients_through_primitives(name, Case(1, 32, 5, False), Case(1, 16, 6, True))
+    check_gradients_through_primitives(name, HIGH_L_CASES[1], HIGH_L_CASES[0])
 
 
 def test_descriptors():

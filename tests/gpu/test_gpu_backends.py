@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from kernel_cases import (
     CONV_CASES,
+    HIGH_L_CASES,
     LAUNCH_CASES,
     ODD_CHANNEL_CASES,
     TP_CASES,
@@ -54,11 +55,17 @@ def test_odd_channel_counts(backend, case):
     check_convolution(kernels_of(get_backend(backend)), case)
 
 
+@pytest.mark.parametrize("case", HIGH_L_CASES, ids=str)
+def test_high_degree_tables(backend, case):
+    check_tensor_product(kernels_of(get_backend(backend)), case)
+    check_convolution(kernels_of(get_backend(backend)), case)
+
+
 @pytest.mark.parametrize(
     ("name", "case"),
-    # the CUDA kernels' launch configurations where shared memory runs short; for the Pallas kernels
-    # (whose records are unrolled: the long tables would take minutes to compile) the paper's sizes
-    [(b, c) for b in GPU_BACKENDS for c in LAUNCH_CASES if b == "cuda" or c.kind == "lmax3"],
+    # the CUDA kernels' launch configurations where shared memory runs short, and the paper's sizes;
+    # the Pallas kernels walk the long tables' records (unrolled, they would take minutes to compile)
+    [(b, c) for b in GPU_BACKENDS for c in LAUNCH_CASES],
     ids=str,
 )
 def test_launch_limits(name, case):

@@ -9,9 +9,11 @@ import functools
 import jax
 import numpy as np
 import pytest
+from e3j_pallas_gpu import _records
 from jax.sharding import AbstractDevice, AbstractMesh
 from kernel_cases import (
     CONV_CASES,
+    HIGH_L_CASES,
     ODD_CHANNEL_CASES,
     TP_CASES,
     Case,
@@ -25,6 +27,7 @@ from kernel_cases import (
 
 import e3j
 from e3j.backends import get_backend, kernels_of
+from e3j_core import tensor_product_coo
 
 INTERPRET = "pallas_gpu_interpret"
 TRITON_CALL = "__gpu$xla.gpu.triton"
@@ -53,14 +56,30 @@ def test_odd_channel_counts(kernels, case):
     check_convolution(kernels, case)
 
 
+# the issue-18 table (320 output rows) takes a minute in the interpreter: slow session
+WALKED = [HIGH_L_CASES[0], pytest.param(HIGH_L_CASES[1], marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("case", WALKED, ids=str)
+def test_high_degree_tables_walk_records(kernels, case):
+    assert not _records.unrolls(case.coo.table)  # the record walk, not the unrolled program
+    check_tensor_product(kernels, case)
+    check_convolution(kernels, case)
+
+
 def test_bitwise_deterministic(kernels):
     check_deterministic(kernels, Case(2, 32, 9, False))
+    check_deterministic(kernels, HIGH_L_CASES[0])  # walked records
 
 
 def test_gradients_through_primitives():
     check_gradients_through_primitives(
         INTERPRET, Case(2, 16, 5, True, dtype="float64"), Case(2, 16, 6, False, dtype="float64")
     )
+
+
+def test_walked_records_gradients_through_primitives():
+    check_gradients_through_primitives(INTERPRET, HIGH_L_CASES[1], HIGH_L_CASES[0])
 
 
 def test_descriptors():
@@ -71,7 +90,22 @@ def test_descriptors():
     # never chosen automatically on the CPU
     req = e3j.backends.OpRequest("convolution", "cpu", "float32", 64, 2)
     assert e3j.backends.select_backend(req, None).name != INTERPRET
-    assert gpu.unsupported(e3j.backends.OpRequest("convolution", "cuda", "float32", 64, 5)) is not None
+    # no degree limit: tables above the unroll limit are walked; the switch is stated in `e3j info`
+    for lmax in range(9):
+        assert gpu.unsupported(e3j.backends.OpRequest("convolution", "cuda", "float32", 64, lmax)) is None
+    assert any(f"<= {_records.UNROLL_RECORDS} COO records" in note for note in gpu.notes)
+    sh = [tensor_product_coo(*(["+".join(f"{k}{'eo'[k % 2]}" for k in range(lmax + 1))] * 3)) for lmax in (3, 4)]
+    assert _records.unrolls(sh[0].table) and not _records.unrolls(sh[1].table)  # as the note says
+
+
+def test_info_states_the_unroll_switch_and_no_degree_limit(capsys):
+    from e3j.__main__ import main
+
+    main(["info"])
+    out = capsys.readouterr().out
+    block = out[out.index("  pallas_gpu ") :].split("compatible:")[0]
+    assert "limits:        none" in block
+    assert f"note:          tables of <= {_records.UNROLL_RECORDS} COO records" in block
 
 
 # -- lowering for CUDA on this (GPU-less) machine ----------------------------------------------
@@ -87,7 +121,7 @@ def _lower_cuda(fn, *args) -> str:
         return jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
 
 
-@pytest.mark.parametrize("case", TP_CASES, ids=str)
+@pytest.mark.parametrize("case", TP_CASES + HIGH_L_CASES, ids=str)
 def test_tensor_product_lowers_for_cuda(case):
     kernels = kernels_of(get_backend("pallas_gpu"))
     coo, x, y, dz = tp_operands(case)
@@ -97,7 +131,7 @@ def test_tensor_product_lowers_for_cuda(case):
     assert TRITON_CALL in _lower_cuda(bwd, x, y, dz)
 
 
-@pytest.mark.parametrize("case", CONV_CASES, ids=str)
+@pytest.mark.parametrize("case", CONV_CASES + HIGH_L_CASES, ids=str)
 def test_convolution_lowers_for_cuda(case):
     kernels = kernels_of(get_backend("pallas_gpu"))
     coo, graph, x, y, s, dm = conv_operands(case)

@@ -12,14 +12,15 @@ import functools
 import jax
 import numpy as np
 import pytest
+from e3j_pallas_tpu import _records, vmem
 from e3j_pallas_tpu import convolution as tpu_conv
 from e3j_pallas_tpu import tensor_product as tpu_tp
-from e3j_pallas_tpu import vmem
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interpreter
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import AbstractDevice, AbstractMesh
 from kernel_cases import (
     CONV_CASES,
+    HIGH_L_CASES,
     TP_CASES,
     Case,
     check_convolution,
@@ -63,6 +64,17 @@ def test_convolution_matches_reference_across_tile_boundaries(case):
     check_convolution(interpreted(edge_tile=8 if case.lmax != 2 else 16), case)
 
 
+# the issue-18 table (320 output rows) takes minutes in the interpreter: slow session
+WALKED = [_f32(HIGH_L_CASES)[0], pytest.param(_f32(HIGH_L_CASES)[1], marks=pytest.mark.slow)]
+
+
+@pytest.mark.parametrize("case", WALKED, ids=str)
+def test_high_degree_tables_walk_records(case):
+    assert not _records.unrolls(case.coo.table)  # the record walk from SMEM, not the unrolled program
+    check_tensor_product(kernels_of(get_backend(INTERPRET)), case)
+    check_convolution(kernels_of(get_backend(INTERPRET)), case)
+
+
 def test_convolution_with_budget_chosen_tiles():
     check_convolution(kernels_of(get_backend(INTERPRET)), Case(2, 32, 10, True))
 
@@ -87,6 +99,21 @@ def test_gradients_through_primitives():
     check_gradients_through_primitives(INTERPRET, Case(1, 16, 5, True), Case(1, 16, 6, False))
 
 
+@pytest.mark.slow
+def test_walked_records_gradients_through_primitives():
+    walked = _f32(HIGH_L_CASES)
+    check_gradients_through_primitives(INTERPRET, walked[1], walked[0])
+
+
+@pytest.mark.slow
+def test_walked_records_never_leave_memory_uninitialized():
+    kernels = interpreted(edge_tile=8, uninitialized_memory="nan")
+    coo, graph, x, y, s, dm = conv_operands(_f32(HIGH_L_CASES)[0])
+    m = kernels.convolution(coo, x, y, s, graph, y_channels=True)
+    d = kernels.convolution_bwd(coo, x, y, s, dm, graph, outs=("x", "y", "s"), y_channels=True)
+    assert np.isfinite(m).all() and all(np.isfinite(v).all() for v in d.values())
+
+
 def test_edge_tile_must_be_a_multiple_of_8():
     coo, graph, x, y, s, _ = conv_operands(Case(1, 16, 5, False))
     with pytest.raises(ValueError, match="edge_tile must be a positive multiple of 8, got 12"):
@@ -100,6 +127,12 @@ def test_descriptors():
     assert tpu.incompatibility() is None
     req = e3j.backends.OpRequest("convolution", "tpu", "float64", 128, 2)
     assert "float64" in tpu.unsupported(req)
+    # no degree limit: tables above the unroll limit are walked; the switch is stated in `e3j info`
+    for lmax in range(9):
+        assert tpu.unsupported(e3j.backends.OpRequest("convolution", "tpu", "float32", 128, lmax)) is None
+    assert any(f"<= {_records.UNROLL_RECORDS} COO records" in note for note in tpu.notes)
+    sh = [tensor_product_coo(*(["+".join(f"{k}{'eo'[k % 2]}" for k in range(lmax + 1))] * 3)) for lmax in (3, 4)]
+    assert _records.unrolls(sh[0].table) and not _records.unrolls(sh[1].table)  # as the note says
 
 
 # -- VMEM budget (paper Table 4) ---------------------------------------------------------------
@@ -152,7 +185,7 @@ def _lower_tpu(fn, *args) -> str:
         return jax.jit(fn).trace(*shapes).lower(lowering_platforms=("tpu",)).as_text()
 
 
-@pytest.mark.parametrize("case", _f32(TP_CASES), ids=str)
+@pytest.mark.parametrize("case", _f32(TP_CASES) + WALKED, ids=str)
 def test_tensor_product_lowers_for_tpu(case):
     kernels = kernels_of(get_backend("pallas_tpu"))
     coo, x, y, dz = tp_operands(case)
@@ -163,7 +196,7 @@ def test_tensor_product_lowers_for_tpu(case):
         assert MOSAIC_CALL in _lower_tpu(bwd, x, y, dz)
 
 
-@pytest.mark.parametrize("case", _f32(CONV_CASES), ids=str)
+@pytest.mark.parametrize("case", _f32(CONV_CASES) + WALKED, ids=str)
 def test_convolution_lowers_for_tpu(case):
     kernels = kernels_of(get_backend("pallas_tpu"))
     coo, graph, x, y, s, dm = conv_operands(case)

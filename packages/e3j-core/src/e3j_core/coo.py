@@ -9,7 +9,8 @@ Every kernel of e3j consumes these tables; none rebuilds coefficients. Two types
     can be a static argument of a JAX primitive. ``transpose(k)`` gives the table of the VJP with
     respect to operand ``k`` (paper Eq. 15: ``(i0, i1, i2) -> (i1, i2, i0)`` for the first operand,
     ``(i2, i1, i0)`` for the second), ``packed()`` the structured records that the CUDA kernels
-    read, and ``by_i0()`` / ``by_i0_i1()`` the groupings that Pallas kernels unroll at trace time.
+    read, ``row_offsets`` their CSR row pointer (record-walking kernels), and ``by_i0()`` /
+    ``by_i0_i1()`` the groupings that Pallas kernels unroll at trace time.
 
 :class:`TensorProductCoo`
     The descriptor of ``irreps_x ⊗ irreps_y`` (optionally filtered): output irreps, paths, the
@@ -219,6 +220,21 @@ class CooTable:
             records.setflags(write=False)
             cache[key] = records
         return cache[key]
+
+    @cached_property
+    def row_offsets(self) -> np.ndarray:
+        """``int32 [dims[0] + 1]``: the records of output row ``i0`` are ``row_offsets[i0]:row_offsets[i0 + 1]``.
+
+        The CSR row pointer over ``i0`` that record-walking kernels loop over (a row without records
+        has an empty range); read-only, cached.
+
+        >>> t = tensor_product_coo("0e + 1o", "1o", filter="0e + 1o + 1e").table
+        >>> t.row_offsets.tolist()
+        [0, 3, 4, 5, 6, 8, 10, 12]
+        """
+        offsets = np.searchsorted(self.i0, np.arange(self.dims[0] + 1), side="left").astype(np.int32)
+        offsets.setflags(write=False)
+        return offsets
 
     @cached_property
     def by_i0(self) -> tuple[tuple[int, tuple[tuple, ...]], ...]:

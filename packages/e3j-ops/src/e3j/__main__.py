@@ -79,6 +79,8 @@ def _info(args: argparse.Namespace) -> int:
         w(f"    jax:           {b.jax_requirement or 'any'}\n")
         coo = b.coo_format_version
         w(f"    COO format:    {coo if coo is not None else 'through e3j-core API'}\n")
+        for note in b.notes:
+            w(f"    note:          {note}\n")
         compatible = d["compatible"]
         w(f"    compatible:    {compatible if compatible == 'yes' else 'no: ' + compatible}\n")
     errors = backends.discovery_errors()

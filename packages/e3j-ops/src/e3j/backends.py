@@ -94,6 +94,8 @@ class Backend:
         check: optional extra ``(OpRequest) -> reason or None``.
         auto: chosen by the automatic policy; ``False`` for backends that must be asked for by name
             (e.g. accelerator kernels run by an interpreter on the CPU, for testing).
+        notes: facts about the kernels that ``python -m e3j info`` prints (e.g. where they switch
+            algorithm); they do not affect selection.
     """
 
     name: str
@@ -111,6 +113,7 @@ class Backend:
     coo_format_version: int | None = None
     check: Callable[[OpRequest], str | None] | None = field(default=None, repr=False)
     auto: bool = True
+    notes: tuple[str, ...] = ()
 
     @classmethod
     def from_mapping(cls, fields: Mapping[str, Any]) -> Backend:
@@ -120,7 +123,7 @@ class Backend:
         if unknown:
             raise TypeError(f"unknown backend descriptor field(s) {unknown}; known: {sorted(known)}")
         values = dict(fields)
-        for name in ("platforms", "ops", "dtypes"):
+        for name in ("platforms", "ops", "dtypes", "notes"):
             if name in values:
                 values[name] = tuple(values[name])
         return cls(**values)

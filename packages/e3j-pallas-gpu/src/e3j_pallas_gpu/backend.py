@@ -14,8 +14,9 @@ __all__ = ["backend", "interpret_backend", "mosaic_backend", "mosaic_interpret_b
 #: The JAX range this package is tested with (Pallas's Triton lowering is not a stable API).
 #: Read from the installed metadata (pyproject.toml's dependencies); "" when run from a source tree.
 JAX_REQUIREMENT = str(declared_range("e3j-pallas-gpu", "jax") or "")
-#: Unrolled programs grow as l^5 in the number of records; beyond this the compile time is not worth it.
-MAX_L = 4
+#: Tables with at most this many COO records are unrolled into the kernels, larger ones walked
+#: (lmax 3 filtered: 353 records, unrolled; lmax 4: 1158, walked). Why here: see ``_records``.
+UNROLL_RECORDS = 400
 
 
 def _load(interpret: bool) -> dict[str, Any]:
@@ -32,7 +33,11 @@ _COMMON: dict[str, Any] = {
     "version": __version__,
     "ops": ("tensor_product", "convolution"),
     "dtypes": ("float32", "float64"),
-    "max_l": MAX_L,
+    # no l limit: tables above the unroll limit are walked (see _records)
+    "notes": (
+        f"tables of <= {UNROLL_RECORDS} COO records (lmax 3 filtered: 353) are unrolled into the kernels; "
+        "larger ones are walked record by record (any l)",
+    ),
     "deterministic": True,
     "jax_requirement": JAX_REQUIREMENT,
 }
@@ -178,6 +183,11 @@ _MOSAIC: dict[str, Any] = {
     **_COMMON,
     # Mosaic GPU's TMA has no float64 transfers: float64 ops go to the Triton kernels
     "dtypes": ("float32",),
+    # the Mosaic kernels always unroll the records: lowering them at lmax 3, 128 channels already
+    # takes 14-214 s on this project's CPU (docs/mosaic_gpu.md); higher degrees go to the Triton
+    # kernels, which walk the records there
+    "max_l": 3,
+    "notes": ("records always unrolled; tables above lmax 3 go to pallas_gpu, which walks them",),
 }
 
 #: Mosaic GPU kernels (paper Appendix E.3) on Hopper and newer; preferred over the Triton ones there.

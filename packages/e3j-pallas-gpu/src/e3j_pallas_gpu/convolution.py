@@ -5,10 +5,9 @@
 
 Forward (paper Algorithm 2): one program per (receiver, channel block) walks the receiver's CSR
 interval of the graph's receiver-sorted ``order``, gathers the sender row ``x_a``, evaluates the
-tensor product with the Clebsch–Gordan records unrolled at trace time, factors the edge scalar
-``s_ab[i3(i0)]`` out of each output row's record sum, and accumulates in registers; the receiver's
-row is written once. Padding edges are outside every interval: they cost nothing. No atomics, so
-the result is bitwise reproducible.
+tensor product, factors the edge scalar ``s_ab[i3(i0)]`` out of each output row's record sum, and
+accumulates in registers; the receiver's row is written once. Padding edges are outside every
+interval: they cost nothing. No atomics, so the result is bitwise reproducible.
 
 Backward (Algorithm 3, made deterministic): one program per (sender, channel block) walks the
 sender's interval of ``sender_order`` — the convolution on the transposed graph — so ``dx_a`` is
@@ -16,6 +15,11 @@ accumulated in registers and written once, without atomics. Along the way each e
 and ``ds_ab`` are written (every edge has exactly one sender, so these writes never collide). An
 extra program zeroes ``dy``/``ds`` of the padding edges. The cotangent of a broadcast ``y`` is a
 sum over channels: per channel block in the kernel, then over blocks.
+
+Tables up to :data:`~e3j_pallas_gpu._records.UNROLL_RECORDS` records are unrolled at trace time
+(:func:`convolution_kernel`, :func:`convolution_bwd_kernel`); larger ones are walked
+(:func:`convolution_walk_kernel`, :func:`convolution_bwd_walk_kernel`): loops over output rows, edges
+and each row's records, on the trilinear table and its transposes (``ds`` rows are paths: ``i3``).
 """
 
 from __future__ import annotations
@@ -27,16 +31,319 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
-from e3j_core import TensorProductCoo
+from e3j_core import CooTable, TensorProductCoo
 
 from ._blocks import channel_block, num_warps
+from ._records import records, unrolls, walk_row
 
-__all__ = ["convolution", "convolution_bwd"]
+__all__ = [
+    "convolution",
+    "convolution_bwd",
+    "convolution_bwd_kernel",
+    "convolution_bwd_walk_kernel",
+    "convolution_kernel",
+    "convolution_walk_kernel",
+]
 
 
-def _whole(a: jax.Array) -> pl.BlockSpec:
-    """The whole array as one block (rows gathered by index inside the kernel)."""
-    return pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)
+# -- kernels ------------------------------------------------------------------------------------
+
+
+def _lanes(cb: int):
+    """This program's channels (program ids are read at the kernel's top level: the interpreter
+    substitutes them there only)."""
+    return pl.ds(pl.program_id(1) * cb, cb)
+
+
+def _y_row(y_ref, e, lanes, y_channels: bool):
+    if y_channels:
+        return lambda i: y_ref[e, i, lanes]
+    return lambda i: y_ref[e, i]
+
+
+def convolution_kernel(
+    offsets_ref, order_ref, senders_ref, x_ref, y_ref, s_ref, m_ref, *, table: CooTable, i3: tuple, y_channels: bool
+) -> None:
+    """Receiver ``program_id(0)``'s message row ``m_ref [Dout, cb]``, records unrolled.
+
+    ``offsets_ref``/``order_ref`` are the graph's ``receiver_offsets``/``order``; ``x_ref``, ``y_ref``
+    and ``s_ref`` are whole arrays, gathered by row; ``i3[i0]`` is the path of output row ``i0``.
+    """
+    b = pl.program_id(0)
+    cb = m_ref.shape[-1]
+    lanes = _lanes(cb)
+
+    def edge(k, acc):
+        e = order_ref[k]
+        a = senders_ref[e]
+        x_row = functools.cache(lambda i: x_ref[a, i, lanes])
+        y_row = functools.cache(_y_row(y_ref, e, lanes, y_channels))
+        s_row = functools.cache(lambda p: s_ref[e, p, lanes])
+        acc = list(acc)
+
+        def on_row(i0, z):  # accumulated as soon as the row is done: one message row live at a time
+            acc[i0] = acc[i0] + s_row(i3[i0]) * z
+
+        table.contract(x_row, y_row, on_row=on_row)
+        return tuple(acc)
+
+    zero = jnp.zeros((cb,), m_ref.dtype)
+    acc = jax.lax.fori_loop(offsets_ref[b], offsets_ref[b + 1], edge, (zero,) * m_ref.shape[0])
+    for i0, v in enumerate(acc):
+        m_ref[i0, :] = v
+
+
+def convolution_walk_kernel(
+    offsets_ref, order_ref, senders_ref, table_refs, i3_ref, x_ref, y_ref, s_ref, m_ref, *, y_channels: bool
+) -> None:
+    """:func:`convolution_kernel` walking the records ``table_refs`` of ``coo.table``, output row by
+    output row: ``m[i0] = Σ_edges s[e, i3[i0]] · Σ_r c · x[a, i1] · y[e, i2]`` (``i3_ref [Dout]``)."""
+    b = pl.program_id(0)
+    cb = m_ref.shape[-1]
+    lanes = _lanes(cb)
+    zero = jnp.zeros((cb,), m_ref.dtype)
+
+    def row(i0, carry):
+        def edge(k, acc):
+            e = order_ref[k]
+            a = senders_ref[e]
+            z = walk_row(i0, table_refs, (lambda i: x_ref[a, i, lanes], _y_row(y_ref, e, lanes, y_channels)), zero)
+            return acc + s_ref[e, i3_ref[i0], lanes] * z
+
+        m_ref[i0, :] = jax.lax.fori_loop(offsets_ref[b], offsets_ref[b + 1], edge, zero)
+        return carry
+
+    jax.lax.fori_loop(0, m_ref.shape[0], row, 0)
+
+
+def _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, *, y_channels: bool) -> None:
+    """Zero the ``dy``/``ds`` rows of the padding edges (``sender_order[num_valid:]``) in channel block ``c``."""
+    zero = jnp.zeros((lanes.size,), (dy_ref if dy_ref is not None else ds_ref).dtype)
+
+    # loops, not unrolled stores: the program must not grow with the table (registers, compile time)
+    def clear(k, carry):
+        e = order_ref[k]
+
+        def dy_row(i, carry):
+            if y_channels:
+                dy_ref[e, i, lanes] = zero
+            else:
+                dy_ref[c, e, i] = jnp.zeros((), dy_ref.dtype)
+            return carry
+
+        def ds_row(p, carry):
+            ds_ref[e, p, lanes] = zero
+            return carry
+
+        if dy_ref is not None:
+            jax.lax.fori_loop(0, dy_ref.shape[1] if y_channels else dy_ref.shape[2], dy_row, 0)
+        if ds_ref is not None:
+            jax.lax.fori_loop(0, ds_ref.shape[1], ds_row, 0)
+        return carry
+
+    jax.lax.fori_loop(num_valid_ref[0], order_ref.shape[0], clear, 0)
+
+
+def _store_dy(dy_ref, e, i, v, c, lanes, y_channels: bool) -> None:
+    if y_channels:
+        dy_ref[e, i, lanes] = v
+    else:  # channel block c's partial sum
+        dy_ref[c, e, i] = jnp.sum(v)
+
+
+def convolution_bwd_kernel(
+    offsets_ref,
+    order_ref,
+    receivers_ref,
+    num_valid_ref,
+    x_ref,
+    y_ref,
+    s_ref,
+    dm_ref,
+    dx_ref,
+    dy_ref,
+    ds_ref,
+    *,
+    table: CooTable,
+    i3: tuple,
+    cb: int,
+    y_channels: bool,
+) -> None:
+    """Sender ``program_id(0)``'s ``dx`` row and its edges' ``dy``/``ds`` rows, records unrolled.
+
+    ``offsets_ref``/``order_ref`` are the graph's ``sender_offsets``/``sender_order``; an operand ref
+    may be ``None`` when no requested cotangent reads it, an output ref is when it is not requested. ``dx_ref``
+    is the sender's ``[Dx, cb]`` block; ``dy_ref`` (``[E, Dy, C]``, or ``[C / cb, E, Dy]`` partial sums
+    for a broadcast ``y``) and ``ds_ref [E, P, C]`` are whole. Program ``N`` clears the padding edges.
+    """
+    a, c = pl.program_id(0), pl.program_id(1)
+    num_nodes = dm_ref.shape[0]
+    lanes = _lanes(cb)
+    zero = jnp.zeros((cb,), dm_ref.dtype)
+    want_x, want_y, want_s = dx_ref is not None, dy_ref is not None, ds_ref is not None
+    # ds is written path by path as the output rows go by: core lists paths in output order
+    empty_paths = sorted(set(range(max(i3) + 1)) - {i3[i0] for i0 in table.i0.tolist()})
+
+    def edge(k, dx_acc):
+        e = order_ref[k]
+        b = receivers_ref[e]
+        x_row = functools.cache(lambda i: x_ref[a, i, lanes]) if x_ref is not None else None
+        y_row = functools.cache(_y_row(y_ref, e, lanes, y_channels)) if y_ref is not None else None
+        s_row = functools.cache(lambda p: s_ref[e, p, lanes]) if s_ref is not None else None
+        dm_row = functools.cache(lambda i: dm_ref[b, i, lanes])  # ds reads the rows again
+        # contract_vjp reads each output row's cotangent once
+        gs = (lambda i0: dm_row(i0) * s_row(i3[i0])) if (want_x or want_y) else None
+        ds = {"path": None, "sum": None}
+
+        def flush():
+            if ds["path"] is not None:
+                ds_ref[e, ds["path"], lanes] = ds["sum"]
+
+        def on_row(i0, z):  # rows arrive in output order, so path by path
+            if i3[i0] != ds["path"]:
+                flush()
+                ds["path"], ds["sum"] = i3[i0], zero
+            ds["sum"] = ds["sum"] + z * dm_row(i0)
+
+        # one pass over the records by output row: each dm row is live for its row only
+        dx, dy = table.contract_vjp(
+            x_row,
+            y_row,
+            gs,
+            grads=tuple(g for g, want in (("a", want_x), ("b", want_y)) if want),
+            on_row=on_row if want_s else None,
+        )
+        if want_s:
+            flush()
+            for p in empty_paths:
+                ds_ref[e, p, lanes] = zero
+        if want_y:
+            for i in range(table.dims[2]):
+                _store_dy(dy_ref, e, i, dy.get(i, zero), c, lanes, y_channels)
+        if want_x:
+            dx_acc = tuple(dx_acc[i] + dx[i] if i in dx else dx_acc[i] for i in range(table.dims[1]))
+        return dx_acc
+
+    @pl.when(a < num_nodes)
+    def _():
+        dx = jax.lax.fori_loop(offsets_ref[a], offsets_ref[a + 1], edge, (zero,) * table.dims[1])
+        if want_x:
+            for i, v in enumerate(dx):
+                dx_ref[i, :] = v
+
+    if want_y or want_s:
+
+        @pl.when(a == num_nodes)
+        def _():
+            _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, y_channels=y_channels)
+
+
+def convolution_bwd_walk_kernel(
+    offsets_ref,
+    order_ref,
+    receivers_ref,
+    num_valid_ref,
+    dx_table_refs,
+    dy_table_refs,
+    ds_table_refs,
+    x_ref,
+    y_ref,
+    s_ref,
+    dm_ref,
+    dx_ref,
+    dy_ref,
+    ds_ref,
+    *,
+    cb: int,
+    y_channels: bool,
+) -> None:
+    """:func:`convolution_bwd_kernel` walking the records of the trilinear table's transposes.
+
+    ``dx[i1] = Σ_edges Σ_r c · y[e, i2] · s[e, i3] · dm[b, i0]`` (``coo.trilinear.transpose(1)``,
+    records ``(i1, i2, i3, i0)``), ``dy[e, i2] = Σ_r c · x[a, i1] · s[e, i3] · dm[b, i0]``
+    (``transpose(2)``) and ``ds[e, p] = Σ_r c · x[a, i1] · y[e, i2] · dm[b, i0]`` (``transpose(3)``:
+    a path without records gets zero); a table's refs are ``None`` when its cotangent is not asked for.
+    """
+    a, c = pl.program_id(0), pl.program_id(1)
+    num_nodes = dm_ref.shape[0]
+    lanes = _lanes(cb)
+    zero = jnp.zeros((cb,), dm_ref.dtype)
+
+    def rows(e, b):
+        return {
+            "x": lambda i: x_ref[a, i, lanes],
+            "y": _y_row(y_ref, e, lanes, y_channels) if y_ref is not None else None,
+            "s": lambda p: s_ref[e, p, lanes],
+            "dm": lambda i: dm_ref[b, i, lanes],
+        }
+
+    def edge_at(k):
+        e = order_ref[k]
+        return e, receivers_ref[e]
+
+    @pl.when(a < num_nodes)
+    def _():
+        if dx_ref is not None:
+
+            def dx_row(i1, carry):
+                def edge(k, acc):
+                    r = rows(*edge_at(k))
+                    return acc + walk_row(i1, dx_table_refs, (r["y"], r["s"], r["dm"]), zero)
+
+                dx_ref[i1, :] = jax.lax.fori_loop(offsets_ref[a], offsets_ref[a + 1], edge, zero)
+                return carry
+
+            jax.lax.fori_loop(0, dx_ref.shape[0], dx_row, 0)
+
+        if dy_ref is not None or ds_ref is not None:
+
+            def edge(k, carry):
+                e, b = edge_at(k)
+                r = rows(e, b)
+                if dy_ref is not None:
+
+                    def dy_row(i2, carry):
+                        v = walk_row(i2, dy_table_refs, (r["x"], r["s"], r["dm"]), zero)
+                        _store_dy(dy_ref, e, i2, v, c, lanes, y_channels)
+                        return carry
+
+                    jax.lax.fori_loop(0, dy_ref.shape[1 if y_channels else 2], dy_row, 0)
+                if ds_ref is not None:
+
+                    def ds_row(p, carry):
+                        ds_ref[e, p, lanes] = walk_row(p, ds_table_refs, (r["x"], r["y"], r["dm"]), zero)
+                        return carry
+
+                    jax.lax.fori_loop(0, ds_ref.shape[1], ds_row, 0)
+                return carry
+
+            jax.lax.fori_loop(offsets_ref[a], offsets_ref[a + 1], edge, 0)
+
+    if dy_ref is not None or ds_ref is not None:
+
+        @pl.when(a == num_nodes)
+        def _():
+            _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, y_channels=y_channels)
+
+
+# -- calls --------------------------------------------------------------------------------------
+
+
+def _whole(a) -> pl.BlockSpec | None:
+    """The whole array as one block (rows gathered by index inside the kernel); ``None`` for ``None``."""
+    if a is None:
+        return None
+    zeros = (0,) * len(a.shape)
+    return pl.BlockSpec(a.shape, lambda *_: zeros)
+
+
+def _params(cb: int):
+    return plt.CompilerParams(num_warps=num_warps(cb), num_stages=1)
+
+
+def _table_args(table: CooTable, dtype):
+    refs = records(table, dtype)
+    return refs, tuple(_whole(r) for r in refs)
 
 
 def convolution(
@@ -44,47 +351,23 @@ def convolution(
 ) -> jax.Array:
     """Fused forward convolution (see the module docstring)."""
     num_nodes, _, channels = x.shape
-    dtype = jnp.result_type(x, y, s)
-    if num_nodes == 0 or y.shape[0] == 0:
-        return jnp.zeros((num_nodes, coo.dim_out, channels), dtype)
     cb = channel_block(channels)
-    i3 = coo.i3.tolist()
-    table = coo.table
-
-    def kernel(offsets_ref, order_ref, senders_ref, x_ref, y_ref, s_ref, m_ref):
-        b, c = pl.program_id(0), pl.program_id(1)
-        lanes = pl.ds(c * cb, cb)
-
-        def edge(k, acc):
-            e = order_ref[k]
-            a = senders_ref[e]
-            x_row = functools.cache(lambda i: x_ref[a, i, lanes])
-            if y_channels:
-                y_row = functools.cache(lambda i: y_ref[e, i, lanes])
-            else:
-                y_row = functools.cache(lambda i: y_ref[e, i])
-            s_row = functools.cache(lambda p: s_ref[e, p, lanes])
-            acc = list(acc)
-
-            def on_row(i0, z):  # accumulated as soon as the row is done: one message row live at a time
-                acc[i0] = acc[i0] + s_row(i3[i0]) * z
-
-            table.contract(x_row, y_row, on_row=on_row)
-            return tuple(acc)
-
-        zero = jnp.zeros((cb,), dtype)
-        acc = jax.lax.fori_loop(offsets_ref[b], offsets_ref[b + 1], edge, (zero,) * coo.dim_out)
-        for i0 in range(coo.dim_out):
-            m_ref[i0, :] = acc[i0].astype(m_ref.dtype)
-
-    args = (graph.receiver_offsets, graph.order, graph.senders, x.astype(dtype), y.astype(dtype), s.astype(dtype))
+    args = [graph.receiver_offsets, graph.order, graph.senders]
+    if unrolls(coo.table):
+        kernel = functools.partial(
+            convolution_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), y_channels=y_channels
+        )
+    else:
+        kernel = functools.partial(convolution_walk_kernel, y_channels=y_channels)
+        args += [records(coo.table, x.dtype), jnp.asarray(coo.i3)]
+    args += [x, y, s]
     return pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((num_nodes, coo.dim_out, channels), dtype),
+        out_shape=jax.ShapeDtypeStruct((num_nodes, coo.dim_out, channels), x.dtype),
         grid=(num_nodes, channels // cb),
-        in_specs=[_whole(a) for a in args],
+        in_specs=jax.tree.map(_whole, args),
         out_specs=pl.BlockSpec((None, coo.dim_out, cb), lambda b, c: (b, 0, c)),
-        compiler_params=plt.CompilerParams(num_warps=num_warps(cb), num_stages=1),
+        compiler_params=_params(cb),
         interpret=interpret,
         name="e3j_convolution",
     )(*args)
@@ -105,13 +388,12 @@ def convolution_bwd(
     """Cotangents of the convolution for ``outs ⊆ {x, y, s}`` in one sender-ordered sweep.
 
     ``x`` is read only when ``y`` or ``s`` is requested, ``y`` when ``x`` or ``s`` is, ``s`` when
-    ``x`` or ``y`` is (unneeded operands may be ``None``).
+    ``x`` or ``y`` is (unneeded operands are ``None``).
     """
-    outs = tuple(o for o in ("x", "y", "s") if o in outs)
     num_nodes, _, channels = dm.shape
     num_edges = graph.senders.shape[0]
-    dtype = jnp.result_type(*[a for a in (x, y, s, dm) if a is not None])
-    want_x, want_y, want_s = ("x" in outs), ("y" in outs), ("s" in outs)
+    dtype = dm.dtype
+    want = {o: o in outs for o in ("x", "y", "s")}
     cb = channel_block(channels)
     nc = channels // cb
     shapes = {
@@ -119,123 +401,30 @@ def convolution_bwd(
         "y": (num_edges, coo.dim_y, channels) if y_channels else (nc, num_edges, coo.dim_y),
         "s": (num_edges, coo.num_paths, channels),
     }
-    if not outs:
-        return {}
-    if num_nodes == 0 or num_edges == 0:
-        return {o: jnp.zeros(shapes[o] if o != "y" or y_channels else (num_edges, coo.dim_y), dtype) for o in outs}
-    need_x, need_y, need_s = want_y or want_s, want_x or want_s, want_x or want_y
-    i3 = coo.i3.tolist()
-    # ds is written path by path as the output rows go by: core lists paths in output order
-    assert i3 == sorted(i3), "TensorProductCoo paths are not in output order"
-    empty_paths = sorted(set(range(coo.num_paths)) - {i3[i0] for i0 in coo.table.i0.tolist()})
-
-    operands = {"x": x, "y": y, "s": s}
-    names = [n for n, need in (("x", need_x), ("y", need_y), ("s", need_s)) if need]
+    out_shape = tuple(jax.ShapeDtypeStruct(shapes[o], dtype) if want[o] else None for o in shapes)
+    dx_spec = pl.BlockSpec((None, coo.dim_x, cb), lambda a, c: (jnp.minimum(a, num_nodes - 1), 0, c))
+    out_specs = (dx_spec if want["x"] else None, _whole(out_shape[1]), _whole(out_shape[2]))
     args = [graph.sender_offsets, graph.sender_order, graph.receivers, graph.num_valid.reshape(1)]
-    args += [operands[n].astype(dtype) for n in names] + [dm.astype(dtype)]
-    out_shape = [jax.ShapeDtypeStruct(shapes[o], dtype) for o in outs]
-    out_specs = [
-        pl.BlockSpec((None, coo.dim_x, cb), lambda a, c: (jnp.minimum(a, num_nodes - 1), 0, c))
-        if o == "x"
-        else _whole(jax.ShapeDtypeStruct(shapes[o], dtype))
-        for o in outs
-    ]
-
-    def kernel(offsets_ref, order_ref, receivers_ref, num_valid_ref, *refs):
-        refs = dict(zip([*names, "dm", *(f"d{o}" for o in outs)], refs, strict=True))
-        a, c = pl.program_id(0), pl.program_id(1)
-        lanes = pl.ds(c * cb, cb)
-        zero = jnp.zeros((cb,), dtype)
-
-        def rows(e, b):
-            r = {}
-            if need_x:
-                r["x"] = functools.cache(lambda i: refs["x"][a, i, lanes])
-            if need_y:
-                r["y"] = functools.cache(
-                    (lambda i: refs["y"][e, i, lanes]) if y_channels else (lambda i: refs["y"][e, i])
-                )
-            if need_s:
-                r["s"] = functools.cache(lambda p: refs["s"][e, p, lanes])
-            r["dm"] = functools.cache(lambda i: refs["dm"][b, i, lanes])
-            return r
-
-        def edge(k, dx_acc):
-            e = order_ref[k]
-            b = receivers_ref[e]
-            r = rows(e, b)
-            # contract_vjp reads each output row's cotangent once; dm rows are cached (ds reads them too)
-            gs = (lambda i0: r["dm"](i0) * r["s"](i3[i0])) if (want_x or want_y) else None
-            ds = {"path": None, "sum": None}
-
-            def flush():
-                if ds["path"] is not None:
-                    refs["ds"][e, ds["path"], lanes] = ds["sum"].astype(dtype)
-
-            def on_row(i0, z):  # rows arrive in output order, so path by path
-                if i3[i0] != ds["path"]:
-                    flush()
-                    ds["path"], ds["sum"] = i3[i0], zero
-                ds["sum"] = ds["sum"] + z * r["dm"](i0)
-
-            # one pass over the records by output row: each dm row is live for its row only
-            dx, dy = coo.table.contract_vjp(
-                r.get("x"),
-                r.get("y"),
-                gs,
-                grads=tuple(g for g, want in (("a", want_x), ("b", want_y)) if want),
-                on_row=on_row if want_s else None,
-            )
-            if want_s:
-                flush()
-                for p in empty_paths:
-                    refs["ds"][e, p, lanes] = zero
-            if want_x:
-                dx_acc = tuple(dx_acc[i] + dx[i] if i in dx else dx_acc[i] for i in range(coo.dim_x))
-            if want_y:
-                for i in range(coo.dim_y):
-                    v = dy.get(i, zero)
-                    if y_channels:
-                        refs["dy"][e, i, lanes] = v.astype(dtype)
-                    else:
-                        refs["dy"][c, e, i] = jnp.sum(v).astype(dtype)
-            return dx_acc
-
-        @pl.when(a < num_nodes)
-        def _():
-            dx = jax.lax.fori_loop(offsets_ref[a], offsets_ref[a + 1], edge, (zero,) * coo.dim_x)
-            if want_x:
-                for i in range(coo.dim_x):
-                    refs["dx"][i, :] = dx[i].astype(dtype)
-
-        if want_y or want_s:  # the last program clears the padding edges' rows
-
-            @pl.when(a == num_nodes)
-            def _():
-                def clear(k, carry):
-                    e = order_ref[k]
-                    for i in range(coo.dim_y) if want_y else ():
-                        if y_channels:
-                            refs["dy"][e, i, lanes] = zero
-                        else:
-                            refs["dy"][c, e, i] = jnp.zeros((), dtype)
-                    for p in range(coo.num_paths) if want_s else ():
-                        refs["ds"][e, p, lanes] = zero
-                    return carry
-
-                jax.lax.fori_loop(num_valid_ref[0], num_edges, clear, 0)
-
-    results = pl.pallas_call(
+    if unrolls(coo.table):
+        kernel = functools.partial(
+            convolution_bwd_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), cb=cb, y_channels=y_channels
+        )
+    else:
+        kernel = functools.partial(convolution_bwd_walk_kernel, cb=cb, y_channels=y_channels)
+        args += [records(coo.trilinear.transpose(k), dtype) if want[o] else None for k, o in enumerate("xys", 1)]
+    args += [x, y, s, dm]
+    dx, dy, ds = pl.pallas_call(
         kernel,
-        out_shape=tuple(out_shape),
-        grid=(num_nodes + (1 if (want_y or want_s) else 0), nc),
-        in_specs=[_whole(a) for a in args],
-        out_specs=tuple(out_specs),
-        compiler_params=plt.CompilerParams(num_warps=num_warps(cb), num_stages=1),
+        out_shape=out_shape,
+        # program N clears the padding edges' dy / ds rows
+        grid=(num_nodes + (1 if (want["y"] or want["s"]) else 0), nc),
+        in_specs=jax.tree.map(_whole, args),
+        out_specs=out_specs,
+        compiler_params=_params(cb),
         interpret=interpret,
         name="e3j_convolution_bwd",
     )(*args)
-    res = dict(zip(outs, results, strict=True))
-    if want_y and not y_channels:
-        res["y"] = functools.reduce(jnp.add, list(res["y"]))
-    return res
+    res = {"x": dx, "y": dy, "s": ds}
+    if want["y"] and not y_channels:
+        res["y"] = functools.reduce(jnp.add, list(dy))
+    return {o: res[o] for o in outs}

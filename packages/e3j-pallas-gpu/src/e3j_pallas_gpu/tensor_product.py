@@ -1,9 +1,10 @@
-"""Pallas GPU (Triton) tensor-product kernels with trace-time Clebsch–Gordan specialization.
+"""Pallas GPU (Triton) tensor-product kernels: Clebsch–Gordan records unrolled or walked.
 
-The records of core's COO table are unrolled into the program (``CooTable.contract``): no
-coefficient or index is loaded at run time, only operand rows. A program owns a tile of ``bt`` batch
-rows × ``cb`` channels (channels on the fast axis), loads each operand row once, and writes each
-output row as soon as its group of records is done (records are sorted by output row).
+A program owns a tile of ``bt`` batch rows × ``cb`` channels (channels on the fast axis) and writes
+each output row once. Tables up to :data:`~e3j_pallas_gpu._records.UNROLL_RECORDS` records are
+unrolled at trace time (``CooTable.contract``, no coefficient or index read at run time, each
+operand row loaded once); larger ones are walked: a loop over output rows, and over each row's
+records, with operand rows gathered by index (:mod:`._records`).
 
 Layouts are e3j's trailing-channel layouts: ``x [B, Dx, C]``, ``y [B, Dy]`` (broadcast over
 channels) or ``[B, Dy, C]``, ``z [B, Dout, C]``. A batch that is not a multiple of the tile is padded
@@ -25,8 +26,125 @@ from jax.experimental.pallas import triton as plt
 from e3j_core import CooTable, TensorProductCoo
 
 from ._blocks import channel_block, num_warps, pad_rows, row_block
+from ._records import records, unrolls, walk_row
 
-__all__ = ["tensor_product", "tensor_product_bwd"]
+__all__ = [
+    "tensor_product",
+    "tensor_product_bwd",
+    "tensor_product_bwd_kernel",
+    "tensor_product_bwd_walk_kernel",
+    "tensor_product_kernel",
+    "tensor_product_walk_kernel",
+]
+
+
+# -- kernels ------------------------------------------------------------------------------------
+
+
+def _row(ref, channels: bool):
+    """Row ``i`` of a ``[bt, D(, cb)]`` block as a ``[bt, cb]`` (or broadcastable ``[bt, 1]``) value."""
+    if channels:
+        return lambda i: ref[:, i, :]
+    return lambda i: ref[:, i][:, None]
+
+
+def _loader(ref, channels: bool):
+    """:func:`_row` loading each (static) row once."""
+    return functools.cache(_row(ref, channels))
+
+
+def _store(ref, channels: bool):
+    """``store(i, v)``: a ``[bt, cb]`` value into row ``i`` of a block (summed over lanes for a broadcast ``y``)."""
+    if channels:
+
+        def store(i, v):
+            ref[:, i, :] = v.astype(ref.dtype)
+
+    else:
+
+        def store(i, v):
+            ref[:, i] = jnp.sum(v, axis=1).astype(ref.dtype)
+
+    return store
+
+
+def _zero(ref_channels) -> jax.Array:
+    bt, _, cb = ref_channels.shape
+    return jnp.zeros((bt, cb), ref_channels.dtype)
+
+
+def tensor_product_kernel(x_ref, y_ref, z_ref, *, table: CooTable, y_channels: bool) -> None:
+    """``z = table(x, y)`` on one ``[bt, D, cb]`` tile, records unrolled.
+
+    ``x_ref [bt, Dx, cb]``, ``y_ref [bt, Dy, cb]`` or ``[bt, Dy]``, ``z_ref [bt, Dout, cb]``.
+    """
+    store = _store(z_ref, True)
+    # each row stored as soon as its records are done: one output row live at a time
+    rows = table.contract(_loader(x_ref, True), _loader(y_ref, y_channels), on_row=store)
+    for i0 in range(table.dims[0]):
+        if i0 not in rows:
+            store(i0, _zero(z_ref))
+
+
+def tensor_product_walk_kernel(table_refs, x_ref, y_ref, z_ref, *, y_channels: bool) -> None:
+    """:func:`tensor_product_kernel` walking the records ``table_refs`` (see ``_records.records``)."""
+    x_row, y_row, store = _row(x_ref, True), _row(y_ref, y_channels), _store(z_ref, True)
+
+    def row(i0, carry):
+        store(i0, walk_row(i0, table_refs, (x_row, y_row), _zero(z_ref)))
+        return carry
+
+    jax.lax.fori_loop(0, z_ref.shape[1], row, 0)
+
+
+def tensor_product_bwd_kernel(x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, table: CooTable, y_channels: bool) -> None:
+    """``dx = vjp_x(y, dz)`` (when ``dx_ref``) and ``dy = vjp_y(x, dz)`` (when ``dy_ref``), unrolled.
+
+    ``x_ref`` may be ``None`` when ``dy`` is not asked for, ``y_ref`` when ``dx`` is not; ``dy_ref`` is
+    ``[bt, Dy, cb]``, or ``[bt, Dy]`` (summed over the block's lanes) for a broadcast ``y``.
+    """
+    # one pass over the records by output row: each dz row is live for its row only, beside the dx
+    # and dy accumulators (grouping by dx's and dy's rows would keep all of dz live)
+    dx_rows, dy_rows = table.contract_vjp(
+        _loader(x_ref, True) if x_ref is not None else None,
+        _loader(y_ref, y_channels) if y_ref is not None else None,
+        _loader(dz_ref, True),
+        grads=tuple(g for g, ref in (("a", dx_ref), ("b", dy_ref)) if ref is not None),
+    )
+    zero = _zero(dz_ref)
+    for rows, ref, channels, dim in ((dx_rows, dx_ref, True, 1), (dy_rows, dy_ref, y_channels, 2)):
+        if ref is not None:
+            store = _store(ref, channels)
+            for i in range(table.dims[dim]):
+                store(i, rows.get(i, zero))
+
+
+def tensor_product_bwd_walk_kernel(
+    vjp_x_refs, vjp_y_refs, x_ref, y_ref, dz_ref, dx_ref, dy_ref, *, y_channels: bool
+) -> None:
+    """:func:`tensor_product_bwd_kernel` walking the records of ``coo.vjp_x`` / ``coo.vjp_y``.
+
+    ``dx[i1] = Σ c · y[i2] · dz[i0]`` row by row of ``vjp_x`` (records ``(i1, i2, i0)``), ``dy[i2] =
+    Σ c · x[i1] · dz[i0]`` of ``vjp_y`` (``(i2, i1, i0)``); a table's refs are ``None`` when its
+    cotangent is not asked for.
+    """
+    dz_row, zero = _row(dz_ref, True), _zero(dz_ref)
+    walks = []
+    if dx_ref is not None:
+        walks.append((vjp_x_refs, (_row(y_ref, y_channels), dz_row), _store(dx_ref, True), dx_ref.shape[1]))
+    if dy_ref is not None:
+        dim_y = dy_ref.shape[1]
+        walks.append((vjp_y_refs, (_row(x_ref, True), dz_row), _store(dy_ref, y_channels), dim_y))
+    for table_refs, operands, store, rows in walks:
+
+        def row(i, carry, table_refs=table_refs, operands=operands, store=store):
+            store(i, walk_row(i, table_refs, operands, zero))
+            return carry
+
+        jax.lax.fori_loop(0, rows, row, 0)
+
+
+# -- calls --------------------------------------------------------------------------------------
 
 
 def _tiles(batch: int, channels: int) -> tuple[int, int, int, int]:
@@ -35,22 +153,19 @@ def _tiles(batch: int, channels: int) -> tuple[int, int, int, int]:
     return cb, bt, pl.cdiv(batch, bt) * bt, channels // cb
 
 
-def _operand_spec(shape_tail: tuple[int, ...], channels: bool, bt: int, cb: int) -> pl.BlockSpec:
+def _spec(rows: int, dim: int, cb: int, channels: bool) -> pl.BlockSpec:
     if channels:
-        return pl.BlockSpec((bt, *shape_tail, cb), lambda b, c: (b, 0, c))
-    return pl.BlockSpec((bt, *shape_tail), lambda b, c: (b, 0))
+        return pl.BlockSpec((rows, dim, cb), lambda b, c: (b, 0, c))
+    return pl.BlockSpec((rows, dim), lambda b, c: (b, 0))
 
 
-def _loader(ref, channels: bool):
-    """Row ``i`` of a ``[bt, D(, cb)]`` block as a ``[bt, cb]`` (or broadcastable ``[bt, 1]``) value."""
-    if channels:
-        return functools.cache(lambda i: ref[:, i, :])
-    return functools.cache(lambda i: ref[:, i][:, None])
+def _records_and_specs(table: CooTable, dtype):
+    refs = records(table, dtype)
+    return refs, tuple(pl.BlockSpec(a.shape, lambda *_, n=a.ndim: (0,) * n) for a in refs)
 
 
-def _store(table: CooTable, rows: dict, store, zeros) -> None:
-    for i0 in range(table.dims[0]):
-        store(i0, rows[i0] if i0 in rows else zeros)
+def _compiler_params(bt: int, cb: int):
+    return plt.CompilerParams(num_warps=num_warps(bt * cb), num_stages=1)
 
 
 def tensor_product(
@@ -58,31 +173,25 @@ def tensor_product(
 ) -> jax.Array:
     """``z = x ⊗ y`` (see the module docstring for layouts)."""
     batch, _, channels = x.shape
-    dtype = jnp.result_type(x, y)
     cb, bt, padded, nc = _tiles(batch, channels)
-    table = coo.table
-
-    def kernel(x_ref, y_ref, z_ref):
-        def store(i0, v):
-            z_ref[:, i0, :] = v.astype(z_ref.dtype)
-
-        # each row stored as soon as its records are done: one output row live at a time
-        rows = table.contract(_loader(x_ref, True), _loader(y_ref, y_channels), on_row=store)
-        zeros = jnp.zeros((bt, cb), dtype)
-        for i0 in range(table.dims[0]):
-            if i0 not in rows:
-                store(i0, zeros)
-
+    in_specs = [_spec(bt, coo.dim_x, cb, True), _spec(bt, coo.dim_y, cb, y_channels)]
+    args = [pad_rows(x, padded), pad_rows(y, padded)]
+    if unrolls(coo.table):
+        kernel = functools.partial(tensor_product_kernel, table=coo.table, y_channels=y_channels)
+    else:
+        kernel = functools.partial(tensor_product_walk_kernel, y_channels=y_channels)
+        recs, specs = _records_and_specs(coo.table, x.dtype)
+        args, in_specs = [recs, *args], [specs, *in_specs]
     z = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((padded, coo.dim_out, channels), dtype),
+        out_shape=jax.ShapeDtypeStruct((padded, coo.dim_out, channels), x.dtype),
         grid=(padded // bt, nc),
-        in_specs=[_operand_spec((coo.dim_x,), True, bt, cb), _operand_spec((coo.dim_y,), y_channels, bt, cb)],
-        out_specs=pl.BlockSpec((bt, coo.dim_out, cb), lambda b, c: (b, 0, c)),
-        compiler_params=plt.CompilerParams(num_warps=num_warps(bt * cb), num_stages=1),
+        in_specs=in_specs,
+        out_specs=_spec(bt, coo.dim_out, cb, True),
+        compiler_params=_compiler_params(bt, cb),
         interpret=interpret,
         name="e3j_tensor_product",
-    )(pad_rows(x.astype(dtype), padded), pad_rows(y.astype(dtype), padded))
+    )(*args)
     return z[:batch] if padded != batch else z
 
 
@@ -97,84 +206,42 @@ def tensor_product_bwd(
     interpret: bool = False,
 ) -> dict[str, jax.Array]:
     """Cotangents ``dx = vjp_x(y, dz)`` and/or ``dy = vjp_y(x, dz)`` in one pass over ``dz``."""
-    outs = tuple(o for o in ("x", "y") if o in outs)
-    if not outs:
-        return {}
     batch, _, channels = dz.shape
-    dtype = jnp.result_type(*[a for a in (x, y, dz) if a is not None])
+    dtype = dz.dtype
     cb, bt, padded, nc = _tiles(batch, channels)
     want_x, want_y = "x" in outs, "y" in outs
-    inputs, in_specs = [], []
-    if want_y:  # dy reads x
-        inputs.append(x)
-        in_specs.append(_operand_spec((coo.dim_x,), True, bt, cb))
-    if want_x:  # dx reads y
-        inputs.append(y)
-        in_specs.append(_operand_spec((coo.dim_y,), y_channels, bt, cb))
-    inputs.append(dz)
-    in_specs.append(_operand_spec((coo.dim_out,), True, bt, cb))
-    out_shapes, out_specs = [], []
-    if want_x:
-        out_shapes.append(jax.ShapeDtypeStruct((padded, coo.dim_x, channels), dtype))
-        out_specs.append(pl.BlockSpec((bt, coo.dim_x, cb), lambda b, c: (b, 0, c)))
-    if want_y:
-        if y_channels:
-            out_shapes.append(jax.ShapeDtypeStruct((padded, coo.dim_y, channels), dtype))
-            out_specs.append(pl.BlockSpec((bt, coo.dim_y, cb), lambda b, c: (b, 0, c)))
-        else:  # per channel block; summed over blocks below
-            out_shapes.append(jax.ShapeDtypeStruct((nc, padded, coo.dim_y), dtype))
-            out_specs.append(pl.BlockSpec((None, bt, coo.dim_y), lambda b, c: (c, b, 0)))
-
-    def kernel(*refs):
-        refs = list(refs)
-        x_ref = refs.pop(0) if want_y else None
-        y_ref = refs.pop(0) if want_x else None
-        dz_ref = refs.pop(0)
-        # one pass over the records by output row: each dz row is live for its row only, beside the
-        # dx and dy accumulators (grouping by dx's and dy's rows would keep all of dz live)
-        dx_rows, dy_rows = coo.table.contract_vjp(
-            _loader(x_ref, True) if want_y else None,
-            _loader(y_ref, y_channels) if want_x else None,
-            _loader(dz_ref, True),
-            grads=tuple(g for g, want in (("a", want_x), ("b", want_y)) if want),
-        )
-        zeros = jnp.zeros((bt, cb), dtype)
-        if want_x:
-            dx_ref = refs.pop(0)
-
-            def store_x(i, v):
-                dx_ref[:, i, :] = v.astype(dx_ref.dtype)
-
-            _store(coo.vjp_x, dx_rows, store_x, zeros)
-        if want_y:
-            dy_ref = refs.pop(0)
-            if y_channels:
-
-                def store_y(i, v):
-                    dy_ref[:, i, :] = v.astype(dy_ref.dtype)
-
-            else:
-
-                def store_y(i, v):
-                    dy_ref[:, i] = jnp.sum(v, axis=1).astype(dy_ref.dtype)
-
-            _store(coo.vjp_y, dy_rows, store_y, zeros)
-
-    results = pl.pallas_call(
+    x_spec = _spec(bt, coo.dim_x, cb, True) if x is not None else None
+    y_spec = _spec(bt, coo.dim_y, cb, y_channels) if y is not None else None
+    in_specs = [x_spec, y_spec, _spec(bt, coo.dim_out, cb, True)]
+    args = [pad_rows(x, padded), pad_rows(y, padded), pad_rows(dz, padded)]
+    dx_shape = jax.ShapeDtypeStruct((padded, coo.dim_x, channels), dtype) if want_x else None
+    dx_spec = _spec(bt, coo.dim_x, cb, True) if want_x else None
+    dy_shape = dy_spec = None
+    if want_y and y_channels:
+        dy_shape, dy_spec = jax.ShapeDtypeStruct((padded, coo.dim_y, channels), dtype), _spec(bt, coo.dim_y, cb, True)
+    elif want_y:  # per channel block; summed over blocks below
+        dy_shape = jax.ShapeDtypeStruct((nc, padded, coo.dim_y), dtype)
+        dy_spec = pl.BlockSpec((None, bt, coo.dim_y), lambda b, c: (c, b, 0))
+    if unrolls(coo.table):
+        kernel = functools.partial(tensor_product_bwd_kernel, table=coo.table, y_channels=y_channels)
+    else:
+        kernel = functools.partial(tensor_product_bwd_walk_kernel, y_channels=y_channels)
+        (rx, sx), (ry, sy) = _records_and_specs(coo.vjp_x, dtype), _records_and_specs(coo.vjp_y, dtype)
+        args = [rx if want_x else None, ry if want_y else None, *args]
+        in_specs = [sx if want_x else None, sy if want_y else None, *in_specs]
+    dx, dy = pl.pallas_call(
         kernel,
-        out_shape=tuple(out_shapes),
+        out_shape=(dx_shape, dy_shape),
         grid=(padded // bt, nc),
         in_specs=in_specs,
-        out_specs=tuple(out_specs),
-        compiler_params=plt.CompilerParams(num_warps=num_warps(bt * cb), num_stages=1),
+        out_specs=(dx_spec, dy_spec),
+        compiler_params=_compiler_params(bt, cb),
         interpret=interpret,
         name="e3j_tensor_product_bwd",
-    )(*(pad_rows(a.astype(dtype), padded) for a in inputs))
-    results = list(results)
+    )(*args)
     res = {}
     if want_x:
-        res["x"] = results.pop(0)[:batch]
+        res["x"] = dx[:batch]
     if want_y:
-        dy = results.pop(0)
         res["y"] = dy[:batch] if y_channels else functools.reduce(jnp.add, list(dy))[:batch]
     return res

@@ -6,16 +6,21 @@
 Forward (Algorithm 4): the grid walks channel blocks × tiles of ``B`` receiver-ordered edges. The
 tile's edge ids, senders and receivers are scalar-prefetched into SMEM; the sender rows ``x_a`` and
 the edge rows ``y_ab``, ``s_ab`` are gathered from HBM into VMEM by DMA; MessageTile (Algorithm 5)
-evaluates ``s[i3(i0)] · Σ c x[i1] y[i2]`` with the records unrolled at trace time and the edge scalar
-factored out of each row's record sum; ReduceFlush (Algorithm 6, :mod:`._segments`) sums the tile
-into receivers with its state carried across tiles, writing every node row once. Tiles past the
-last valid edge do nothing, so padding edges cost nothing.
+evaluates ``s[i3(i0)] · Σ c x[i1] y[i2]`` with the edge scalar factored out of each row's record
+sum; ReduceFlush (Algorithm 6, :mod:`._segments`) sums the tile into receivers with its state carried
+across tiles, writing every node row once. Tiles past the last valid edge do nothing, so padding
+edges cost nothing.
 
 Backward (Algorithm 7): the same schedule over *sender*-ordered edge tiles, gathering ``x_a``,
-``dm_b``, ``y_ab``, ``s_ab``; one sweep computes ``w = s[i3(i0)] · dm[i0]``, the ``dx`` tile (reduced
-by ReduceFlush keyed on senders — no atomics, correct for any directed graph), and the edge-local
-``dy`` (summed over the channel block when ``y`` is broadcast; blocks are added after the kernel) and
-``ds``, written per edge by DMA. Padding edges get zero ``dy``/``ds`` rows.
+``dm_b``, ``y_ab``, ``s_ab``; one sweep computes the ``dx`` tile (reduced by ReduceFlush keyed on
+senders — no atomics, correct for any directed graph), and the edge-local ``dy`` (summed over the
+channel block when ``y`` is broadcast; blocks are added after the kernel) and ``ds``, written per
+edge by DMA. Padding edges get zero ``dy``/``ds`` rows.
+
+Tables up to :data:`~e3j_pallas_tpu.backend.UNROLL_RECORDS` records are unrolled at trace time
+(:func:`convolution_kernel`, :func:`convolution_bwd_kernel`); larger ones are walked from SMEM
+(:func:`convolution_walk_kernel`, :func:`convolution_bwd_walk_kernel`, :mod:`._records`): the
+bilinear table with ``s[i3(i0)]`` per row forward, the trilinear table's transposes backward.
 
 Channel blocks are 128 lanes, or all channels when the count is not a multiple of 128 (see
 :mod:`.vmem` for the cost). The edge tile is the largest whose buffers fit the VMEM budget.
@@ -24,27 +29,31 @@ Channel blocks are 128 lanes, or all channels when the count is not a multiple o
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from e3j_core import TensorProductCoo
+from e3j_core import CooTable, TensorProductCoo
 
 from . import vmem
+from ._records import from_rows, records, to_rows, unrolls, walk_rows
 from ._rows import x32
 from ._segments import ReduceFlush
 
-__all__ = ["convolution", "convolution_bwd"]
+__all__ = [
+    "convolution",
+    "convolution_bwd",
+    "convolution_bwd_kernel",
+    "convolution_bwd_walk_kernel",
+    "convolution_kernel",
+    "convolution_walk_kernel",
+]
 
 
-def _pad(a: jax.Array, length: int, fill: int) -> jax.Array:
-    return jnp.pad(a, (0, length - a.shape[0]), constant_values=fill)
-
-
-def _y_buffer(coo, rows, cq, y_channels, dtype):
-    return pltpu.VMEM((rows, coo.dim_y, cq) if y_channels else (rows, coo.dim_y), dtype)
+# -- kernels ------------------------------------------------------------------------------------
 
 
 def _row_loader(buf, channels: bool):
@@ -53,7 +62,7 @@ def _row_loader(buf, channels: bool):
     return functools.cache(lambda i: buf[:, i][:, None])
 
 
-def _gather(copies, count: int) -> None:
+def _gather(copies, count) -> None:
     """Start ``copies(j)`` for ``j < count``, then wait for all of them (they overlap)."""
 
     def start(j, carry):
@@ -72,6 +81,255 @@ def _gather(copies, count: int) -> None:
     jax.lax.fori_loop(jnp.int32(0), count, wait, jnp.int32(0))
 
 
+def _message_tiles(
+    order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, m_hbm,
+    x_tile, y_tile, s_tile, m_tile, acc, stage, zero_row, current, sem, *, messages: Callable[[], None],
+) -> None:  # fmt: skip
+    """Algorithm 4's schedule: gather the tile's rows, ``messages()`` fills ``m_tile``, ReduceFlush."""
+    c, t, tiles = pl.program_id(0), pl.program_id(1), pl.num_programs(1)
+    edges, _, cq = x_tile.shape
+    lanes = pl.ds(c * cq, cq)
+    reduce = ReduceFlush(acc, stage, zero_row, current, m_hbm, lanes, m_hbm.shape[0])
+    first = t * edges
+
+    @pl.when(t == 0)
+    def _():
+        reduce.reset()
+
+    @pl.when(first < num_valid_ref[0])
+    def _():
+        def copies(j):
+            e, a = order_ref[first + j], senders_ref[first + j]
+            y_src = y_hbm.at[e, :, lanes] if len(y_tile.shape) == 3 else y_hbm.at[e]
+            return (
+                pltpu.make_async_copy(x_hbm.at[a, :, lanes], x_tile.at[j], sem.at[0]),
+                pltpu.make_async_copy(y_src, y_tile.at[j], sem.at[1]),
+                pltpu.make_async_copy(s_hbm.at[e, :, lanes], s_tile.at[j], sem.at[2]),
+            )
+
+        _gather(copies, edges)
+        messages()
+        reduce.add_tile(m_tile, receivers_ref, first, edges)
+
+    @pl.when(t == tiles - 1)
+    def _():
+        reduce.finish()
+
+
+def convolution_kernel(
+    order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, m_hbm,
+    x_tile, y_tile, s_tile, m_tile, acc, stage, zero_row, current, sem,
+    *, table: CooTable, i3: tuple, y_channels: bool,
+) -> None:  # fmt: skip
+    """One edge tile of the forward, records unrolled.
+
+    Scalar-prefetched (SMEM): ``order_ref``, ``senders_ref``, ``receivers_ref`` per edge slot of the
+    receiver-sorted order (padding slots: receiver ``N``) and ``num_valid_ref [1]``. HBM: ``x_hbm``,
+    ``y_hbm``, ``s_hbm``, ``m_hbm``. VMEM scratch: the gathered ``x_tile [B, Dx, Cq]``, ``y_tile``,
+    ``s_tile``, the messages ``m_tile [B, Dout, Cq]`` and ReduceFlush's state (:mod:`._segments`).
+    """
+
+    def messages():
+        z = table.contract(_row_loader(x_tile, True), _row_loader(y_tile, y_channels))
+        s_row = _row_loader(s_tile, True)
+        edges, _, cq = m_tile.shape
+        for i0 in range(m_tile.shape[1]):
+            m_tile[:, i0, :] = s_row(i3[i0]) * z[i0] if i0 in z else jnp.zeros((edges, cq), m_tile.dtype)
+
+    _message_tiles(
+        order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, m_hbm,
+        x_tile, y_tile, s_tile, m_tile, acc, stage, zero_row, current, sem, messages=messages,
+    )  # fmt: skip
+
+
+def convolution_walk_kernel(
+    order_ref, senders_ref, receivers_ref, num_valid_ref, table_refs, i3_ref, x_hbm, y_hbm, s_hbm, m_hbm,
+    x_tile, y_tile, s_tile, m_tile, acc, stage, zero_row, current, sem, x_rows, y_rows, s_rows, m_rows,
+    *, y_channels: bool,
+) -> None:  # fmt: skip
+    """:func:`convolution_kernel` walking ``coo.table``'s records (``table_refs``, and ``i3_ref [Dout]``)
+    from SMEM; ``x_rows``, ``y_rows``, ``s_rows``, ``m_rows`` are ``[D, B, Cq]`` VMEM scratch."""
+
+    def messages():
+        to_rows(x_tile, x_rows)
+        to_rows(y_tile, y_rows, channels=y_channels)
+        to_rows(s_tile, s_rows)
+        walk_rows(table_refs, (x_rows, y_rows), m_rows, row_scale=lambda i0: s_rows[i3_ref[i0]])
+        from_rows(m_rows, m_tile)
+
+    _message_tiles(
+        order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, m_hbm,
+        x_tile, y_tile, s_tile, m_tile, acc, stage, zero_row, current, sem, messages=messages,
+    )  # fmt: skip
+
+
+def _cotangent_tiles(
+    order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, dm_hbm, dx_hbm, dy_hbm, ds_hbm,
+    x_tile, y_tile, s_tile, dm_tile, dx_tile, acc, stage, zero_row, current, dy_tile, ds_tile, sem,
+    *, cotangents: Callable,
+) -> None:  # fmt: skip
+    """Algorithm 7's schedule: gather the tile's rows, ``cotangents(valid)`` fills ``dx_tile``,
+    ``dy_tile`` and ``ds_tile`` (rows of slots where ``valid [B, 1]`` is false zeroed), ReduceFlush
+    of ``dx``, and one DMA per edge slot of its ``dy``/``ds`` rows."""
+    c, t, tiles = pl.program_id(0), pl.program_id(1), pl.num_programs(1)
+    edges, _, cq = dm_tile.shape
+    num_nodes = dm_hbm.shape[0]
+    lanes = pl.ds(c * cq, cq)
+    first = t * edges
+    if dx_hbm is not None:
+        reduce = ReduceFlush(acc, stage, zero_row, current, dx_hbm, lanes, num_nodes)
+
+        @pl.when(t == 0)
+        def _():
+            reduce.reset()
+
+    @pl.when(first < num_valid_ref[0])
+    def _():
+        def copies(j):
+            e, b = order_ref[first + j], receivers_ref[first + j]
+            a = jnp.minimum(senders_ref[first + j], num_nodes - 1)  # padding slots: any valid row
+            cps = [pltpu.make_async_copy(dm_hbm.at[b, :, lanes], dm_tile.at[j], sem.at[0])]
+            if x_hbm is not None:
+                cps.append(pltpu.make_async_copy(x_hbm.at[a, :, lanes], x_tile.at[j], sem.at[1]))
+            if y_hbm is not None:
+                src = y_hbm.at[e, :, lanes] if len(y_tile.shape) == 3 else y_hbm.at[e]
+                cps.append(pltpu.make_async_copy(src, y_tile.at[j], sem.at[2]))
+            if s_hbm is not None:
+                cps.append(pltpu.make_async_copy(s_hbm.at[e, :, lanes], s_tile.at[j], sem.at[3]))
+            return cps
+
+        _gather(copies, edges)
+        cotangents((first + jax.lax.broadcasted_iota(jnp.int32, (edges, 1), 0)) < num_valid_ref[0])
+        if dx_hbm is not None:
+            reduce.add_tile(dx_tile, senders_ref, first, edges)
+
+    if dy_hbm is not None or ds_hbm is not None:
+
+        @pl.when(first >= num_valid_ref[0])
+        def _():
+            for tile in (dy_tile, ds_tile):
+                if tile is not None:
+                    tile[...] = jnp.zeros(tile.shape, tile.dtype)
+
+        num_edges = (ds_hbm if ds_hbm is not None else s_hbm).shape[0]  # dy reads s
+
+        def writes(j):
+            e = order_ref[first + j]
+            cps = []
+            if dy_hbm is not None:
+                dst = dy_hbm.at[e, :, lanes] if len(dy_tile.shape) == 3 else dy_hbm.at[c, e]
+                cps.append(pltpu.make_async_copy(dy_tile.at[j], dst, sem.at[4]))
+            if ds_hbm is not None:
+                cps.append(pltpu.make_async_copy(ds_tile.at[j], ds_hbm.at[e, :, lanes], sem.at[5]))
+            return cps
+
+        # every edge slot of the tile that exists, padding edges included (their rows are zero)
+        _gather(writes, jnp.minimum(edges, num_edges - first))
+
+    if dx_hbm is not None:
+
+        @pl.when(t == tiles - 1)
+        def _():
+            reduce.finish()
+
+
+def convolution_bwd_kernel(
+    order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, dm_hbm, dx_hbm, dy_hbm, ds_hbm,
+    x_tile, y_tile, s_tile, dm_tile, dx_tile, acc, stage, zero_row, current, dy_tile, ds_tile, sem,
+    *, coo: TensorProductCoo, y_channels: bool,
+) -> None:  # fmt: skip
+    """One edge tile of the backward, records unrolled.
+
+    As :func:`convolution_kernel` over the sender-sorted order (padding slots: sender ``N``), with
+    ``dm_hbm`` gathered by receiver and the outputs ``dx_hbm [N, Dx, C]`` (ReduceFlush's state in
+    ``acc``, ``stage``, ``zero_row``, ``current``), ``dy_hbm`` (``[E, Dy, C]``, or ``[C / Cq, E, Dy]``
+    partial sums for a broadcast ``y``) and ``ds_hbm [E, P, C]``, written per edge from ``dy_tile`` and
+    ``ds_tile``. Refs of operands no requested cotangent reads, and of outputs not requested, are ``None``.
+    """
+    i3 = coo.i3.tolist()
+    paths: dict[int, list[int]] = {}
+    for i0, p in enumerate(i3):
+        paths.setdefault(p, []).append(i0)
+
+    def cotangents(valid):
+        edges, _, cq = dm_tile.shape
+        zeros = jnp.zeros((edges, cq), dm_tile.dtype)
+        dm_row = _row_loader(dm_tile, True)
+        x_row = _row_loader(x_tile, True) if x_tile is not None else None
+        y_row = _row_loader(y_tile, y_channels) if y_tile is not None else None
+        if s_tile is not None:
+            s_row = _row_loader(s_tile, True)
+            w = functools.cache(lambda i0: s_row(i3[i0]) * dm_row(i0))
+        if dx_tile is not None:
+            dx = coo.vjp_x.contract(y_row, w)
+            for i in range(coo.dim_x):
+                dx_tile[:, i, :] = dx.get(i, zeros)
+        if dy_tile is not None:
+            dy = coo.vjp_y.contract(x_row, w)
+            for i in range(coo.dim_y):
+                v = jnp.where(valid, dy[i], 0) if i in dy else zeros
+                if y_channels:
+                    dy_tile[:, i, :] = v
+                else:
+                    dy_tile[:, i] = jnp.sum(v, axis=1)
+        if ds_tile is not None:
+            z = coo.table.contract(x_row, y_row)
+            for p in range(coo.num_paths):
+                terms = [z[i0] * dm_row(i0) for i0 in paths.get(p, ()) if i0 in z]
+                ds_tile[:, p, :] = jnp.where(valid, functools.reduce(jnp.add, terms, zeros), 0)
+
+    _cotangent_tiles(
+        order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, dm_hbm, dx_hbm, dy_hbm, ds_hbm,
+        x_tile, y_tile, s_tile, dm_tile, dx_tile, acc, stage, zero_row, current, dy_tile, ds_tile, sem,
+        cotangents=cotangents,
+    )  # fmt: skip
+
+
+def convolution_bwd_walk_kernel(
+    order_ref, senders_ref, receivers_ref, num_valid_ref, dx_table_refs, dy_table_refs, ds_table_refs,
+    x_hbm, y_hbm, s_hbm, dm_hbm, dx_hbm, dy_hbm, ds_hbm,
+    x_tile, y_tile, s_tile, dm_tile, dx_tile, acc, stage, zero_row, current, dy_tile, ds_tile, sem,
+    x_rows, y_rows, s_rows, dm_rows, dx_rows, dy_rows, ds_rows,
+    *, y_channels: bool,
+) -> None:  # fmt: skip
+    """:func:`convolution_bwd_kernel` walking the trilinear table's transposes from SMEM:
+    ``dx[i1] = Σ c · y[i2] · s[i3] · dm[i0]`` (``coo.trilinear.transpose(1)``), ``dy[i2] = Σ c · x[i1] ·
+    s[i3] · dm[i0]`` (``transpose(2)``), ``ds[p] = Σ c · x[i1] · y[i2] · dm[i0]`` (``transpose(3)``),
+    per edge slot; ``*_rows`` are ``[D, B, Cq]`` VMEM scratch, ``None`` where not needed."""
+
+    def cotangents(valid):
+        to_rows(dm_tile, dm_rows)
+        for tile, rows, channels in ((x_tile, x_rows, True), (y_tile, y_rows, y_channels), (s_tile, s_rows, True)):
+            if tile is not None:
+                to_rows(tile, rows, channels=channels)
+        if dx_tile is not None:
+            walk_rows(dx_table_refs, (y_rows, s_rows, dm_rows), dx_rows)
+            from_rows(dx_rows, dx_tile)
+        if dy_tile is not None:
+            walk_rows(dy_table_refs, (x_rows, s_rows, dm_rows), dy_rows)
+            from_rows(dy_rows, dy_tile, reduce_lanes=not y_channels, mask=valid)
+        if ds_tile is not None:
+            walk_rows(ds_table_refs, (x_rows, y_rows, dm_rows), ds_rows)
+            from_rows(ds_rows, ds_tile, mask=valid)
+
+    _cotangent_tiles(
+        order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, dm_hbm, dx_hbm, dy_hbm, ds_hbm,
+        x_tile, y_tile, s_tile, dm_tile, dx_tile, acc, stage, zero_row, current, dy_tile, ds_tile, sem,
+        cotangents=cotangents,
+    )  # fmt: skip
+
+
+# -- calls --------------------------------------------------------------------------------------
+
+
+def _pad(a: jax.Array, length: int, fill: int) -> jax.Array:
+    return jnp.pad(a, (0, length - a.shape[0]), constant_values=fill)
+
+
+def _y_buffer(coo, rows, cq, y_channels, dtype):
+    return pltpu.VMEM((rows, coo.dim_y, cq) if y_channels else (rows, coo.dim_y), dtype)
+
+
 def _edge_tile(requested: int | None, default: int) -> int:
     if requested is None:
         return default
@@ -80,8 +338,30 @@ def _edge_tile(requested: int | None, default: int) -> int:
     return requested
 
 
-def _interpret(interpret):
-    return interpret if interpret is not None else False
+def _schedule(order, num_valid, keys_valid, keys_padding, others, edges: int):
+    """Edge slots of ``order`` padded to whole tiles: ``(order, key per slot, other end per slot)``."""
+    padded = pl.cdiv(order.shape[0], edges) * edges
+    order = _pad(order, padded, 0)
+    valid = jnp.arange(padded, dtype=jnp.int32) < num_valid
+    return order, jnp.where(valid, keys_valid[order], keys_padding), jnp.where(valid, others[order], 0)
+
+
+def _call(kernel, prefetch, operands, out_shape, scratch, grid, interpret, name):
+    grid_spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=len(prefetch),
+        grid=grid,
+        in_specs=[None if a is None else pl.BlockSpec(memory_space=pl.ANY) for a in operands],
+        out_specs=jax.tree.map(lambda _: pl.BlockSpec(memory_space=pl.ANY), out_shape),
+        scratch_shapes=scratch,
+    )
+    return pl.pallas_call(
+        kernel,
+        out_shape=out_shape,
+        grid_spec=grid_spec,
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        interpret=interpret if interpret is not None else False,
+        name=name,
+    )(*prefetch, *operands)
 
 
 @x32
@@ -102,79 +382,35 @@ def convolution(
     overrides the VMEM-budget choice of edges per tile (a multiple of 8).
     """
     num_nodes, _, channels = x.shape
-    num_edges = y.shape[0]
-    dtype = jnp.result_type(x, y, s)
-    if num_nodes == 0 or num_edges == 0:
-        return jnp.zeros((num_nodes, coo.dim_out, channels), dtype)
-    tile = vmem.convolution_tile(coo, channels=channels, itemsize=dtype.itemsize, y_channels=y_channels)
+    dtype = x.dtype
+    walk = not unrolls(coo.table)
+    tile = vmem.convolution_tile(coo, channels=channels, itemsize=dtype.itemsize, y_channels=y_channels, walk=walk)
     B, cq = _edge_tile(edge_tile, tile.edges), tile.channels
-    tiles = pl.cdiv(num_edges, B)
-    padded = tiles * B
-    slots = jnp.arange(padded, dtype=jnp.int32)
-    order = _pad(graph.order, padded, 0)
-    valid = slots < graph.num_valid
-    senders = jnp.where(valid, graph.senders[order], 0)
-    receivers = jnp.where(valid, graph.receivers[order], num_nodes)  # padding key: num_nodes
-    i3 = coo.i3.tolist()
-    table = coo.table
-
-    def kernel(order_ref, a_ref, b_ref, nv_ref, x_hbm, y_hbm, s_hbm, m_hbm, *scratch):
-        xbuf, ybuf, sbuf, mtile, acc, stage, zero, current, sem = scratch
-        c, t = pl.program_id(0), pl.program_id(1)
-        lanes = pl.ds(c * cq, cq)
-        reduce = ReduceFlush(acc, stage, zero, current, m_hbm, lanes, num_nodes)
-        first = t * B
-
-        @pl.when(t == 0)
-        def _():
-            reduce.reset()
-
-        @pl.when(first < nv_ref[0])
-        def _():
-            def copies(j):
-                e, a = order_ref[first + j], a_ref[first + j]
-                return (
-                    pltpu.make_async_copy(x_hbm.at[a, :, lanes], xbuf.at[j], sem.at[0]),
-                    pltpu.make_async_copy(y_hbm.at[e, :, lanes] if y_channels else y_hbm.at[e], ybuf.at[j], sem.at[1]),
-                    pltpu.make_async_copy(s_hbm.at[e, :, lanes], sbuf.at[j], sem.at[2]),
-                )
-
-            _gather(copies, B)
-            z = table.contract(_row_loader(xbuf, True), _row_loader(ybuf, y_channels))
-            s_row = _row_loader(sbuf, True)
-            for i0 in range(coo.dim_out):
-                mtile[:, i0, :] = (s_row(i3[i0]) * z[i0]).astype(dtype) if i0 in z else jnp.zeros((B, cq), dtype)
-            reduce.add_tile(mtile, b_ref, first, B)
-
-        @pl.when(t == tiles - 1)
-        def _():
-            reduce.finish()
-
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=4,
-        grid=(channels // cq, tiles),
-        in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 3,
-        out_specs=pl.BlockSpec(memory_space=pl.ANY),
-        scratch_shapes=[
-            pltpu.VMEM((B, coo.dim_x, cq), dtype),
-            _y_buffer(coo, B, cq, y_channels, dtype),
-            pltpu.VMEM((B, coo.num_paths, cq), dtype),
-            pltpu.VMEM((B, coo.dim_out, cq), dtype),
-            pltpu.VMEM((8, coo.dim_out, cq), dtype),
-            pltpu.VMEM((coo.dim_out, cq), dtype),
-            pltpu.VMEM((coo.dim_out, cq), dtype),
-            pltpu.SMEM((1,), jnp.int32),
-            pltpu.SemaphoreType.DMA((3,)),
-        ],
-    )
-    return pl.pallas_call(
-        kernel,
-        out_shape=jax.ShapeDtypeStruct((num_nodes, coo.dim_out, channels), dtype),
-        grid_spec=grid_spec,
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
-        interpret=_interpret(interpret),
-        name="e3j_convolution",
-    )(order, senders, receivers, graph.num_valid.reshape(1), x.astype(dtype), y.astype(dtype), s.astype(dtype))
+    # padding slots: receiver num_nodes (ReduceFlush's end key), sender 0
+    order, receivers, senders = _schedule(graph.order, graph.num_valid, graph.receivers, num_nodes, graph.senders, B)
+    scratch = [
+        pltpu.VMEM((B, coo.dim_x, cq), dtype),
+        _y_buffer(coo, B, cq, y_channels, dtype),
+        pltpu.VMEM((B, coo.num_paths, cq), dtype),
+        pltpu.VMEM((B, coo.dim_out, cq), dtype),
+        pltpu.VMEM((8, coo.dim_out, cq), dtype),
+        pltpu.VMEM((coo.dim_out, cq), dtype),
+        pltpu.VMEM((coo.dim_out, cq), dtype),
+        pltpu.SMEM((1,), jnp.int32),
+        pltpu.SemaphoreType.DMA((3,)),
+    ]
+    prefetch = [order, senders, receivers, graph.num_valid.reshape(1)]
+    if not walk:
+        kernel = functools.partial(
+            convolution_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), y_channels=y_channels
+        )
+    else:
+        kernel = functools.partial(convolution_walk_kernel, y_channels=y_channels)
+        prefetch += [records(coo.table), jnp.asarray(coo.i3)]
+        scratch += [pltpu.VMEM((d, B, cq), dtype) for d in (coo.dim_x, coo.dim_y, coo.num_paths, coo.dim_out)]
+    out_shape = jax.ShapeDtypeStruct((num_nodes, coo.dim_out, channels), dtype)
+    grid = (channels // cq, order.shape[0] // B)
+    return _call(kernel, prefetch, [x, y, s], out_shape, scratch, grid, interpret, "e3j_convolution")
 
 
 @x32
@@ -194,169 +430,64 @@ def convolution_bwd(
     """Cotangents for ``outs ⊆ {x, y, s}`` in one sender-ordered sweep (Algorithm 7).
 
     ``x`` is read only when ``y`` or ``s`` is requested, ``y`` when ``x`` or ``s`` is, ``s`` when
-    ``x`` or ``y`` is (unneeded operands may be ``None``).
+    ``x`` or ``y`` is (unneeded operands are ``None``).
     """
-    outs = tuple(o for o in ("x", "y", "s") if o in outs)
-    if not outs:
-        return {}
     want_x, want_y, want_s = ("x" in outs), ("y" in outs), ("s" in outs)
     num_nodes, _, channels = dm.shape
     num_edges = graph.senders.shape[0]
-    dtype = jnp.result_type(*[a for a in (x, y, s, dm) if a is not None])
-    y_out_shape = (num_edges, coo.dim_y, channels) if y_channels else (num_edges, coo.dim_y)
-    if num_nodes == 0 or num_edges == 0:
-        shapes = {"x": (num_nodes, coo.dim_x, channels), "y": y_out_shape, "s": (num_edges, coo.num_paths, channels)}
-        return {o: jnp.zeros(shapes[o], dtype) for o in outs}
-    need_x, need_y, need_s = want_y or want_s, want_x or want_s, want_x or want_y
-    tile = vmem.convolution_bwd_tile(coo, channels=channels, itemsize=dtype.itemsize, y_channels=y_channels)
+    dtype = dm.dtype
+    walk = not unrolls(coo.table)
+    tile = vmem.convolution_bwd_tile(coo, channels=channels, itemsize=dtype.itemsize, y_channels=y_channels, walk=walk)
     B, cq = _edge_tile(edge_tile, tile.edges), tile.channels
     nc = channels // cq
-    tiles = pl.cdiv(num_edges, B)
-    padded = tiles * B
-    slots = jnp.arange(padded, dtype=jnp.int32)
-    order = _pad(graph.sender_order, padded, 0)
-    valid = slots < graph.num_valid
-    senders = jnp.where(valid, graph.senders[order], num_nodes)  # ReduceFlush key; padding: num_nodes
-    receivers = jnp.where(valid, graph.receivers[order], 0)
-    i3 = coo.i3.tolist()
-    paths: dict[int, list[int]] = {}
-    for i0, p in enumerate(i3):
-        paths.setdefault(p, []).append(i0)
-
-    names = [n for n, need in (("x", need_x), ("y", need_y), ("s", need_s)) if need] + ["dm"]
-    operands = {"x": x, "y": y, "s": s, "dm": dm}
-    out_names = [f"d{o}" for o in outs]
-    out_shapes = {
-        "dx": (num_nodes, coo.dim_x, channels),
-        "dy": (num_edges, coo.dim_y, channels) if y_channels else (nc, num_edges, coo.dim_y),
-        "ds": (num_edges, coo.num_paths, channels),
-    }
-    scratch_names, scratch = [], []
-
-    def add(name, shape):
-        scratch_names.append(name)
-        scratch.append(shape)
-
-    if need_x:
-        add("xbuf", pltpu.VMEM((B, coo.dim_x, cq), dtype))
-    if need_y:
-        add("ybuf", _y_buffer(coo, B, cq, y_channels, dtype))
-    if need_s:
-        add("sbuf", pltpu.VMEM((B, coo.num_paths, cq), dtype))
-    add("dmbuf", pltpu.VMEM((B, coo.dim_out, cq), dtype))
-    if want_x:
-        add("dxtile", pltpu.VMEM((B, coo.dim_x, cq), dtype))
-        add("acc", pltpu.VMEM((8, coo.dim_x, cq), dtype))
-        add("stage", pltpu.VMEM((coo.dim_x, cq), dtype))
-        add("zero", pltpu.VMEM((coo.dim_x, cq), dtype))
-        add("current", pltpu.SMEM((1,), jnp.int32))
-    if want_y:
-        add("dybuf", _y_buffer(coo, B, cq, y_channels, dtype))
-    if want_s:
-        add("dsbuf", pltpu.VMEM((B, coo.num_paths, cq), dtype))
-    add("sem", pltpu.SemaphoreType.DMA((6,)))
-
-    def kernel(order_ref, a_ref, b_ref, nv_ref, *refs):
-        refs = dict(zip([*names, *out_names, *scratch_names], refs, strict=True))
-        sem = refs["sem"]
-        c, t = pl.program_id(0), pl.program_id(1)
-        lanes = pl.ds(c * cq, cq)
-        first = t * B
-        if want_x:
-            reduce = ReduceFlush(
-                refs["acc"], refs["stage"], refs["zero"], refs["current"], refs["dx"], lanes, num_nodes
-            )
-
-            @pl.when(t == 0)
-            def _():
-                reduce.reset()
-
-        @pl.when(first < nv_ref[0])
-        def _():
-            def copies(j):
-                e, b = order_ref[first + j], b_ref[first + j]
-                a = jnp.minimum(a_ref[first + j], num_nodes - 1)  # padding slots: any valid row
-                cps = [pltpu.make_async_copy(refs["dm"].at[b, :, lanes], refs["dmbuf"].at[j], sem.at[0])]
-                if need_x:
-                    cps.append(pltpu.make_async_copy(refs["x"].at[a, :, lanes], refs["xbuf"].at[j], sem.at[1]))
-                if need_y:
-                    src = refs["y"].at[e, :, lanes] if y_channels else refs["y"].at[e]
-                    cps.append(pltpu.make_async_copy(src, refs["ybuf"].at[j], sem.at[2]))
-                if need_s:
-                    cps.append(pltpu.make_async_copy(refs["s"].at[e, :, lanes], refs["sbuf"].at[j], sem.at[3]))
-                return cps
-
-            _gather(copies, B)
-            slot_valid = (first + jax.lax.broadcasted_iota(jnp.int32, (B, 1), 0)) < nv_ref[0]
-            zeros = jnp.zeros((B, cq), dtype)
-            dm_row = _row_loader(refs["dmbuf"], True)
-            x_row = _row_loader(refs["xbuf"], True) if need_x else None
-            y_row = _row_loader(refs["ybuf"], y_channels) if need_y else None
-            if want_x or want_y:
-                s_row = _row_loader(refs["sbuf"], True)
-                w = functools.cache(lambda i0: s_row(i3[i0]) * dm_row(i0))
-            if want_x:
-                dx = coo.vjp_x.contract(y_row, w)
-                for i in range(coo.dim_x):
-                    refs["dxtile"][:, i, :] = dx[i].astype(dtype) if i in dx else zeros
-                reduce.add_tile(refs["dxtile"], a_ref, first, B)
-            if want_y:
-                dy = coo.vjp_y.contract(x_row, w)
-                for i in range(coo.dim_y):
-                    v = jnp.where(slot_valid, dy[i], 0).astype(dtype) if i in dy else zeros
-                    if y_channels:
-                        refs["dybuf"][:, i, :] = v
-                    else:
-                        refs["dybuf"][:, i] = jnp.sum(v, axis=1)
-            if want_s:
-                z = coo.table.contract(x_row, y_row)
-                for p in range(coo.num_paths):
-                    terms = [z[i0] * dm_row(i0) for i0 in paths.get(p, ()) if i0 in z]
-                    v = functools.reduce(jnp.add, terms, zeros)
-                    refs["dsbuf"][:, p, :] = jnp.where(slot_valid, v, 0).astype(dtype)
-
-        if want_y or want_s:
-
-            @pl.when(first >= nv_ref[0])
-            def _():
-                for name in ("dybuf",) * want_y + ("dsbuf",) * want_s:
-                    refs[name][...] = jnp.zeros(refs[name].shape, dtype)
-
-            def writes(j):
-                e = order_ref[first + j]
-                cps = []
-                if want_y:
-                    dst = refs["dy"].at[e, :, lanes] if y_channels else refs["dy"].at[c, e]
-                    cps.append(pltpu.make_async_copy(refs["dybuf"].at[j], dst, sem.at[4]))
-                if want_s:
-                    cps.append(pltpu.make_async_copy(refs["dsbuf"].at[j], refs["ds"].at[e, :, lanes], sem.at[5]))
-                return cps
-
-            # every edge slot of the tile that exists, padding edges included (their rows are zero)
-            _gather(writes, jnp.minimum(B, num_edges - first))
-
-        if want_x:
-
-            @pl.when(t == tiles - 1)
-            def _():
-                reduce.finish()
-
-    grid_spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=4,
-        grid=(nc, tiles),
-        in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * len(names),
-        out_specs=tuple(pl.BlockSpec(memory_space=pl.ANY) for _ in out_names),
-        scratch_shapes=scratch,
+    # padding slots: sender num_nodes (ReduceFlush's end key), receiver 0
+    order, senders, receivers = _schedule(
+        graph.sender_order, graph.num_valid, graph.senders, num_nodes, graph.receivers, B
     )
-    results = pl.pallas_call(
-        kernel,
-        out_shape=tuple(jax.ShapeDtypeStruct(out_shapes[n], dtype) for n in out_names),
-        grid_spec=grid_spec,
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
-        interpret=_interpret(interpret),
-        name="e3j_convolution_bwd",
-    )(order, senders, receivers, graph.num_valid.reshape(1), *(operands[n].astype(dtype) for n in names))
-    res = dict(zip(outs, results, strict=True))
+
+    def vmem_if(wanted, shape):
+        return pltpu.VMEM(shape, dtype) if wanted else None
+
+    scratch = [
+        vmem_if(x is not None, (B, coo.dim_x, cq)),
+        _y_buffer(coo, B, cq, y_channels, dtype) if y is not None else None,
+        vmem_if(s is not None, (B, coo.num_paths, cq)),
+        pltpu.VMEM((B, coo.dim_out, cq), dtype),
+        vmem_if(want_x, (B, coo.dim_x, cq)),
+        vmem_if(want_x, (8, coo.dim_x, cq)),
+        vmem_if(want_x, (coo.dim_x, cq)),
+        vmem_if(want_x, (coo.dim_x, cq)),
+        pltpu.SMEM((1,), jnp.int32) if want_x else None,
+        _y_buffer(coo, B, cq, y_channels, dtype) if want_y else None,
+        vmem_if(want_s, (B, coo.num_paths, cq)),
+        pltpu.SemaphoreType.DMA((6,)),
+    ]
+    prefetch = [order, senders, receivers, graph.num_valid.reshape(1)]
+    if not walk:
+        kernel = functools.partial(convolution_bwd_kernel, coo=coo, y_channels=y_channels)
+    else:
+        kernel = functools.partial(convolution_bwd_walk_kernel, y_channels=y_channels)
+        tri = coo.trilinear
+        prefetch += [records(tri.transpose(k)) if want else None for k, want in ((1, want_x), (2, want_y), (3, want_s))]
+        scratch += [
+            vmem_if(x is not None, (coo.dim_x, B, cq)),
+            vmem_if(y is not None, (coo.dim_y, B, cq)),
+            vmem_if(s is not None, (coo.num_paths, B, cq)),
+            pltpu.VMEM((coo.dim_out, B, cq), dtype),
+            vmem_if(want_x, (coo.dim_x, B, cq)),
+            vmem_if(want_y, (coo.dim_y, B, cq)),
+            vmem_if(want_s, (coo.num_paths, B, cq)),
+        ]
+    out_shape = (
+        jax.ShapeDtypeStruct((num_nodes, coo.dim_x, channels), dtype) if want_x else None,
+        jax.ShapeDtypeStruct((num_edges, coo.dim_y, channels) if y_channels else (nc, num_edges, coo.dim_y), dtype)
+        if want_y
+        else None,
+        jax.ShapeDtypeStruct((num_edges, coo.num_paths, channels), dtype) if want_s else None,
+    )
+    grid = (nc, order.shape[0] // B)
+    dx, dy, ds = _call(kernel, prefetch, [x, y, s, dm], out_shape, scratch, grid, interpret, "e3j_convolution_bwd")
+    res = {"x": dx, "y": dy, "s": ds}
     if want_y and not y_channels:
-        res["y"] = functools.reduce(jnp.add, list(res["y"]))
-    return res
+        res["y"] = functools.reduce(jnp.add, list(dy))
+    return {o: res[o] for o in outs}

@@ -77,7 +77,9 @@ def _y_shape(coo, rows, cq, y_channels):
     return (rows, coo.dim_y, cq) if y_channels else (rows, coo.dim_y)
 
 
-def _conv_buffers(coo: TensorProductCoo, edges: int, cq: int, itemsize: int, y_channels: bool, backward: bool):
+def _conv_buffers(
+    coo: TensorProductCoo, edges: int, cq: int, itemsize: int, y_channels: bool, backward: bool, walk: bool = False
+):
     b = edges
     bufs = [
         ("x gathered [B, Dx, Cq]", (b, coo.dim_x, cq)),
@@ -101,6 +103,11 @@ def _conv_buffers(coo: TensorProductCoo, edges: int, cq: int, itemsize: int, y_c
             ("flush stage [Dx, Cq]", (coo.dim_x, cq)),
             ("zero row [Dx, Cq]", (coo.dim_x, cq)),
         ]
+    if walk:  # the record walk's [D, B, Cq] copies of the operand and result tiles
+        rows = [("x", coo.dim_x), ("y", coo.dim_y), ("s", coo.num_paths)]
+        rows += [("dm", coo.dim_out), ("dx", coo.dim_x), ("dy", coo.dim_y), ("ds", coo.num_paths)] if backward else []
+        rows += [] if backward else [("m", coo.dim_out)]
+        bufs += [(f"{n} rows [{d}, B, Cq]", (d, b, cq)) for n, d in rows]
     return tuple((name, buffer_bytes(shape, itemsize)) for name, shape in bufs)
 
 
@@ -113,22 +120,41 @@ def _pick(candidates, make) -> Tile:
 _EDGE_TILES = (128, 64, 32, 16, 8)
 
 
-def convolution_tile(coo: TensorProductCoo, *, channels: int, itemsize: int, y_channels: bool) -> Tile:
-    """The largest edge tile (128 … 8) whose forward buffers fit :data:`BUFFER_BUDGET`."""
+def convolution_tile(
+    coo: TensorProductCoo, *, channels: int, itemsize: int, y_channels: bool, walk: bool = False
+) -> Tile:
+    """The largest edge tile (128 … 8) whose forward buffers fit :data:`BUFFER_BUDGET` (``walk``: with
+    the record walk's row copies)."""
     cq = channel_block(channels)
-    return _pick(_EDGE_TILES, lambda b: Tile(b, cq, _conv_buffers(coo, b, cq, itemsize, y_channels, backward=False)))
+    return _pick(
+        _EDGE_TILES, lambda b: Tile(b, cq, _conv_buffers(coo, b, cq, itemsize, y_channels, backward=False, walk=walk))
+    )
 
 
-def convolution_bwd_tile(coo: TensorProductCoo, *, channels: int, itemsize: int, y_channels: bool) -> Tile:
-    """The largest edge tile (128 … 8) whose backward buffers fit :data:`BUFFER_BUDGET`."""
+def convolution_bwd_tile(
+    coo: TensorProductCoo, *, channels: int, itemsize: int, y_channels: bool, walk: bool = False
+) -> Tile:
+    """The largest edge tile (128 … 8) whose backward buffers fit :data:`BUFFER_BUDGET` (``walk``: with
+    the record walk's row copies)."""
     cq = channel_block(channels)
-    return _pick(_EDGE_TILES, lambda b: Tile(b, cq, _conv_buffers(coo, b, cq, itemsize, y_channels, backward=True)))
+    return _pick(
+        _EDGE_TILES, lambda b: Tile(b, cq, _conv_buffers(coo, b, cq, itemsize, y_channels, backward=True, walk=walk))
+    )
 
 
 def tensor_product_tile(
-    coo: TensorProductCoo, *, channels: int, itemsize: int, y_channels: bool, backward: bool = False
+    coo: TensorProductCoo,
+    *,
+    channels: int,
+    itemsize: int,
+    y_channels: bool,
+    backward: bool = False,
+    walk: bool = False,
 ) -> Tile:
-    """The largest batch tile (256 … 8) whose double-buffered blocks fit :data:`BUFFER_BUDGET`."""
+    """The largest batch tile (256 … 8) whose double-buffered blocks fit :data:`BUFFER_BUDGET`.
+
+    ``walk``: the kernel walks the records, with a ``[D, bt, Cq]`` copy of every operand and result.
+    """
     cq = channel_block(channels)
 
     def make(b):
@@ -139,6 +165,11 @@ def tensor_product_tile(
             ins.append(("dz [bt, Dout, Cq]", (b, coo.dim_out, cq)))
             outs = [("dx [bt, Dx, Cq]", (b, coo.dim_x, cq)), ("dy [bt, Dy(, Cq)]", _y_shape(coo, b, cq, y_channels))]
         # the pipeline double-buffers every block
-        return Tile(b, cq, tuple((f"{n} x2", 2 * buffer_bytes(s, itemsize)) for n, s in ins + outs))
+        bufs = [(f"{n} x2", 2 * buffer_bytes(s, itemsize)) for n, s in ins + outs]
+        if walk:
+            dims = [("x", coo.dim_x), ("y", coo.dim_y), ("z" if not backward else "dz", coo.dim_out)]
+            dims += [("dx", coo.dim_x), ("dy", coo.dim_y)] if backward else []
+            bufs += [(f"{n} rows [{n_dim}, bt, Cq]", buffer_bytes((n_dim, b, cq), itemsize)) for n, n_dim in dims]
+        return Tile(b, cq, tuple(bufs))
 
     return _pick((256, 128, 64, 32, 16, 8), make)
