@@ -136,7 +136,9 @@ def tests_jax(session: nox.Session, jax: str) -> None:
     _install_packages(session)
     session.install(str(ROOT / "tests/plugins/e3j-test-backend"))
     session.run("python", "-c", "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__)")
-    session.run("python", "-m", "pytest", *(session.posargs or ["tests", "-m", "not gpu"]))
+    session.run(
+        "python", "-m", "pytest", *(session.posargs or ["tests", "-m", "not gpu and not slow and not models_slow"])
+    )
 
 
 @nox.session(python=PYTHON)
