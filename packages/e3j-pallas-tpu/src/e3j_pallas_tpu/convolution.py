@@ -346,7 +346,7 @@ def _schedule(order, num_valid, keys_valid, keys_padding, others, edges: int):
     return order, jnp.where(valid, keys_valid[order], keys_padding), jnp.where(valid, others[order], 0)
 
 
-def _call(kernel, prefetch, operands, out_shape, scratch, grid, interpret, name):
+def _call(kernel, prefetch, operands, out_shape, scratch, grid, interpret, name, tile):
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(prefetch),
         grid=grid,
@@ -358,7 +358,7 @@ def _call(kernel, prefetch, operands, out_shape, scratch, grid, interpret, name)
         kernel,
         out_shape=out_shape,
         grid_spec=grid_spec,
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        compiler_params=vmem.compiler_params(tile, ("parallel", "arbitrary")),
         interpret=interpret if interpret is not None else False,
         name=name,
     )(*prefetch, *operands)
@@ -410,7 +410,7 @@ def convolution(
         scratch += [pltpu.VMEM((d, B, cq), dtype) for d in (coo.dim_x, coo.dim_y, coo.num_paths, coo.dim_out)]
     out_shape = jax.ShapeDtypeStruct((num_nodes, coo.dim_out, channels), dtype)
     grid = (channels // cq, order.shape[0] // B)
-    return _call(kernel, prefetch, [x, y, s], out_shape, scratch, grid, interpret, "e3j_convolution")
+    return _call(kernel, prefetch, [x, y, s], out_shape, scratch, grid, interpret, "e3j_convolution", tile)
 
 
 @x32
@@ -486,7 +486,9 @@ def convolution_bwd(
         jax.ShapeDtypeStruct((num_edges, coo.num_paths, channels), dtype) if want_s else None,
     )
     grid = (nc, order.shape[0] // B)
-    dx, dy, ds = _call(kernel, prefetch, [x, y, s, dm], out_shape, scratch, grid, interpret, "e3j_convolution_bwd")
+    dx, dy, ds = _call(
+        kernel, prefetch, [x, y, s, dm], out_shape, scratch, grid, interpret, "e3j_convolution_bwd", tile
+    )
     res = {"x": dx, "y": dy, "s": ds}
     if want_y and not y_channels:
         res["y"] = functools.reduce(jnp.add, list(dy))

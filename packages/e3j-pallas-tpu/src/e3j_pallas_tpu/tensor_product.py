@@ -147,7 +147,7 @@ def tensor_product(coo: TensorProductCoo, x: jax.Array, y: jax.Array, *, y_chann
     out_shape = jax.ShapeDtypeStruct((padded, coo.dim_out, channels), dtype)
     out_specs = _spec(bt, coo.dim_out, cq, True)
     grid = (padded // bt, channels // cq)
-    params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
+    params = vmem.compiler_params(tile, ("parallel", "parallel"))
     if not walk:
         kernel = functools.partial(tensor_product_kernel, table=coo.table, y_channels=y_channels)
         call = pl.pallas_call(
@@ -216,7 +216,7 @@ def tensor_product_bwd(
         dy_shape = jax.ShapeDtypeStruct((nc, padded, coo.dim_y), dtype)
         dy_spec = pl.BlockSpec((None, bt, coo.dim_y), lambda b, c, *_: (c, b, 0))
     grid = (padded // bt, nc)
-    params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel"))
+    params = vmem.compiler_params(tile, ("parallel", "parallel"))
     common = dict(out_shape=(dx_shape, dy_shape), compiler_params=params, interpret=interpret or False)
     if not walk:
         kernel = functools.partial(tensor_product_bwd_kernel, vjp_x=coo.vjp_x, vjp_y=coo.vjp_y, y_channels=y_channels)

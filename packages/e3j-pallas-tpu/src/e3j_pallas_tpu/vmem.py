@@ -25,13 +25,16 @@ from e3j_core import TensorProductCoo
 
 __all__ = [
     "BUFFER_BUDGET",
+    "SPILL_MARGIN",
     "VMEM_PER_CORE",
     "Tile",
     "buffer_bytes",
     "channel_block",
+    "compiler_params",
     "convolution_bwd_tile",
     "convolution_tile",
     "tensor_product_tile",
+    "vmem_limit",
 ]
 
 #: VMEM of one TensorCore (v4, v5e, v6e: 16 MiB by default scoped limit).
@@ -109,6 +112,36 @@ def _conv_buffers(
         rows += [] if backward else [("m", coo.dim_out)]
         bufs += [(f"{n} rows [{d}, B, Cq]", (d, b, cq)) for n, d in rows]
     return tuple((name, buffer_bytes(shape, itemsize)) for name, shape in bufs)
+
+
+#: VMEM left to the compiler's register spills beside the kernels' own buffers (the paper measures
+#: about 9 MiB at lmax 3, 128 channels).
+SPILL_MARGIN = 10 * 2**20
+
+
+def vmem_limit(tile: Tile) -> int | None:
+    """The scoped VMEM limit to ask Mosaic for: ``None`` (its default, 16 MiB on v4/v5e) while the
+    tile's buffers fit :data:`BUFFER_BUDGET`, else the buffers plus :data:`SPILL_MARGIN`, in whole MiB.
+
+    Only the smallest tile of a walked high-degree table can exceed the budget (e.g. lmax 7-8 at 128
+    channels: 17-30 MiB of buffers); TensorCores with 128 MiB of VMEM (v5e, v6e) serve that.
+
+    >>> vmem_limit(Tile(8, 128, (("a", BUFFER_BUDGET),))) is None
+    True
+    >>> vmem_limit(Tile(8, 128, (("a", 20 * 2**20),))) == 30 * 2**20
+    True
+    """
+    if tile.total <= BUFFER_BUDGET:
+        return None
+    mib = 2**20
+    return -(-(tile.total + SPILL_MARGIN) // mib) * mib
+
+
+def compiler_params(tile: Tile, dimension_semantics: tuple[str, ...]):
+    """``pltpu.CompilerParams`` for a kernel whose VMEM buffers are ``tile``'s (see :func:`vmem_limit`)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    return pltpu.CompilerParams(dimension_semantics=dimension_semantics, vmem_limit_bytes=vmem_limit(tile))
 
 
 def _pick(candidates, make) -> Tile:
