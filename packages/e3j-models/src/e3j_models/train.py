@@ -15,11 +15,11 @@ the training energies by least squares and stored in the config's ``atomic_energ
 
 >>> from e3j_models import nequip
 >>> from e3j_models.data import emt_structures
->>> data = emt_structures(4)
->>> cfg = nequip((28, 29), num_layers=1, num_channels=2, node_irreps="0e + 1o", l_max=1, cutoff=3.0)
->>> result = fit(cfg, data[:3], data[3:], steps=2, batch_size=3, progress=False)
->>> len(result.history["train_loss"]), sorted(result.validation)
-(2, ['energy_mae_per_atom', 'force_mae'])
+>>> cfg = prepare_config(nequip((28, 29), cutoff=3.0), emt_structures(4))
+>>> len(cfg.atomic_energies), round(cfg.avg_num_neighbors)
+(2, 12)
+
+``fit(cfg, train, valid, steps=500)`` trains (``python -m e3j_models train`` is its command line).
 """
 
 from __future__ import annotations
