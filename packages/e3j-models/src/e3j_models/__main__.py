@@ -1,8 +1,10 @@
-"""Command line: ``python -m e3j_models {data,train} ...`` (``--help`` on each).
+"""Command line: ``python -m e3j_models {data,train,md} ...`` (``--help`` on each).
 
 ``data`` writes the deterministic EMT Cu–Ni set (:mod:`e3j_models.data`) as extxyz; ``train`` fits a
 MACE or NequIP preset (:mod:`e3j_models.train`) and writes ``model.npz`` (the package's file format),
-``history.json``, ``loss.png`` and ``metrics.json`` into ``--out``.
+``history.json``, ``loss.png`` and ``metrics.json`` into ``--out``; ``md`` runs NVE / NVT / NPT
+(:mod:`e3j_models.md`) with a checkpoint and writes ``trajectory.extxyz``, ``md.png`` and
+``md.json`` (written last: its presence says the run completed) into ``--out``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 import os
 import sys
 import time
+
+import numpy as np
 
 _PRESETS = ("mace_a", "mace_b", "nequip")
 
@@ -86,6 +90,79 @@ def _train(args) -> None:
     print(json.dumps(metrics, indent=1))
 
 
+def _structure(args):
+    import numpy as np
+
+    if args.structure is not None:
+        from ase.io import read
+
+        if not os.path.exists(args.structure):
+            raise FileNotFoundError(f"--structure {args.structure!r} does not exist")
+        try:
+            return read(args.structure)
+        except Exception as err:  # ASE raises many types for unreadable files
+            raise ValueError(f"--structure {args.structure!r} is not readable by ase.io.read: {err}") from err
+    from ase.build import bulk
+
+    # an fcc Cu-Ni solid solution of 4·n³ atoms (the training set's chemistry), seeded
+    atoms = bulk("Cu", "fcc", a=3.565, cubic=True).repeat(args.supercell)
+    rng = np.random.default_rng(args.seed)
+    atoms.numbers = np.where(rng.uniform(size=len(atoms)) < 0.5, 28, 29)
+    return atoms
+
+
+def _md(args) -> None:
+    from . import Calculator, Potential, load
+    from .md import plot_md, run_md
+
+    if not os.path.exists(args.model):
+        raise FileNotFoundError(f"--model {args.model!r} does not exist")
+    config, params = load(args.model)
+    atoms = _structure(args)
+    unknown = sorted({int(z) for z in atoms.numbers} - set(config.atomic_numbers))
+    if unknown:
+        raise ValueError(
+            f"the structure holds atomic numbers {unknown} that the model {args.model!r} does not know "
+            f"(it knows {list(config.atomic_numbers)})"
+        )
+    os.makedirs(args.out, exist_ok=True)
+    for stale in ("md.json", "trajectory.extxyz", "md.png"):
+        if os.path.exists(os.path.join(args.out, stale)):
+            os.remove(os.path.join(args.out, stale))
+    calc = Calculator(Potential(config, args.backend), params, dtype=np.float32 if args.float32 else np.float64)
+    log = run_md(
+        atoms,
+        calc,
+        args.ensemble,
+        steps=args.steps,
+        timestep_fs=args.timestep,
+        temperature_K=args.temperature,
+        pressure_GPa=args.pressure,
+        seed=args.seed,
+        log_every=args.log_every,
+        trajectory=os.path.join(args.out, "trajectory.extxyz"),
+    )
+    plot_md(log, os.path.join(args.out, "md.png"), f"{args.ensemble.upper()}, {len(atoms)} atoms")
+    etot = log["total_energy"]
+    summary = {
+        "command": " ".join(sys.argv),
+        "atoms": len(atoms),
+        "ensemble": args.ensemble,
+        "backend": args.backend or "e3j",
+        "steps": args.steps,
+        "timestep_fs": args.timestep,
+        "ms_per_step": log["ms_per_step"],
+        "ns_per_day": log["ns_per_day"],
+        "mean_temperature_K": float(np.mean(log["temperature"][len(etot) // 2 :])),
+        "total_energy_drift_eV_per_atom": float((etot[-1] - etot[0]) / len(atoms)),
+        "total_energy_max_deviation_eV_per_atom": float(np.max(np.abs(etot - etot[0])) / len(atoms)),
+        "log": {k: v.tolist() for k, v in log.items() if isinstance(v, np.ndarray)},
+    }
+    with open(os.path.join(args.out, "md.json"), "w") as f:
+        json.dump(summary, f)
+    print(json.dumps({k: v for k, v in summary.items() if k != "log"}, indent=1))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m e3j_models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -116,6 +193,22 @@ def main(argv=None) -> None:
     p.add_argument("--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_train)
+
+    p = sub.add_parser("md", help="molecular dynamics (NVE, NVT Langevin, NPT MTK) with a checkpoint")
+    p.add_argument("--model", required=True, help="checkpoint written by train (model.npz)")
+    p.add_argument("--structure", default=None, help="ASE-readable structure file (default: an fcc Cu-Ni supercell)")
+    p.add_argument("--supercell", type=int, default=4, help="fcc repeats n: 4·n³ atoms (without --structure)")
+    p.add_argument("--ensemble", choices=("nve", "nvt", "npt"), default="nve")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--timestep", type=float, default=2.0, help="fs")
+    p.add_argument("--temperature", type=float, default=300.0, help="K")
+    p.add_argument("--pressure", type=float, default=0.0, help="GPa (npt)")
+    p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin")
+    p.add_argument("--float32", action="store_true", help="evaluate the model in float32 (default float64)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=_md)
 
     args = parser.parse_args(argv)
     try:
