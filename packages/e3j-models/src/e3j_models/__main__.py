@@ -76,7 +76,7 @@ def _train(args) -> None:
     best = min(result.history["valid"], key=lambda v: v["force_mae"]) if result.history["valid"] else result.validation
     metrics = {
         "preset": args.preset,
-        "command": " ".join(sys.argv),
+        "command": "python -m e3j_models " + " ".join(sys.argv[1:]),
         "train_structures": len(train),
         "valid_structures": len(valid),
         "wall_seconds": seconds,
@@ -115,6 +115,11 @@ def _md(args) -> None:
     from . import Calculator, Potential, load
     from .md import plot_md, run_md
 
+    if not args.float32:
+        import jax
+
+        # the calculator's float64 needs JAX's 64-bit mode, off by default; this is the program's entry
+        jax.config.update("jax_enable_x64", True)
     if not os.path.exists(args.model):
         raise FileNotFoundError(f"--model {args.model!r} does not exist")
     config, params = load(args.model)
@@ -145,7 +150,7 @@ def _md(args) -> None:
     plot_md(log, os.path.join(args.out, "md.png"), f"{args.ensemble.upper()}, {len(atoms)} atoms")
     etot = log["total_energy"]
     summary = {
-        "command": " ".join(sys.argv),
+        "command": "python -m e3j_models " + " ".join(sys.argv[1:]),
         "atoms": len(atoms),
         "ensemble": args.ensemble,
         "backend": args.backend or "e3j",
