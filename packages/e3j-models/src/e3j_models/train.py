@@ -41,7 +41,7 @@ from .io import save
 from .neighbours import batch_structures, bucket_size, neighbour_list
 from .potential import Potential
 
-__all__ = ["FitResult", "Labels", "evaluate", "fit", "loss_fn", "prepare_config"]
+__all__ = ["FitResult", "Labels", "evaluate", "fit", "loss_fn", "plot_history", "prepare_config", "write_history"]
 
 
 class Labels(NamedTuple):
@@ -316,5 +316,6 @@ def plot_history(history: dict[str, list], path: str | os.PathLike) -> None:
 
 
 def write_history(history: dict[str, list], path: str | os.PathLike) -> None:
+    """``history`` (as :func:`fit` returns it) to a JSON file."""
     with open(os.fspath(path), "w") as f:
         json.dump(history, f)
