@@ -27,7 +27,7 @@ JAX = "jax==0.11.2"  # the primary JAX (the GPU machine image's)
 # hatchling: tests/integration/test_wheels.py builds the pure wheels offline (--no-build-isolation)
 TEST_REQUIREMENTS = [
     "pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", "flax>=0.10", "matplotlib>=3.8", "hatchling>=1.21",
-    "ase>=3.23", JAX,
+    "ase>=3.25", "optax>=0.2", "tqdm>=4", JAX,
 ]  # fmt: skip
 # the other ends of the range the kernel packages declare (jax>=0.11.1,<0.13): `nox -s tests_jax`
 JAX_RANGE = ["0.11.1", "0.12.0.1"]

@@ -1,0 +1,226 @@
+"""Command line: ``python -m e3j_models {data,train,md} ...`` (``--help`` on each).
+
+``data`` writes the deterministic EMT Cu–Ni set (:mod:`e3j_models.data`) as extxyz; ``train`` fits a
+MACE or NequIP preset (:mod:`e3j_models.train`) and writes ``model.npz`` (the package's file format),
+``history.json``, ``loss.png`` and ``metrics.json`` into ``--out``; ``md`` runs NVE / NVT / NPT
+(:mod:`e3j_models.md`) with a checkpoint and writes ``trajectory.extxyz``, ``md.png`` and
+``md.json`` (written last: its presence says the run completed) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+_PRESETS = ("mace_a", "mace_b", "nequip")
+
+
+def _data(args) -> None:
+    from .data import emt_structures, write_dataset
+
+    structures = emt_structures(args.num, seed=args.seed)
+    write_dataset(args.out, structures)
+    print(f"wrote {len(structures)} structures ({sum(len(a) for a in structures)} atoms) to {args.out}")
+
+
+def _train(args) -> None:
+    from . import config as cfgs
+    from .data import read_dataset
+    from .train import fit, plot_history, write_history
+
+    structures = read_dataset(args.data)
+    if args.valid_fraction <= 0 or args.valid_fraction >= 1:
+        raise SystemExit(f"error: --valid-fraction must be in (0, 1), got {args.valid_fraction}")
+    n_valid = max(1, round(len(structures) * args.valid_fraction))
+    if len(structures) - n_valid < 1:
+        raise SystemExit(f"error: --data holds {len(structures)} structures: too few to split off a validation set")
+    # the split is the last structures of the file: a generated set is already in seeded random order
+    train, valid = structures[:-n_valid], structures[-n_valid:]
+    elements = sorted({int(z) for a in structures for z in a.numbers})
+    overrides = {"num_channels": args.channels, "l_max": args.l_max, "cutoff": args.cutoff}
+    if args.layers is not None:
+        overrides["num_layers"] = args.layers
+    if args.preset.startswith("mace"):
+        overrides["radial_mlp"] = (args.radial_hidden,) * 2
+        overrides["node_symmetry"] = min(args.l_max, 1 if args.preset == "mace_b" else 2)
+    else:
+        overrides["radial_mlp"] = (args.radial_hidden,) * 2
+        overrides["node_irreps"] = "2x0e + 1o" if args.l_max == 1 else "2x0e + 1o + 2e"
+    config = getattr(cfgs, args.preset)(elements, **overrides)
+    os.makedirs(args.out, exist_ok=True)
+    for stale in ("model.npz", "metrics.json"):
+        if os.path.exists(os.path.join(args.out, stale)):
+            os.remove(os.path.join(args.out, stale))
+    t0 = time.perf_counter()
+    result = fit(
+        config,
+        train,
+        valid,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        learning_rate=args.lr,
+        weights=(args.energy_weight, args.force_weight, args.stress_weight),
+        seed=args.seed,
+        backend=args.backend,
+        eval_every=args.eval_every,
+        checkpoint=os.path.join(args.out, "model.npz"),
+    )
+    seconds = time.perf_counter() - t0
+    write_history(result.history, os.path.join(args.out, "history.json"))
+    plot_history(result.history, os.path.join(args.out, "loss.png"))
+    best = min(result.history["valid"], key=lambda v: v["force_mae"]) if result.history["valid"] else result.validation
+    metrics = {
+        "preset": args.preset,
+        "command": "python -m e3j_models " + " ".join(sys.argv[1:]),
+        "train_structures": len(train),
+        "valid_structures": len(valid),
+        "wall_seconds": seconds,
+        "final_validation": result.validation,
+        "checkpoint_validation": best,
+        "parameters": int(sum(x.size for x in __import__("jax").tree.leaves(result.params))),
+    }
+    # metrics.json last: its presence says the run completed
+    with open(os.path.join(args.out, "metrics.json"), "w") as f:
+        json.dump(metrics, f, indent=1)
+    print(json.dumps(metrics, indent=1))
+
+
+def _structure(args):
+    import numpy as np
+
+    if args.structure is not None:
+        from ase.io import read
+
+        if not os.path.exists(args.structure):
+            raise FileNotFoundError(f"--structure {args.structure!r} does not exist")
+        try:
+            return read(args.structure)
+        except Exception as err:  # ASE raises many types for unreadable files
+            raise ValueError(f"--structure {args.structure!r} is not readable by ase.io.read: {err}") from err
+    from ase.build import bulk
+
+    # an fcc Cu-Ni solid solution of 4·n³ atoms (the training set's chemistry), seeded
+    atoms = bulk("Cu", "fcc", a=3.565, cubic=True).repeat(args.supercell)
+    rng = np.random.default_rng(args.seed)
+    atoms.numbers = np.where(rng.uniform(size=len(atoms)) < 0.5, 28, 29)
+    return atoms
+
+
+def _md(args) -> None:
+    from . import Calculator, Potential, load
+    from .md import plot_md, run_md
+
+    if not args.float32:
+        import jax
+
+        # the calculator's float64 needs JAX's 64-bit mode, off by default; this is the program's entry
+        jax.config.update("jax_enable_x64", True)
+    if not os.path.exists(args.model):
+        raise FileNotFoundError(f"--model {args.model!r} does not exist")
+    config, params = load(args.model)
+    atoms = _structure(args)
+    unknown = sorted({int(z) for z in atoms.numbers} - set(config.atomic_numbers))
+    if unknown:
+        raise ValueError(
+            f"the structure holds atomic numbers {unknown} that the model {args.model!r} does not know "
+            f"(it knows {list(config.atomic_numbers)})"
+        )
+    os.makedirs(args.out, exist_ok=True)
+    for stale in ("md.json", "trajectory.extxyz", "md.png"):
+        if os.path.exists(os.path.join(args.out, stale)):
+            os.remove(os.path.join(args.out, stale))
+    calc = Calculator(Potential(config, args.backend), params, dtype=np.float32 if args.float32 else np.float64)
+    log = run_md(
+        atoms,
+        calc,
+        args.ensemble,
+        steps=args.steps,
+        timestep_fs=args.timestep,
+        temperature_K=args.temperature,
+        pressure_GPa=args.pressure,
+        seed=args.seed,
+        log_every=args.log_every,
+        trajectory=os.path.join(args.out, "trajectory.extxyz"),
+    )
+    plot_md(log, os.path.join(args.out, "md.png"), f"{args.ensemble.upper()}, {len(atoms)} atoms")
+    etot = log["total_energy"]
+    summary = {
+        "command": "python -m e3j_models " + " ".join(sys.argv[1:]),
+        "atoms": len(atoms),
+        "ensemble": args.ensemble,
+        "backend": args.backend or "e3j",
+        "steps": args.steps,
+        "timestep_fs": args.timestep,
+        "ms_per_step": log["ms_per_step"],
+        "ns_per_day": log["ns_per_day"],
+        "mean_temperature_K": float(np.mean(log["temperature"][len(etot) // 2 :])),
+        "total_energy_drift_eV_per_atom": float((etot[-1] - etot[0]) / len(atoms)),
+        "total_energy_max_deviation_eV_per_atom": float(np.max(np.abs(etot - etot[0])) / len(atoms)),
+        "log": {k: v.tolist() for k, v in log.items() if isinstance(v, np.ndarray)},
+    }
+    with open(os.path.join(args.out, "md.json"), "w") as f:
+        json.dump(summary, f)
+    print(json.dumps({k: v for k, v in summary.items() if k != "log"}, indent=1))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m e3j_models")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("data", help="generate the EMT Cu-Ni dataset (extxyz)")
+    p.add_argument("--num", type=int, default=200, help="number of structures")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="output .extxyz path")
+    p.set_defaults(func=_data)
+
+    p = sub.add_parser("train", help="train a MACE or NequIP preset on energies and forces")
+    p.add_argument("--data", required=True, help="extxyz with energy/forces (python -m e3j_models data)")
+    p.add_argument("--preset", choices=_PRESETS, default="mace_a")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--channels", type=int, default=16)
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--l-max", type=int, default=2)
+    p.add_argument("--cutoff", type=float, default=4.5)
+    p.add_argument("--radial-hidden", type=int, default=32)
+    p.add_argument("--steps", type=int, default=500)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--lr", type=float, default=5e-3)
+    p.add_argument("--energy-weight", type=float, default=1.0)
+    p.add_argument("--force-weight", type=float, default=1.0)
+    p.add_argument("--stress-weight", type=float, default=0.0)
+    p.add_argument("--valid-fraction", type=float, default=0.1)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_train)
+
+    p = sub.add_parser("md", help="molecular dynamics (NVE, NVT Langevin, NPT MTK) with a checkpoint")
+    p.add_argument("--model", required=True, help="checkpoint written by train (model.npz)")
+    p.add_argument("--structure", default=None, help="ASE-readable structure file (default: an fcc Cu-Ni supercell)")
+    p.add_argument("--supercell", type=int, default=4, help="fcc repeats n: 4·n³ atoms (without --structure)")
+    p.add_argument("--ensemble", choices=("nve", "nvt", "npt"), default="nve")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--timestep", type=float, default=2.0, help="fs")
+    p.add_argument("--temperature", type=float, default=300.0, help="K")
+    p.add_argument("--pressure", type=float, default=0.0, help="GPa (npt)")
+    p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin")
+    p.add_argument("--float32", action="store_true", help="evaluate the model in float32 (default float64)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(func=_md)
+
+    args = parser.parse_args(argv)
+    try:
+        args.func(args)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"error: {err}") from err
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,118 @@
+"""A deterministic training set from a classical reference: ASE's EMT on Cu–Ni fcc alloys.
+
+Each structure is a periodic fcc supercell (``repeats`` conventional cells of 4 atoms: 32 to 108
+atoms) of a random Cu/Ni composition (Ni fraction uniform in [0, 1], sites assigned at random) at
+Vegard's-law lattice constant, with a random symmetric strain (each component normal with
+``strain`` standard deviation), 0 to ``max_vacancies`` vacancies and Gaussian thermal displacements
+of standard deviation ``0.1 Å · sqrt(T / 1000 K)`` for a temperature uniform in ``temperatures``.
+Energy, forces and stress come from :class:`ase.calculators.emt.EMT` (ASE's effective-medium theory,
+which ships parameters for Al, Cu, Ag, Au, Ni, Pd, Pt; Cu–Ni is a textbook fcc solid solution).
+
+Structure ``i`` of seed ``s`` depends only on ``(s, i)`` (``numpy.random.SeedSequence([s, i])``), so
+a set is reproducible and a larger set extends a smaller one. :func:`write_dataset` writes extxyz
+(``energy``, ``forces``, ``stress`` fields, read back by :func:`read_dataset` or ``ase.io.read``).
+
+>>> atoms = emt_structures(2, seed=0)
+>>> [len(a) for a in atoms], sorted(atoms[0].calc.results)  # 32 and 48 sites, 2 vacancies each
+([30, 46], ['energy', 'forces', 'stress'])
+>>> bool(atoms[0].get_potential_energy() == emt_structures(1, seed=0)[0].get_potential_energy())
+True
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["LATTICE_CONSTANTS", "emt_structures", "read_dataset", "write_dataset"]
+
+LATTICE_CONSTANTS = {"Cu": 3.61, "Ni": 3.52}
+"""fcc lattice constants (Å) mixed by Vegard's law."""
+
+_REPEATS = ((2, 2, 2), (3, 2, 2), (3, 3, 2), (3, 3, 3))
+
+
+def emt_structures(
+    num_structures: int,
+    seed: int = 0,
+    *,
+    repeats: Sequence[tuple[int, int, int]] = _REPEATS,
+    strain: float = 0.02,
+    max_vacancies: int = 2,
+    temperatures: tuple[float, float] = (100.0, 1200.0),
+) -> list:
+    """``num_structures`` ``ase.Atoms`` with EMT energy, forces and stress attached (``atoms.calc``).
+
+    Supercell sizes cycle through ``repeats`` (structure ``i`` gets ``repeats[i % len(repeats)]``).
+    """
+    from ase.build import bulk
+    from ase.calculators.emt import EMT
+    from ase.calculators.singlepoint import SinglePointCalculator
+
+    if isinstance(num_structures, bool) or not isinstance(num_structures, int) or num_structures < 1:
+        raise ValueError(f"num_structures must be a positive int, got {num_structures!r}")
+    if not repeats or any(len(r) != 3 or min(r) < 1 for r in repeats):
+        raise ValueError(f"repeats must be a non-empty list of 3 positive ints each, got {repeats!r}")
+    if not 0 <= strain < 0.2:
+        raise ValueError(f"strain must be in [0, 0.2), got {strain!r}")
+    lo, hi = temperatures
+    if not 0 <= lo <= hi:
+        raise ValueError(f"temperatures must be (low, high) with 0 <= low <= high (K), got {temperatures!r}")
+    out = []
+    for i in range(num_structures):
+        rng = np.random.default_rng(np.random.SeedSequence([seed, i]))
+        x_ni = rng.uniform()
+        a = (1 - x_ni) * LATTICE_CONSTANTS["Cu"] + x_ni * LATTICE_CONSTANTS["Ni"]
+        atoms = bulk("Cu", "fcc", a=a, cubic=True).repeat(repeats[i % len(repeats)])
+        atoms.numbers = np.where(rng.uniform(size=len(atoms)) < x_ni, 28, 29)
+        eps = rng.normal(scale=strain, size=(3, 3))
+        atoms.set_cell(atoms.cell @ (np.eye(3) + (eps + eps.T) / 2), scale_atoms=True)
+        vacancies = rng.integers(0, max_vacancies + 1)
+        if vacancies:
+            del atoms[rng.choice(len(atoms), size=vacancies, replace=False).tolist()]
+        temperature = rng.uniform(lo, hi)
+        atoms.positions += rng.normal(scale=0.1 * np.sqrt(temperature / 1000.0), size=atoms.positions.shape)
+        atoms.wrap()
+        atoms.info["temperature"] = temperature
+        atoms.calc = EMT()
+        results = {
+            "energy": atoms.get_potential_energy(),
+            "forces": atoms.get_forces(),
+            "stress": atoms.get_stress(),
+        }
+        atoms.calc = SinglePointCalculator(atoms, **results)
+        out.append(atoms)
+    return out
+
+
+def write_dataset(path: str | os.PathLike, structures: Sequence) -> None:
+    """Write ``structures`` (with energies/forces attached) to extxyz; atomically (temp file, rename)."""
+    from ase.io import write
+
+    path = os.fspath(path)
+    tmp = path + ".partial"
+    write(tmp, list(structures), format="extxyz")
+    os.replace(tmp, path)
+
+
+def read_dataset(path: str | os.PathLike) -> list:
+    """``ase.Atoms`` from an extxyz (or any ASE-readable) file; each must carry energy and forces."""
+    from ase.io import read
+
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"data file {path!r} does not exist")
+    try:
+        structures = read(path, index=":")
+    except Exception as err:  # ASE raises many types for unreadable files
+        raise ValueError(f"data file {path!r} is not readable by ase.io.read: {err}") from err
+    if not structures:
+        raise ValueError(f"data file {path!r} holds no structures")
+    for k, atoms in enumerate(structures):
+        results = atoms.calc.results if atoms.calc is not None else {}
+        missing = [p for p in ("energy", "forces") if p not in results]
+        if missing:
+            raise ValueError(f"data file {path!r}: structure {k} has no {' or '.join(missing)}")
+    return structures

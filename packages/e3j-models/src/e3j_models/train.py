@@ -1,0 +1,321 @@
+"""Training a :class:`~e3j_models.Potential` on energies, forces (and stress) with optax.
+
+The loss of a batch is ``w_E · mean_g ((E_g - E_g^ref) / n_g)² + w_F · mean_{atoms, xyz} (F - F^ref)²
++ w_S · mean_g mean_ij (σ_g - σ_g^ref)²`` (energy per atom, eV² / (eV/Å)² / (eV/Å³)²; the stress term
+only when every structure carries a stress and ``stress_weight > 0``). Forces in the loss mean a
+second derivative through every convolution: ``jax.grad`` of a loss built on ``jax.grad``.
+
+Batches: the training structures are split once (seeded) into batches of ``batch_size`` and every
+batch is padded to one common :func:`~e3j_models.bucket_size` of nodes and edges, so training
+compiles one step per batch shape (two when the last batch is smaller); each epoch visits the batches
+in a new seeded order. The optimizer is ``clip_by_global_norm(10) → adam`` with a cosine decay of the
+learning rate to 1 % over the run. Before training, per-element reference energies are fitted to
+the training energies by least squares and stored in the config's ``atomic_energies``, and
+``avg_num_neighbors`` is set to the training set's mean neighbour count.
+
+>>> from e3j_models import nequip
+>>> from e3j_models.data import emt_structures
+>>> cfg = prepare_config(nequip((28, 29), cutoff=3.0), emt_structures(4))
+>>> len(cfg.atomic_energies), round(cfg.avg_num_neighbors)
+(2, 12)
+
+``fit(cfg, train, valid, steps=500)`` trains (``python -m e3j_models train`` is its command line).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .batch import GraphBatch
+from .config import MACEConfig, NequIPConfig
+from .io import save
+from .neighbours import batch_structures, bucket_size, neighbour_list
+from .potential import Potential
+
+__all__ = ["FitResult", "Labels", "evaluate", "fit", "loss_fn", "plot_history", "prepare_config", "write_history"]
+
+
+class Labels(NamedTuple):
+    """Reference values padded like the batch: ``energy [G]``, ``num_atoms [G]``, ``forces [N, 3]``,
+    ``stress [G, 3, 3]`` (ASE sign, eV/Å³), ``has_stress`` (scalar bool)."""
+
+    energy: jax.Array
+    num_atoms: jax.Array
+    forces: jax.Array
+    stress: jax.Array
+    has_stress: jax.Array
+
+
+class FitResult(NamedTuple):
+    """``config`` (with fitted ``atomic_energies`` / ``avg_num_neighbors``), ``params``, ``history``
+    (lists per step and per evaluation) and ``validation`` (final MAEs: eV/atom, eV/Å)."""
+
+    config: MACEConfig | NequIPConfig
+    params: Any
+    history: dict[str, list]
+    validation: dict[str, float]
+
+
+def _results(atoms, k: int):
+    res = atoms.calc.results if atoms.calc is not None else {}
+    if "energy" not in res or "forces" not in res:
+        raise ValueError(f"structure {k} has no reference energy and forces (atoms.calc.results)")
+    return res
+
+
+def prepare_config(config: MACEConfig | NequIPConfig, structures: Sequence) -> MACEConfig | NequIPConfig:
+    """``config`` with ``atomic_energies`` (least squares on the energies) and ``avg_num_neighbors``
+    (mean over atoms) taken from ``structures``."""
+    z = list(config.atomic_numbers)
+    counts = np.zeros((len(structures), len(z)))
+    energies = np.zeros(len(structures))
+    neighbours = 0
+    atoms_total = 0
+    for k, atoms in enumerate(structures):
+        unknown = sorted(set(atoms.numbers.tolist()) - set(z))
+        if unknown:
+            raise ValueError(f"structure {k} holds atomic numbers {unknown} unknown to the config ({z})")
+        for i, zi in enumerate(z):
+            counts[k, i] = np.sum(atoms.numbers == zi)
+        energies[k] = _results(atoms, k)["energy"]
+        neighbours += _num_edges(atoms, config.cutoff)
+        atoms_total += len(atoms)
+    e0 = np.linalg.lstsq(counts, energies, rcond=None)[0]
+    return dataclasses.replace(
+        config,
+        atomic_energies=tuple(float(x) for x in e0),
+        avg_num_neighbors=max(float(neighbours / atoms_total), 1.0),
+    )
+
+
+def _num_edges(atoms, cutoff: float) -> int:
+    return len(neighbour_list(atoms.positions, cutoff, np.asarray(atoms.cell), atoms.pbc)[0])
+
+
+def _batches(structures, config, batch_size, rng, dtype):
+    """Seeded split into batches, all padded to one node/edge bucket: ``[(GraphBatch, Labels)]``."""
+    order = rng.permutation(len(structures)) if rng is not None else np.arange(len(structures))
+    groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    sizes = []
+    for grp in groups:
+        n = sum(len(structures[k]) for k in grp)
+        e = sum(_num_edges(structures[k], config.cutoff) for k in grp)
+        sizes.append((n, e))
+    n_pad = bucket_size(max(n for n, _ in sizes) + 1)
+    e_pad = bucket_size(max(e for _, e in sizes))
+    out = []
+    for grp in groups:
+        sts = [structures[k] for k in grp]
+        batch = batch_structures(
+            sts, config.atomic_numbers, config.cutoff, num_nodes=n_pad, num_edges=e_pad, dtype=dtype
+        )
+        forces = np.zeros((n_pad, 3), dtype)
+        stress = np.zeros((len(sts), 3, 3), dtype)
+        has_stress = True
+        offset = 0
+        for j, (k, atoms) in enumerate(zip(grp, sts, strict=True)):
+            res = _results(atoms, int(k))
+            forces[offset : offset + len(atoms)] = res["forces"]
+            offset += len(atoms)
+            if "stress" in res and atoms.pbc.all():
+                s = np.asarray(res["stress"])
+                stress[j] = s if s.shape == (3, 3) else _voigt_to_full(s)
+            else:
+                has_stress = False
+        labels = Labels(
+            jnp.asarray([_results(a, 0)["energy"] for a in sts], dtype),
+            jnp.asarray([len(a) for a in sts], dtype),
+            jnp.asarray(forces),
+            jnp.asarray(stress),
+            jnp.asarray(has_stress),
+        )
+        out.append((batch, labels))
+    return out
+
+
+def _voigt_to_full(s):
+    xx, yy, zz, yz, xz, xy = s
+    return np.array([[xx, xy, xz], [xy, yy, yz], [xz, yz, zz]])
+
+
+def loss_fn(
+    potential: Potential,
+    params,
+    batch: GraphBatch,
+    labels: Labels,
+    weights: tuple[float, float, float] = (1.0, 1.0, 0.0),
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``(loss, parts)`` of one batch (see the module docstring); ``weights = (w_E, w_F, w_S)``."""
+    w_e, w_f, w_s = weights
+    out = potential(params, batch, forces=True, stress=w_s > 0)
+    e = jnp.mean(((out["energy"] - labels.energy) / labels.num_atoms) ** 2)
+    mask = batch.node_mask[:, None]
+    f = jnp.sum(jnp.where(mask, (out["forces"] - labels.forces) ** 2, 0)) / (3 * jnp.sum(batch.node_mask))
+    parts = {"energy": e, "forces": f}
+    loss = w_e * e + w_f * f
+    if w_s > 0:
+        s = jnp.where(labels.has_stress, jnp.mean((out["stress"] - labels.stress) ** 2), 0.0)
+        parts["stress"] = s
+        loss = loss + w_s * s
+    return loss, parts
+
+
+def evaluate(potential: Potential, params, batches) -> dict[str, float]:
+    """Mean absolute errors over ``batches``: ``energy_mae_per_atom`` (eV/atom), ``force_mae`` (eV/Å)."""
+    run = jax.jit(lambda p, b: potential(p, b, forces=True))
+    e_err, f_err, n_graphs, n_comp = 0.0, 0.0, 0, 0
+    for batch, labels in batches:
+        out = run(params, batch)
+        e_err += float(jnp.sum(jnp.abs(out["energy"] - labels.energy) / labels.num_atoms))
+        mask = np.asarray(batch.node_mask)
+        f_err += float(np.sum(np.abs(np.asarray(out["forces"] - labels.forces))[mask]))
+        n_graphs += int(labels.energy.shape[0])
+        n_comp += 3 * int(mask.sum())
+    return {"energy_mae_per_atom": e_err / n_graphs, "force_mae": f_err / n_comp}
+
+
+def fit(
+    config: MACEConfig | NequIPConfig,
+    train: Sequence,
+    valid: Sequence,
+    *,
+    steps: int,
+    batch_size: int = 4,
+    learning_rate: float = 5e-3,
+    weights: tuple[float, float, float] = (1.0, 1.0, 0.0),
+    seed: int = 0,
+    backend: str | None = None,
+    dtype=np.float32,
+    eval_every: int = 0,
+    checkpoint: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> FitResult:
+    """Train from scratch for ``steps`` optimizer steps on ``train``; validate on ``valid``.
+
+    ``backend`` ``"e3nn"`` trains the e3nn-jax twin (same parameter tree). ``eval_every > 0`` records
+    validation MAEs every so many steps and, with ``checkpoint``, saves the best model there
+    (atomically: a temp file renamed). Returns a :class:`FitResult`.
+    """
+    import optax
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    if not train:
+        raise ValueError("train is empty: give at least one structure")
+    if not valid:
+        raise ValueError("valid is empty: give at least one validation structure")
+    if len(weights) != 3 or any(w < 0 for w in weights):
+        raise ValueError(f"weights must be 3 non-negative numbers (energy, forces, stress), got {weights!r}")
+    config = prepare_config(config, train)
+    potential = Potential(config, backend)
+    rng = np.random.default_rng(seed)
+    train_batches = _batches(train, config, batch_size, rng, dtype)
+    valid_batches = _batches(valid, config, batch_size, None, dtype)
+    params = potential.init(jax.random.key(seed), train_batches[0][0], dtype=dtype)
+    schedule = optax.cosine_decay_schedule(learning_rate, steps, alpha=0.01)
+    optimizer = optax.chain(optax.clip_by_global_norm(10.0), optax.adam(schedule))
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def step(params, opt_state, batch, labels):
+        def objective(p):
+            return loss_fn(potential, p, batch, labels, weights)
+
+        (loss, parts), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss, parts
+
+    history: dict[str, list] = {"step": [], "train_loss": [], "time": [], "eval_step": [], "valid": []}
+    best = np.inf
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=steps, desc=f"train {config.kind}", unit="step")
+    t0 = time.perf_counter()
+    t_compiled, done_structures = None, 0
+    order: list[int] = []
+    for i in range(steps):
+        if not order:
+            order = rng.permutation(len(train_batches)).tolist()
+        batch, labels = train_batches[order.pop()]
+        params, opt_state, loss, _ = step(params, opt_state, batch, labels)
+        loss = float(loss)
+        if not np.isfinite(loss):
+            raise FloatingPointError(f"training loss is {loss} at step {i}: lower learning_rate")
+        elapsed = time.perf_counter() - t0
+        if t_compiled is None:  # throughput excludes the first step, which compiles
+            t_compiled = elapsed
+        else:
+            done_structures += batch.num_graphs
+        history["step"].append(i)
+        history["train_loss"].append(loss)
+        history["time"].append(elapsed)
+        if eval_every and ((i + 1) % eval_every == 0 or i + 1 == steps):
+            val = evaluate(potential, params, valid_batches)
+            history["eval_step"].append(i + 1)
+            history["valid"].append(val)
+            if checkpoint is not None and val["force_mae"] < best:
+                best = val["force_mae"]
+                _save_atomic(checkpoint, config, params)
+        if bar is not None:
+            rate = done_structures / max(elapsed - t_compiled, 1e-9)
+            bar.set_postfix(loss=f"{loss:.4g}", structs_per_s=f"{rate:.1f}")
+            bar.update()
+    if bar is not None:
+        bar.close()
+    validation = evaluate(potential, params, valid_batches)
+    if checkpoint is not None and not eval_every:
+        _save_atomic(checkpoint, config, params)
+    return FitResult(config, params, history, validation)
+
+
+def _save_atomic(path, config, params) -> None:
+    path = os.fspath(path)
+    tmp = path + ".partial"
+    save(tmp, config, jax.tree.map(np.asarray, params))
+    os.replace(tmp, path)
+
+
+def plot_history(history: dict[str, list], path: str | os.PathLike) -> None:
+    """Loss curve (raw and 20-step moving average, log scale) and validation MAEs to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    loss = np.asarray(history["train_loss"])
+    axes[0].semilogy(history["step"], loss, alpha=0.3, label="train loss")
+    w = min(20, len(loss))
+    axes[0].semilogy(history["step"][w - 1 :], np.convolve(loss, np.ones(w) / w, "valid"), label=f"{w}-step mean")
+    axes[0].set_xlabel("step")
+    axes[0].legend()
+    if history["valid"]:
+        steps = history["eval_step"]
+        axes[1].semilogy(steps, [v["force_mae"] for v in history["valid"]], "o-", label="force MAE (eV/Å)")
+        axes[1].semilogy(
+            steps, [v["energy_mae_per_atom"] for v in history["valid"]], "s-", label="energy MAE (eV/atom)"
+        )
+        axes[1].set_xlabel("step")
+        axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(os.fspath(path), dpi=100)
+    plt.close(fig)
+
+
+def write_history(history: dict[str, list], path: str | os.PathLike) -> None:
+    """``history`` (as :func:`fit` returns it) to a JSON file."""
+    with open(os.fspath(path), "w") as f:
+        json.dump(history, f)

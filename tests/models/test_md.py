@@ -1,0 +1,86 @@
+"""Molecular dynamics through ASE (e3j_models.md) and the md command line."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+pytest.importorskip("ase")
+
+from ase.build import bulk
+
+from e3j_models import Calculator, Potential, batch_structures, nequip, save
+from e3j_models.__main__ import main
+from e3j_models.md import run_md
+
+CFG = nequip((28, 29), num_layers=1, num_channels=4, node_irreps="0e + 1o", l_max=1, cutoff=3.0, radial_mlp=(8,))
+
+
+@pytest.fixture(scope="module")
+def model():
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2)
+    pot = Potential(CFG)
+    params = pot.init(jax.random.key(0), batch_structures([atoms], CFG.atomic_numbers, CFG.cutoff))
+    return pot, params
+
+
+def _cell(seed=0):
+    atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2)
+    atoms.numbers = np.where(np.random.default_rng(seed).uniform(size=len(atoms)) < 0.5, 28, 29)
+    return atoms
+
+
+def test_nve_conserves_energy(model):
+    pot, params = model
+    atoms = _cell()
+    log = run_md(atoms, Calculator(pot, params), "nve", steps=40, timestep_fs=1.0, temperature_K=600, progress=False)
+    n = len(atoms)
+    etot, epot = log["total_energy"], log["energy"]
+    # the kinetic/potential exchange is far larger than the total-energy error
+    assert np.ptp(epot) / n > 1e-4
+    assert np.max(np.abs(etot - etot[0])) / n < 0.05 * np.ptp(epot) / n
+    assert log["ms_per_step"] > 0 and log["ns_per_day"] > 0
+
+
+def test_nvt_and_npt_run(model, tmp_path):
+    pot, params = model
+    atoms = _cell(1)
+    log = run_md(atoms, Calculator(pot, params), "nvt", steps=5, progress=False, trajectory=tmp_path / "t.extxyz")
+    from ase.io import read
+
+    assert len(read(tmp_path / "t.extxyz", index=":")) == 6 and not os.path.exists(tmp_path / "t.extxyz.partial")
+    atoms = _cell(2)
+    v0 = atoms.get_volume()
+    log = run_md(atoms, Calculator(pot, params), "npt", steps=5, progress=False)
+    assert np.all(np.isfinite(log["pressure_GPa"])) and log["volume"][0] == pytest.approx(v0)
+    with pytest.raises(ValueError, match="ensemble must be one of"):
+        run_md(atoms, Calculator(pot, params), "nph", steps=1)
+    open_atoms = _cell()
+    open_atoms.pbc = False
+    with pytest.raises(ValueError, match="needs a fully periodic"):
+        run_md(open_atoms, Calculator(pot, params), "npt", steps=1)
+
+
+def test_cli_md_outputs_and_bad_input(model, tmp_path):
+    _, params = model
+    ckpt = tmp_path / "m.npz"
+    save(ckpt, CFG, jax.tree.map(np.asarray, params))
+    out = tmp_path / "run"
+    main(["md", "--model", str(ckpt), "--supercell", "2", "--steps", "3", "--out", str(out)])
+    summary = json.loads((out / "md.json").read_text())
+    assert summary["atoms"] == 32 and len(summary["log"]["time_ps"]) == 4
+    assert (out / "md.png").stat().st_size > 1000 and (out / "trajectory.extxyz").exists()
+
+    bad_out = tmp_path / "bad"
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["md", "--model", str(tmp_path / "none.npz"), "--out", str(bad_out)])
+    au = bulk("Au", "fcc", a=4.08, cubic=True)
+    au.write(tmp_path / "au.extxyz")
+    with pytest.raises(SystemExit, match=r"atomic numbers \[79\] that the model"):
+        main(["md", "--model", str(ckpt), "--structure", str(tmp_path / "au.extxyz"), "--out", str(bad_out)])
+    (tmp_path / "junk.extxyz").write_text("not\na structure\n")
+    with pytest.raises(SystemExit, match="not readable"):
+        main(["md", "--model", str(ckpt), "--structure", str(tmp_path / "junk.extxyz"), "--out", str(bad_out)])
+    assert not os.path.exists(bad_out / "md.json")

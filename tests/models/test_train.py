@@ -1,0 +1,105 @@
+"""EMT data generation and training (e3j_models.data, e3j_models.train, the CLI)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("ase")
+pytest.importorskip("optax")
+
+from ase.calculators.emt import EMT
+
+from e3j_models import load, nequip
+from e3j_models.__main__ import main
+from e3j_models.data import emt_structures, read_dataset, write_dataset
+from e3j_models.train import fit, prepare_config
+
+TINY = dict(num_layers=1, num_channels=4, node_irreps="0e + 1o", l_max=1, cutoff=3.0, radial_mlp=(8,))
+
+
+def test_emt_structures_deterministic_and_labelled():
+    a = emt_structures(3, seed=7)
+    b = emt_structures(5, seed=7)  # a larger set extends a smaller one
+    for x, y in zip(a, b[:3], strict=True):
+        np.testing.assert_array_equal(x.positions, y.positions)
+        np.testing.assert_array_equal(x.numbers, y.numbers)
+    assert not np.array_equal(emt_structures(1, seed=8)[0].positions, a[0].positions)
+    for atoms in a:
+        assert atoms.pbc.all() and set(atoms.numbers.tolist()) <= {28, 29}
+        ref = atoms.copy()
+        ref.calc = EMT()  # the oracle: a fresh EMT evaluation of the stored structure
+        np.testing.assert_allclose(atoms.get_potential_energy(), ref.get_potential_energy(), rtol=1e-12)
+        np.testing.assert_allclose(atoms.get_forces(), ref.get_forces(), atol=1e-12)
+        np.testing.assert_allclose(atoms.get_stress(), ref.get_stress(), atol=1e-12)
+    # thermal displacements and vacancies: not a perfect lattice
+    assert max(np.abs(x.get_forces()).max() for x in a) > 0.1
+
+
+def test_dataset_roundtrip_and_bad_files(tmp_path):
+    structures = emt_structures(2)
+    path = tmp_path / "d.extxyz"
+    write_dataset(path, structures)
+    back = read_dataset(path)
+    np.testing.assert_allclose(back[1].get_forces(), structures[1].get_forces(), atol=1e-7)  # extxyz: 8 decimals
+    np.testing.assert_allclose(back[1].get_stress(), structures[1].get_stress(), atol=1e-7)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_dataset(tmp_path / "missing.extxyz")
+    bad = tmp_path / "bad.extxyz"
+    bad.write_text("this is not\nan xyz file\n")
+    with pytest.raises(ValueError, match="not readable"):
+        read_dataset(bad)
+    unlabelled = tmp_path / "u.extxyz"
+    from ase.io import write
+
+    write(unlabelled, emt_structures(1)[0].copy(), format="extxyz")  # copy() drops the calculator
+    with pytest.raises(ValueError, match="no energy"):
+        read_dataset(unlabelled)
+
+
+def test_prepare_config_fits_reference_energies():
+    structures = emt_structures(6)
+    cfg = prepare_config(nequip((28, 29), **TINY), structures)
+    counts = np.array([[np.sum(a.numbers == 28), np.sum(a.numbers == 29)] for a in structures])
+    energies = np.array([a.get_potential_energy() for a in structures])
+    resid = energies - counts @ np.array(cfg.atomic_energies)
+    # least squares: the residual is orthogonal to the columns (normal equations)
+    np.testing.assert_allclose(counts.T @ resid, 0, atol=1e-8 * np.abs(energies).sum())
+    assert 1 < cfg.avg_num_neighbors < 20  # fcc Cu/Ni with a 3 Å cutoff: ~12 nearest neighbours
+    with pytest.raises(ValueError, match=r"atomic numbers \[29\] unknown"):
+        prepare_config(nequip((28,), **TINY), structures)
+
+
+def test_training_decreases_loss_and_matches_e3nn_twin():
+    pytest.importorskip("e3nn_jax")
+    s = emt_structures(3, repeats=[(2, 2, 2)])
+    cfg = nequip((28, 29), **TINY)
+    kw = dict(steps=12, batch_size=2, learning_rate=1e-2, progress=False)
+    e3j = fit(cfg, s[:2], s[2:], **kw)
+    loss = np.array(e3j.history["train_loss"])
+    assert loss[-1] < 0.97 * loss[0]
+    assert np.all(np.diff(loss) < 0)  # one batch, small steps: every step lowers the loss
+    twin = fit(cfg, s[:2], s[2:], backend="e3nn", **kw)
+    np.testing.assert_allclose(twin.history["train_loss"][:5], loss[:5], rtol=1e-5)
+    with pytest.raises(ValueError, match="steps must be a positive int"):
+        fit(cfg, s[:2], s[2:], steps=0)
+    with pytest.raises(ValueError, match="valid is empty"):
+        fit(cfg, s[:2], [], steps=1)
+
+
+def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
+    data = tmp_path / "d.extxyz"
+    main(["data", "--num", "3", "--out", str(data)])
+    out = tmp_path / "run"
+    args = ["train", "--data", str(data), "--preset", "nequip", "--out", str(out), "--channels", "2", "--layers", "1"]
+    args += ["--l-max", "1", "--cutoff", "3.0", "--radial-hidden", "4", "--steps", "2", "--batch-size", "2"]
+    main([*args, "--eval-every", "1", "--valid-fraction", "0.34"])
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["train_structures"] == 2 and metrics["valid_structures"] == 1
+    assert (out / "loss.png").stat().st_size > 1000
+    cfg, _ = load(out / "model.npz")
+    assert cfg.atomic_numbers == (28, 29) and cfg.atomic_energies is not None
+    with pytest.raises(SystemExit, match="does not exist"):
+        main(["train", "--data", str(tmp_path / "nope.extxyz"), "--out", str(tmp_path / "x")])
+    assert not os.path.exists(tmp_path / "x" / "metrics.json")
