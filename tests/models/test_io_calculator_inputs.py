@@ -140,3 +140,12 @@ except ImportError as err:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "twin: backend='e3nn' needs e3nn-jax: pip install 'e3j-models[e3nn]'" in out.stdout
+
+
+def test_calculator_refuses_float64_without_x64(tiny):
+    """JAX without 64-bit mode would run a float64 request in float32: the calculator says so instead."""
+    pot, _, params = tiny
+    with jax.enable_x64(False), pytest.raises(ValueError, match="jax_enable_x64"):
+        em.Calculator(pot, params, dtype=np.float64)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        em.Calculator(pot, params, dtype=np.int32)

@@ -35,18 +35,30 @@ __all__ = ["Calculator"]
 
 
 class Calculator(_AseCalculator):
-    """``Calculator(potential, params, headroom=0.1, dtype=np.float64)``: ASE ``energy``, ``forces``, ``stress``.
+    """``Calculator(potential, params, headroom=0.1, dtype=None)``: ASE ``energy``, ``forces``, ``stress``.
 
     ``stress`` (Voigt, ASE's sign: ``(1/V) ∂E/∂ε``) needs a fully periodic cell. ``buckets`` lists the
-    ``(num_nodes, num_edges)`` shapes compiled so far.
+    ``(num_nodes, num_edges)`` shapes compiled so far. ``dtype``: the computation's float type,
+    ``None`` for JAX's default (float64 under ``jax_enable_x64``, else float32); ``np.float64``
+    needs ``jax_enable_x64`` (JAX would otherwise compute in float32 without a word).
     """
 
     implemented_properties = ("energy", "free_energy", "forces", "stress")
 
-    def __init__(self, potential: Potential, params: Any, *, headroom: float = 0.1, dtype=np.float64, **kwargs):
+    def __init__(self, potential: Potential, params: Any, *, headroom: float = 0.1, dtype=None, **kwargs):
         super().__init__(**kwargs)
         if not isinstance(potential, Potential):
             raise TypeError(f"potential must be an e3j_models.Potential, got {type(potential).__name__}")
+        x64 = bool(jax.config.jax_enable_x64)
+        if dtype is None:
+            dtype = np.float64 if x64 else np.float32
+        elif np.dtype(dtype) == np.float64 and not x64:
+            raise ValueError(
+                "dtype=float64 needs JAX's 64-bit mode (jax.config.update('jax_enable_x64', True)); "
+                "without it JAX computes in float32. Enable it, or pass dtype=np.float32"
+            )
+        elif np.dtype(dtype) not in (np.float32, np.float64):
+            raise ValueError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
         self.potential, self.headroom, self.dtype = potential, headroom, dtype
         self.params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
         self._run = jax.jit(functools.partial(potential.__call__, stress=True))
