@@ -30,15 +30,45 @@ CONFIGS = ["2:128", "3:32", "3:128", "3:128:float64"]  # lmax:channels[:dtype] (
 KERNELS = ("tp_fwd", "tp_bwd", "conv_fwd", "conv_bwd")
 
 
+def kernel_calls(kernels, coo, channels: int, dtype) -> dict:
+    """The four kernels of ``kernels`` on abstract operands at the sizes these scripts measure.
+
+    ``{"tp_fwd" | "tp_bwd" | "conv_fwd" | "conv_bwd": (function, abstract args)}``: a batch of 4096
+    for the tensor product, 1024 nodes x 45 neighbours for the convolution, ``y`` broadcast.
+    """
+    import jax
+    import numpy as np
+
+    import e3j
+
+    spec = jax.ShapeDtypeStruct
+    batch, nodes, degree = 4096, 1024, 45
+    senders = np.random.default_rng(0).integers(0, nodes, nodes * degree).astype(np.int32)
+    graph = e3j.Graph.from_edges(senders, np.repeat(np.arange(nodes, dtype=np.int32), degree), nodes)
+    graph = jax.tree.map(lambda a: spec(np.shape(a), a.dtype), graph)
+    edges = nodes * degree
+    x, y = spec((batch, coo.dim_x, channels), dtype), spec((batch, coo.dim_y), dtype)
+    dz = spec((batch, coo.dim_out, channels), dtype)
+    xn, ye = spec((nodes, coo.dim_x, channels), dtype), spec((edges, coo.dim_y), dtype)
+    se, dm = spec((edges, coo.num_paths, channels), dtype), spec((nodes, coo.dim_out, channels), dtype)
+    return {
+        "tp_fwd": (functools.partial(kernels.tensor_product, coo, y_channels=False), (x, y)),
+        "tp_bwd": (functools.partial(kernels.tensor_product_bwd, coo, outs=("x", "y"), y_channels=False), (x, y, dz)),
+        "conv_fwd": (lambda x, y, s, g: kernels.convolution(coo, x, y, s, g, y_channels=False), (xn, ye, se, graph)),
+        "conv_bwd": (
+            lambda x, y, s, dm, g: kernels.convolution_bwd(coo, x, y, s, dm, g, outs=("x", "y", "s"), y_channels=False),
+            (xn, ye, se, dm, graph),
+        ),
+    }
+
+
 def capture_triton_ir(lmax: int, channels: int, dtype: str = "float32") -> dict[str, tuple[str, int]]:
     """``{kernel: (Triton IR text, num_warps)}`` of the pallas_gpu kernels lowered for cuda on CPU."""
     import jax
     import jax.numpy as jnp
-    import numpy as np
     from jax._src.pallas.triton import pallas_call_registration as registration
     from jax.sharding import AbstractDevice, AbstractMesh
 
-    import e3j
     from e3j.backends import get_backend, kernels_of
     from e3j_core import Irreps, tensor_product_coo
 
@@ -55,28 +85,9 @@ def capture_triton_ir(lmax: int, channels: int, dtype: str = "float32") -> dict[
     kernels = kernels_of(get_backend("pallas_gpu"))
     irreps = Irreps.spherical_harmonics(lmax)
     coo = tensor_product_coo(irreps, irreps, filter=irreps)
-    spec = jax.ShapeDtypeStruct
     if dtype == "float64":
         jax.config.update("jax_enable_x64", True)  # (this script's process only)
-    f32 = jnp.dtype(dtype)
-    batch, nodes, degree = 4096, 1024, 45
-    senders = np.random.default_rng(0).integers(0, nodes, nodes * degree).astype(np.int32)
-    graph = e3j.Graph.from_edges(senders, np.repeat(np.arange(nodes, dtype=np.int32), degree), nodes)
-    graph = jax.tree.map(lambda a: spec(np.shape(a), a.dtype), graph)
-    edges = nodes * degree
-    x, y = spec((batch, coo.dim_x, channels), f32), spec((batch, coo.dim_y), f32)
-    dz = spec((batch, coo.dim_out, channels), f32)
-    xn, ye = spec((nodes, coo.dim_x, channels), f32), spec((edges, coo.dim_y), f32)
-    se, dm = spec((edges, coo.num_paths, channels), f32), spec((nodes, coo.dim_out, channels), f32)
-    calls = {
-        "tp_fwd": (functools.partial(kernels.tensor_product, coo, y_channels=False), (x, y)),
-        "tp_bwd": (functools.partial(kernels.tensor_product_bwd, coo, outs=("x", "y"), y_channels=False), (x, y, dz)),
-        "conv_fwd": (lambda x, y, s, g: kernels.convolution(coo, x, y, s, g, y_channels=False), (xn, ye, se, graph)),
-        "conv_bwd": (
-            lambda x, y, s, dm, g: kernels.convolution_bwd(coo, x, y, s, dm, g, outs=("x", "y", "s"), y_channels=False),
-            (xn, ye, se, dm, graph),
-        ),
-    }
+    calls = kernel_calls(kernels, coo, channels, jnp.dtype(dtype))
     out = {}
     registration.lowering.lower_jaxpr_to_triton_module = capture
     try:

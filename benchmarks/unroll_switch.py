@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import os
 import platform
@@ -31,32 +30,10 @@ KERNELS = ("tp_fwd", "tp_bwd", "conv_fwd", "conv_bwd")
 
 
 def _calls(kernels, coo, channels: int):
-    import jax
     import jax.numpy as jnp
-    import numpy as np
+    from triton_resources import kernel_calls  # this folder's script: the same abstract calls
 
-    import e3j
-
-    spec = jax.ShapeDtypeStruct
-    f32 = jnp.float32
-    batch, nodes, degree = 4096, 1024, 45
-    senders = np.random.default_rng(0).integers(0, nodes, nodes * degree).astype(np.int32)
-    graph = e3j.Graph.from_edges(senders, np.repeat(np.arange(nodes, dtype=np.int32), degree), nodes)
-    graph = jax.tree.map(lambda a: spec(np.shape(a), a.dtype), graph)
-    edges = nodes * degree
-    x, y = spec((batch, coo.dim_x, channels), f32), spec((batch, coo.dim_y), f32)
-    dz = spec((batch, coo.dim_out, channels), f32)
-    xn, ye = spec((nodes, coo.dim_x, channels), f32), spec((edges, coo.dim_y), f32)
-    se, dm = spec((edges, coo.num_paths, channels), f32), spec((nodes, coo.dim_out, channels), f32)
-    return {
-        "tp_fwd": (functools.partial(kernels.tensor_product, coo, y_channels=False), (x, y)),
-        "tp_bwd": (functools.partial(kernels.tensor_product_bwd, coo, outs=("x", "y"), y_channels=False), (x, y, dz)),
-        "conv_fwd": (lambda x, y, s, g: kernels.convolution(coo, x, y, s, g, y_channels=False), (xn, ye, se, graph)),
-        "conv_bwd": (
-            lambda x, y, s, dm, g: kernels.convolution_bwd(coo, x, y, s, dm, g, outs=("x", "y", "s"), y_channels=False),
-            (xn, ye, se, dm, graph),
-        ),
-    }
+    return kernel_calls(kernels, coo, channels, jnp.float32)
 
 
 def _lower(fn, args, platform_: str, device_kind: str):
