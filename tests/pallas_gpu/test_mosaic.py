@@ -22,6 +22,7 @@ from kernel_cases import (
     CONV_CASES,
     ODD_CHANNEL_CASES,
     Case,
+    assert_close,
     check_convolution,
     check_tensor_product,
     conv_operands,
@@ -72,6 +73,23 @@ def test_tensor_product_matches_reference(kernels, no_races, case):
 @pytest.mark.parametrize("case", [Case(1, 16, 5, False), Case(2, 16, 4, True), Case(1, 256, 3, False)], ids=str)
 def test_convolution_matches_reference(kernels, no_races, case):
     check_convolution(kernels, case)
+
+
+@pytest.mark.parametrize(
+    "case", [Case(1, 128, 3, False), pytest.param(Case(1, 8, 3, False), marks=pytest.mark.slow)], ids=str
+)
+def test_convolution_bwd_one_cotangent(no_races, case):
+    """``dy`` alone and ``ds`` alone (the conformance check asks for them beside others), on one-node
+    tiles (broadcast y read as scalars) and 16-node tiles (y broadcast in XLA)."""
+    coo, graph, x, y, s, dm = conv_operands(case)
+    f64 = [jnp.asarray(a, jnp.float64) for a in (x, y, s, dm)]
+    want = ref_conv.convolution_bwd(coo, *f64, graph, outs=("x", "y", "s"), y_channels=False)
+    for outs, operands in ((("y",), (x, None, s)), (("s",), (x, y, None))):
+        got = mosaic_convolution.convolution_bwd(
+            coo, *operands, dm, graph, outs=outs, y_channels=False, interpret=RACES
+        )
+        assert set(got) == set(outs)
+        assert_close(got[outs[0]], want[outs[0]], "float32", f"d{outs[0]} alone")
 
 
 # every tile shape of the convolution: C = 1 (padded to 4 lanes: 32 nodes per warpgroup) to 64 (2 nodes),

@@ -332,13 +332,10 @@ def convolution_bwd_kernel(
             plgpu.barrier_wait(barriers.at[slot])
             dm_row = _rows(dm_smem.at[slot])
             s_row = _rows(s_smem.at[slot]) if need["s"] else None
+            e0 = walk.edge(0, t)[0] if y_scalars else None  # one row: its edge is valid at every step
             y_row = None
             if need["y"]:
-                if y_scalars:  # one row: its edge is valid at every step
-                    e0 = walk.edge(0, t)[0]
-                    y_row = functools.cache(lambda i: gmem["y"][e0, i])
-                else:
-                    y_row = _rows(y_smem.at[slot])
+                y_row = functools.cache(lambda i: gmem["y"][e0, i]) if y_scalars else _rows(y_smem.at[slot])
             if stored:  # the previous step's TMA stores have read the output blocks
                 plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             ds = {"path": None, "sum": None}

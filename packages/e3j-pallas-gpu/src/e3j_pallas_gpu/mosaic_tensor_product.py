@@ -43,6 +43,7 @@ from ._mosaic import Lanes, check_dtype, flush, interpret_params, pad_channels, 
 
 __all__ = ["tensor_product", "tensor_product_bwd"]
 
+
 class _Tile(NamedTuple):
     rows: int  # batch rows per program
     lanes: int  # channels per program
