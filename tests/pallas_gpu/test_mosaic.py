@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from e3j_pallas_gpu import _mosaic, mosaic_convolution, mosaic_tensor_product
 from e3j_pallas_gpu import backend as descriptors
-from e3j_pallas_gpu import mosaic_convolution, mosaic_tensor_product
 from e3j_pallas_gpu._mosaic import Lanes
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as gpu_interpret
 from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -245,7 +245,7 @@ def test_info_says_why_mosaic_is_not_used(monkeypatch):
         assert "pallas_mosaic" not in dict(_passed_over(REQ, "pallas_gpu"))
 
 
-@pytest.mark.parametrize("module", [mosaic_tensor_product, mosaic_convolution], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [mosaic_tensor_product, mosaic_convolution, _mosaic], ids=lambda m: m.__name__)
 def test_doctests(module):
     import doctest
 
