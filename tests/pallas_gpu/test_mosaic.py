@@ -12,12 +12,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from e3j_pallas_gpu import _mosaic, mosaic_convolution, mosaic_tensor_product
 from e3j_pallas_gpu import backend as descriptors
-from e3j_pallas_gpu import mosaic_convolution, mosaic_tensor_product
+from e3j_pallas_gpu._mosaic import Lanes
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as gpu_interpret
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.sharding import AbstractDevice, AbstractMesh
-from kernel_cases import Case, check_convolution, check_tensor_product, conv_operands, tp_operands
+from kernel_cases import (
+    CONV_CASES,
+    ODD_CHANNEL_CASES,
+    Case,
+    assert_close,
+    check_convolution,
+    check_tensor_product,
+    conv_operands,
+    tp_operands,
+)
 
 import e3j
 from e3j.backends import Backend, Kernels, OpRequest
@@ -50,17 +60,72 @@ def no_races():
 
 
 # broadcast and per-channel y; 16 channels (tiles of 8 batch rows, 3 rows padded to 8), 130 (padded to two
-# 128-lane blocks, the second with 2 live lanes), 3 (too narrow for the TMA: padded); lmax 1 and 2 (the
-# interpreter runs every warpgroup in Python: ~5-20 s a case)
+# 128-lane blocks, the second with 2 live lanes), 3 (padded to 4 lanes: tiles of 32 batch rows); lmax 1 and 2
+# (the interpreter runs every warpgroup in Python: ~5-20 s a case)
 @pytest.mark.parametrize("case", [Case(1, 16, 3, False), Case(2, 130, 2, True), Case(1, 3, 2, True)], ids=str)
 def test_tensor_product_matches_reference(kernels, no_races, case):
     check_tensor_product(kernels, case)
 
 
-# hard_graph: isolated node, high-valency receiver, padding edges, unsorted edges
-@pytest.mark.parametrize("case", [Case(1, 16, 5, False), Case(2, 16, 4, True)], ids=str)
+# hard_graph: isolated node, high-valency receiver (its tile's other rows run out of edges early: they
+# stage zeros and store nothing), padding edges, unsorted edges. 16 channels: 8 nodes per warpgroup; 256:
+# one node per warpgroup, two blocks of 128 channels, broadcast y read as scalars.
+@pytest.mark.parametrize("case", [Case(1, 16, 5, False), Case(2, 16, 4, True), Case(1, 256, 3, False)], ids=str)
 def test_convolution_matches_reference(kernels, no_races, case):
     check_convolution(kernels, case)
+
+
+@pytest.mark.parametrize(
+    "case", [Case(1, 128, 3, False), pytest.param(Case(1, 8, 3, False), marks=pytest.mark.slow)], ids=str
+)
+def test_convolution_bwd_one_cotangent(no_races, case):
+    """``dy`` alone and ``ds`` alone (the conformance check asks for them beside others), on one-node
+    tiles (broadcast y read as scalars) and 16-node tiles (y broadcast in XLA)."""
+    coo, graph, x, y, s, dm = conv_operands(case)
+    f64 = [jnp.asarray(a, jnp.float64) for a in (x, y, s, dm)]
+    want = ref_conv.convolution_bwd(coo, *f64, graph, outs=("x", "y", "s"), y_channels=False)
+    for outs, operands in ((("y",), (x, None, s)), (("s",), (x, y, None))):
+        got = mosaic_convolution.convolution_bwd(
+            coo, *operands, dm, graph, outs=outs, y_channels=False, interpret=RACES
+        )
+        assert set(got) == set(outs)
+        assert_close(got[outs[0]], want[outs[0]], "float32", f"d{outs[0]} alone")
+
+
+# every tile shape of the convolution: C = 1 (padded to 4 lanes: 32 nodes per warpgroup) to 64 (2 nodes),
+# 128 (one node per warpgroup), lmax 3 at 16 channels; more nodes than one tile holds
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "case",
+    [Case(1, c, n, yc) for c, n, yc in [(1, 6, True), (8, 20, False), (32, 9, True), (64, 5, False), (128, 4, True)]]
+    + [Case(3, 16, 4, False)],
+    ids=str,
+)  # fmt: skip
+def test_convolution_channel_sweep(kernels, no_races, case):
+    check_convolution(kernels, case)
+
+
+# the shared conformance cases other backends run (float32: the Mosaic kernels refuse float64)
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [c for c in CONV_CASES + ODD_CHANNEL_CASES if c.dtype == "float32"], ids=str)
+def test_shared_convolution_cases(kernels, no_races, case):
+    check_convolution(kernels, case)
+
+
+@pytest.mark.parametrize(
+    ("channels", "expected"),
+    [(1, (4, 32, 4)), (3, (4, 32, 4)), (8, (8, 16, 8)), (20, (32, 4, 32)), (64, (64, 2, 64)), (128, (128, 1, 128)),
+     (300, (128, 1, 384))],
+)  # fmt: skip
+def test_lanes_serve_small_channel_counts_without_padding_to_128(channels, expected):
+    lanes = Lanes.of(channels)
+    assert (lanes.width, lanes.rows, lanes.channels) == expected
+    assert lanes.width * lanes.rows == 128
+    # each row's [D, width] block spans a multiple of 128 bytes (TMA transfer size and smem alignment)
+    for d in (1, 3, 4, 9, 16):
+        assert lanes.block_rows(d) >= d and lanes.block_rows(d) * lanes.width * 4 % 128 == 0
+    with pytest.raises(ValueError, match="channels must be positive, got 0"):
+        Lanes.of(0)
 
 
 def test_race_detector_sees_the_race_the_kernels_avoid():
@@ -180,7 +245,7 @@ def test_info_says_why_mosaic_is_not_used(monkeypatch):
         assert "pallas_mosaic" not in dict(_passed_over(REQ, "pallas_gpu"))
 
 
-@pytest.mark.parametrize("module", [mosaic_tensor_product, mosaic_convolution], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [mosaic_tensor_product, mosaic_convolution, _mosaic], ids=lambda m: m.__name__)
 def test_doctests(module):
     import doctest
 

@@ -1,13 +1,16 @@
 """Tiles, dtypes and interpreter settings shared by the Mosaic GPU kernels of this package.
 
 A Mosaic GPU program is one warpgroup (128 threads); its register arrays hold :data:`LANES`
-elements, one per thread (Mosaic's strided warpgroup layout): a ``[LANES]`` channel row, or for the
-tensor product with fewer channels a ``[rows, C]`` tile of several batch rows. Other channel counts
-are zero-padded to a multiple of :data:`LANES` (a copy of the operands; none otherwise): padded lanes
-hold zeros, contribute nothing to the sums over channels, and are sliced off the results.
+elements, one per thread (Mosaic's strided warpgroup layout): a ``[rows, width]`` tile with
+``rows · width = LANES`` — one row of 128 channels, or for fewer channels several rows (batch rows,
+nodes or edges) of ``width`` channels each (:class:`Lanes`). Channel counts that fit no such tile are
+zero-padded (a copy of the operands; none otherwise): padded lanes hold zeros, contribute nothing to
+the sums over channels, and are sliced off the results.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +31,47 @@ def check_dtype(dtype, what: str) -> jnp.dtype:
             "(Mosaic GPU's TMA has no float64 transfers); use the pallas_gpu (Triton) or cuda backend"
         )
     return dtype
+
+
+#: The TMA moves rows of at least 16 bytes: 4 float32 channels.
+MIN_WIDTH = 4
+#: A TMA transfer of one row block (and its shared-memory address) spans a multiple of 128 bytes.
+TMA_BYTES = 128
+
+
+class Lanes(NamedTuple):
+    """How a program's ``[rows, width]`` register tile covers the channels.
+
+    ``C >= 128``: ``width = 128``, one row, ``C`` padded to a multiple of 128 (blocks of 128 lanes);
+    ``C < 128``: ``width`` = the next power of two ``>= max(C, 4)`` (``C`` padded to it) and
+    ``rows = 128 / width`` (e.g. ``C = 16``: 8 rows of 16 channels; ``C = 1``: 32 rows of 4 lanes).
+
+    >>> Lanes.of(16), Lanes.of(1).rows, Lanes.of(300).channels
+    (Lanes(width=16, rows=8, channels=16), 32, 384)
+    """
+
+    width: int  # channels per tile row
+    rows: int  # tile rows per program
+    channels: int  # the padded channel count of the operands
+
+    @classmethod
+    def of(cls, channels: int) -> Lanes:
+        if channels <= 0:
+            raise ValueError(f"channels must be positive, got {channels}")
+        if channels >= LANES:
+            return cls(LANES, 1, padded_channels(channels))
+        width = max(MIN_WIDTH, 1 << (channels - 1).bit_length())
+        return cls(width, LANES // width, width)
+
+    @property
+    def blocks(self) -> int:
+        """Channel blocks of ``width`` lanes."""
+        return self.channels // self.width
+
+    def block_rows(self, d: int) -> int:
+        """``d`` feature rows rounded up so that a ``[d, width]`` float32 block spans a multiple of 128 bytes."""
+        unit = max(1, TMA_BYTES // (4 * self.width))
+        return -(-d // unit) * unit
 
 
 def padded_channels(channels: int) -> int:

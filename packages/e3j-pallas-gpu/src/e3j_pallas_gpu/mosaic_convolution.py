@@ -2,31 +2,43 @@
 
 ``m_b = Σ_{a→b} s_ab · (x_a ⊗ y_ab)`` with ``x [N, Dx, C]``, ``y [E, Dy]`` or ``[E, Dy, C]``,
 ``s [E, P, C]`` (one scalar per path and channel), ``m [N, Dout, C]``; float32 (Mosaic GPU's TMA
-has no float64). Channel counts that are not a multiple of 128 are zero-padded.
+has no float64).
 
-Forward (paper Algorithm 2, Appendix E.3): one program — one warpgroup — per (receiver, block of
-128 channels) walks the receiver's CSR interval of the graph's receiver-sorted ``order``. For each
-edge the TMA stages the gathered sender row ``x_a`` and the edge's ``s_ab`` (and a per-channel
-``y_ab``) in shared memory; the Clebsch–Gordan records are unrolled at trace time, the edge scalar
-``s_ab[i3(i0)]`` is factored out of each output row's record sum, and the message accumulates in
-registers (one channel per thread). The receiver's row is written once. Padding edges are outside
-every interval: they cost nothing. No atomics, so the result is bitwise reproducible.
+A program — one warpgroup, 128 threads — holds ``[rows, width]`` register tiles (:class:`Lanes`): one
+node × a block of 128 channels when ``C >= 128``, or ``rows = 128 / width`` nodes × ``width``
+channels when ``C < 128`` (``width`` = ``C`` rounded up to a power of two ≥ 4): a ``C = 16``
+program serves 8 nodes, with no lane padded to 128.
 
-Backward (Algorithm 3, made deterministic as the Triton kernels are): one program per (sender,
-channel block) walks the sender's interval of ``sender_order`` — the convolution on the transposed
-graph — so ``dx_a`` accumulates in registers and is written once, without atomics; each edge's
-``dy_ab`` and ``ds_ab`` are written along the way (an edge has one sender: no two programs write
-the same row). One more program clears ``dy``/``ds`` of the padding edges. The cotangent of a
-broadcast ``y`` is reduced over the program's lanes in registers, then over channel blocks.
+Forward (paper Algorithm 2, Appendix E.3): the program's nodes are receivers; each tile row walks its
+receiver's CSR interval of the graph's receiver-sorted ``order``, all rows in step (a row whose
+interval is shorter stages zeros: the TMA fills out-of-bounds rows with zeros). For each step the
+TMA gathers each row's sender features ``x_a`` and edge scalars ``s_ab`` (and a per-channel
+``y_ab``) into shared memory — double-buffered: the next step's rows are in flight while the current
+step computes. The Clebsch–Gordan records are unrolled at trace time, the edge scalar ``s_ab[i3(i0)]``
+is factored out of each output row's record sum, and the messages accumulate in registers; each
+receiver's row is written once. Padding edges are outside every interval: they cost nothing. No
+atomics, so the result is bitwise reproducible.
+
+Backward (Algorithm 3, made deterministic as the Triton kernels are): the program's nodes are senders,
+walking their intervals of ``sender_order`` — the convolution on the transposed graph — so ``dx_a``
+accumulates in registers and is written once, without atomics; each edge's ``dy_ab`` and ``ds_ab``
+are written along the way by the TMA (an edge has one sender: no two programs write the same row;
+a row past its sender's interval stores nothing). One more program clears
+``dy``/``ds`` of the padding edges.
+
+A broadcast ``y`` is read as scalars on one-row tiles (its cotangent reduced over the lanes in
+registers, then over channel blocks); on several-row tiles it is broadcast over the channels in XLA
+first (Mosaic's strided layout has no per-row broadcast) and its cotangent, formed per channel, is
+summed over the channels in XLA.
 
 >>> import numpy as np
 >>> import e3j
 >>> from e3j_core import tensor_product_coo
 >>> coo = tensor_product_coo("0e + 1o", "0e + 1o", filter="0e + 1o")
 >>> g = e3j.Graph.from_edges(np.array([0, 1]), np.array([1, 0]), 2)
->>> x, y = np.ones((2, 4, 128), np.float32), np.ones((2, 4), np.float32)
->>> s = np.ones((2, coo.num_paths, 128), np.float32)
->>> convolution(coo, x, y, s, g, y_channels=False, interpret=True).shape == (2, coo.dim_out, 128)
+>>> x, y = np.ones((2, 4, 16), np.float32), np.ones((2, 4), np.float32)
+>>> s = np.ones((2, coo.num_paths, 16), np.float32)
+>>> convolution(coo, x, y, s, g, y_channels=False, interpret=True).shape == (2, coo.dim_out, 16)
 True
 """
 
@@ -41,13 +53,63 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from e3j_core import TensorProductCoo
 
-from ._mosaic import LANES, check_dtype, flush, interpret_params, pad_channels, padded_channels, stage, zeros
+from ._mosaic import Lanes, check_dtype, interpret_params, pad_channels, zeros
 
 __all__ = ["convolution", "convolution_bwd"]
 
 
 def _rows(ref):
-    return functools.cache(lambda i: ref[i, :])
+    """Feature row ``i`` of a ``[rows, D, width]`` shared-memory block, as a ``[rows, width]`` value."""
+    return functools.cache(lambda i: ref[:, i, :])
+
+
+def _feature_rows(ref, lanes: Lanes):
+    """The feature rows of a gmem operand ``[M, D, C]`` one TMA transfer moves into a ``[D', width]`` block.
+
+    ``D' >= D`` (:meth:`Lanes.block_rows`): rows past ``D`` lie out of bounds, so the TMA fills them
+    with zeros (loads) or drops them (stores).
+    """
+    return pl.ds(0, lanes.block_rows(ref.shape[1]))
+
+
+class _Walk:
+    """The edges of the program's ``rows`` nodes, one per row and step, in CSR order.
+
+    Row ``r`` serves node ``g · rows + r`` (out of bounds past the last node: an empty interval). At
+    step ``t`` its edge is ``order[offsets[node] + t]`` when inside its interval, else ``num_edges``
+    (out of bounds: the TMA loads zeros for it).
+    """
+
+    def __init__(self, offsets_gmem, order_gmem, other_gmem, group, rows: int, num_nodes: int, num_edges: int):
+        self.order, self.other, self.num_nodes, self.num_edges = order_gmem, other_gmem, num_nodes, num_edges
+        self.nodes = [group * rows + r for r in range(rows)]
+        bounds = [
+            (offsets_gmem[jnp.minimum(n, num_nodes)], offsets_gmem[jnp.minimum(n + 1, num_nodes)]) for n in self.nodes
+        ]
+        self.starts = [b[0] for b in bounds]
+        self.ends = [b[1] for b in bounds]
+        self.steps = functools.reduce(jnp.maximum, [e - s for s, e in bounds])
+
+    def edge(self, r: int, t):
+        """``(edge, other endpoint, valid)`` of row ``r`` at step ``t``, out of bounds past its interval."""
+        k = self.starts[r] + t
+        valid = k < self.ends[r]
+        e = self.order[jnp.minimum(k, self.num_edges - 1)]
+        other = self.other[jnp.minimum(e, self.num_edges - 1)]
+        return jnp.where(valid, e, self.num_edges), jnp.where(valid, other, self.num_nodes), valid
+
+
+def _stage(copies, barrier) -> None:
+    """Issues TMA copies ``(gmem_slice, smem)`` tracked by one barrier (whose arrival count is their number)."""
+    for src, dst in copies:
+        plgpu.copy_gmem_to_smem(src, dst, barrier)
+
+
+def _store(copies) -> None:
+    """TMA stores ``(smem, gmem_slice)`` of blocks the warpgroup wrote (waited for by the caller)."""
+    plgpu.commit_smem()  # the warpgroup's writes are visible to the TMA
+    for src, dst in copies:
+        plgpu.copy_smem_to_gmem(src, dst)
 
 
 def convolution_kernel(
@@ -66,35 +128,75 @@ def convolution_kernel(
     barriers,
     table,
     i3,
-    y_channels,
+    y_scalars,
+    lanes,
 ):
-    """One receiver × ``LANES`` channels of the forward (``y_smem`` is ``None`` for a broadcast y)."""
-    b, c = jax.lax.axis_index("node"), jax.lax.axis_index("lanes")
-    lanes = pl.ds(c * LANES, LANES)
+    """``rows`` receivers × ``width`` channels of the forward; ``y_smem`` is ``None`` for scalar ``y``."""
+    g, c = jax.lax.axis_index("node"), jax.lax.axis_index("lanes")
+    cols = pl.ds(c * lanes.width, lanes.width)
+    num_nodes, num_edges = x_gmem.shape[0], s_gmem.shape[0]
+    walk = _Walk(offsets_gmem, order_gmem, senders_gmem, g, lanes.rows, num_nodes, num_edges)
     dtype = m_smem.dtype
+    operands = [(x_gmem, x_smem, "a"), (s_gmem, s_smem, "e")]
+    if not y_scalars:
+        operands.append((y_gmem, y_smem, "e"))
 
-    def edge(k, acc):
-        e = order_gmem[k]
-        a = senders_gmem[e]
-        plgpu.commit_smem()  # every thread has read the previous edge's rows before the TMA overwrites them
-        staged = [(x_gmem.at[a, :, lanes], x_smem, barriers.at[0]), (s_gmem.at[e, :, lanes], s_smem, barriers.at[1])]
-        if y_channels:
-            staged.append((y_gmem.at[e, :, lanes], y_smem, barriers.at[2]))
-        stage(staged)
-        s_row = _rows(s_smem)
-        y_row = _rows(y_smem) if y_channels else functools.cache(lambda i: y_gmem[e, i])
+    def stage(t, slot):
+        copies = []
+        for r in range(lanes.rows):
+            e, a, _ = walk.edge(r, t)
+            for src, dst, key in operands:
+                row = a if key == "a" else e
+                copies.append((src.at[row, _feature_rows(src, lanes), cols], dst.at[slot, r]))
+        _stage(copies, barriers.at[slot])
+
+    @pl.when(walk.steps > 0)
+    def _():
+        stage(0, 0)
+
+    def step(t, acc):
+        slot = t % 2
+
+        @pl.when(t + 1 < walk.steps)
+        def _():  # the next step's rows fly while this one computes
+            plgpu.commit_smem()  # every thread has read the other slot (step t - 1) before the TMA overwrites it
+            stage(t + 1, 1 - slot)
+
+        plgpu.barrier_wait(barriers.at[slot])
+        s_row = _rows(s_smem.at[slot])
+        if y_scalars:  # one row: its edge is valid at every step
+            e = walk.edge(0, t)[0]
+            y_row = functools.cache(lambda i: y_gmem[e, i])
+        else:
+            y_row = _rows(y_smem.at[slot])
         acc = list(acc)
 
         def on_row(i0, z):  # accumulated as soon as the row is done: one message row live at a time
             acc[i0] = acc[i0] + s_row(i3[i0]) * z
 
-        table.contract(_rows(x_smem), y_row, on_row=on_row)
+        table.contract(_rows(x_smem.at[slot]), y_row, on_row=on_row)
         return tuple(acc)
 
-    acc = jax.lax.fori_loop(offsets_gmem[b], offsets_gmem[b + 1], edge, (zeros(dtype),) * len(i3))
+    tile = (lanes.rows, lanes.width)
+    acc = jax.lax.fori_loop(0, walk.steps, step, (zeros(dtype, tile),) * len(i3))
     for i0, v in enumerate(acc):
-        m_smem[i0, :] = v.astype(dtype)
-    flush([(m_smem, m_gmem.at[b, :, lanes])])
+        m_smem[:, i0, :] = v.astype(dtype)
+    _store([(m_smem.at[r], m_gmem.at[n, _feature_rows(m_gmem, lanes), cols]) for r, n in enumerate(walk.nodes)])
+    plgpu.wait_smem_to_gmem(0)
+
+
+def _smem(lanes: Lanes, d: int, dtype, slots: int | None = None):
+    shape = (lanes.rows, lanes.block_rows(d), lanes.width)
+    return plgpu.SMEM(shape if slots is None else (slots, *shape), dtype)
+
+
+def _y_operand(y: jax.Array, lanes: Lanes, y_channels: bool, channels: int) -> tuple[jax.Array, bool]:
+    """``y`` as the kernels read it, and whether it is read as scalars (a broadcast y on one-row tiles)."""
+    if y_channels:
+        return pad_channels(y, lanes.channels), False
+    if lanes.rows == 1:
+        return y, True
+    return pad_channels(jnp.broadcast_to(y[..., None], (*y.shape, channels)), lanes.channels), False
 
 
 def convolution(
@@ -103,36 +205,41 @@ def convolution(
     """Fused forward convolution (see the module docstring); ``interpret`` runs Mosaic's GPU interpreter."""
     num_nodes, _, channels = x.shape
     dtype = check_dtype(jnp.result_type(x, y, s), "convolution")
-    cp = padded_channels(channels)
+    lanes = Lanes.of(channels)
+    y_op, y_scalars = _y_operand(y, lanes, y_channels, channels)
     scratch = {
-        "x_smem": plgpu.SMEM((coo.dim_x, LANES), dtype),
-        "s_smem": plgpu.SMEM((coo.num_paths, LANES), dtype),
-        "m_smem": plgpu.SMEM((coo.dim_out, LANES), dtype),
-        "barriers": plgpu.Barrier(num_barriers=3),
+        "x_smem": _smem(lanes, coo.dim_x, dtype, 2),
+        "s_smem": _smem(lanes, coo.num_paths, dtype, 2),
+        "m_smem": _smem(lanes, coo.dim_out, dtype),
+        "y_smem": None if y_scalars else _smem(lanes, coo.dim_y, dtype, 2),
+        # one barrier per slot: every row's copies of the step arrive on it
+        "barriers": plgpu.Barrier(num_arrivals=lanes.rows * (2 if y_scalars else 3), num_barriers=2),
     }
-    defaults = {}
-    if y_channels:
-        scratch["y_smem"] = plgpu.SMEM((coo.dim_y, LANES), dtype)
-    else:
-        defaults["y_smem"] = None
-    body = functools.partial(convolution_kernel, table=coo.table, i3=coo.i3.tolist(), y_channels=y_channels, **defaults)
+    body = functools.partial(
+        convolution_kernel,
+        table=coo.table,
+        i3=coo.i3.tolist(),
+        y_scalars=y_scalars,
+        lanes=lanes,
+        **{k: None for k, v in scratch.items() if v is None},
+    )
     m = plgpu.kernel(
         body,
-        out_type=jax.ShapeDtypeStruct((num_nodes, coo.dim_out, cp), dtype),
-        grid=(num_nodes, cp // LANES),
+        out_type=jax.ShapeDtypeStruct((num_nodes, coo.dim_out, lanes.channels), dtype),
+        grid=(-(-num_nodes // lanes.rows), lanes.blocks),
         grid_names=("node", "lanes"),
-        scratch_types=scratch,
+        scratch_types={k: v for k, v in scratch.items() if v is not None},
         interpret=interpret_params(interpret),
         kernel_name="e3j_mosaic_convolution",
     )(
         graph.receiver_offsets,
         graph.order,
         graph.senders,
-        pad_channels(x, cp),
-        pad_channels(y, cp) if y_channels else y,
-        pad_channels(s, cp),
+        pad_channels(x, lanes.channels),
+        y_op,
+        pad_channels(s, lanes.channels),
     )
-    return m[..., :channels] if cp != channels else m
+    return m[..., :channels] if lanes.channels != channels else m
 
 
 def convolution_bwd_kernel(
@@ -145,17 +252,20 @@ def convolution_bwd_kernel(
     y_smem,
     s_smem,
     dm_smem,
+    dx_smem,
+    dy_smem,
+    ds_smem,
     barriers,
+    x_barrier,
     table,
     i3,
     empty_paths,
     dims,
-    y_channels,
+    y_scalars,
     outs,
-    num_nodes,
-    num_edges,
+    lanes,
 ):
-    """One sender × ``LANES`` channels of the backward; the program ``node == num_nodes`` clears padding.
+    """``rows`` senders × ``width`` channels of the backward; the last program clears padding edges.
 
     ``refs`` are the needed operands among ``x, y, s`` (in that order), ``dm``, then the cotangents
     named in ``outs``; unneeded scratch refs are ``None``.
@@ -166,44 +276,73 @@ def convolution_bwd_kernel(
     gmem = {n: refs.pop(0) for n in ("x", "y", "s") if need[n]}
     gmem["dm"] = refs.pop(0)
     gmem.update({f"d{o}": refs.pop(0) for o in outs})
-    a, c = jax.lax.axis_index("node"), jax.lax.axis_index("lanes")
-    lanes = pl.ds(c * LANES, LANES)
+    g, c = jax.lax.axis_index("node"), jax.lax.axis_index("lanes")
+    cols = pl.ds(c * lanes.width, lanes.width)
     dtype = dm_smem.dtype
-    dim_x, dim_y, num_paths = dims
+    dim_x, dim_y = dims
+    num_nodes, num_edges = gmem["dm"].shape[0], order_gmem.shape[0]
+    num_groups = -(-num_nodes // lanes.rows)
+    tile = (lanes.rows, lanes.width)
+    staged = [("dm", dm_smem, "b")]
+    if need["s"]:
+        staged.append(("s", s_smem, "e"))
+    if need["y"] and not y_scalars:
+        staged.append(("y", y_smem, "e"))
+    stored = [(n, ref) for n, ref in (("dy", dy_smem), ("ds", ds_smem)) if ref is not None]
 
-    def store_dy(e, i, v):
-        if y_channels:
-            gmem["dy"][e, i, lanes] = v.astype(dtype)
-        else:  # summed over the block's lanes in registers
-            gmem["dy"][c, e, i] = jnp.sum(v).astype(dtype)
-
-    @pl.when(a < num_nodes)
+    @pl.when(g < num_groups)
     def _():
+        walk = _Walk(offsets_gmem, order_gmem, receivers_gmem, g, lanes.rows, num_nodes, num_edges)
         if need["x"]:
-            stage([(gmem["x"].at[a, :, lanes], x_smem, barriers.at[0])])
+            x_gmem = gmem["x"]
+            _stage(
+                [(x_gmem.at[n, _feature_rows(x_gmem, lanes), cols], x_smem.at[r]) for r, n in enumerate(walk.nodes)],
+                x_barrier,
+            )
+            plgpu.barrier_wait(x_barrier)
         x_row = _rows(x_smem) if need["x"] else None
 
-        def edge(k, dx_acc):
-            e = order_gmem[k]
-            b = receivers_gmem[e]
-            plgpu.commit_smem()  # every thread has read the previous edge's rows before the TMA overwrites them
-            staged = [(gmem["dm"].at[b, :, lanes], dm_smem, barriers.at[1])]
-            if need["s"]:
-                staged.append((gmem["s"].at[e, :, lanes], s_smem, barriers.at[2]))
-            if need["y"] and y_channels:
-                staged.append((gmem["y"].at[e, :, lanes], y_smem, barriers.at[3]))
-            stage(staged)
-            dm_row = _rows(dm_smem)
-            s_row = _rows(s_smem) if need["s"] else None
+        def stage(t, slot):
+            copies = []
+            for r in range(lanes.rows):
+                e, b, _ = walk.edge(r, t)
+                for name, dst, key in staged:
+                    src = gmem[name]
+                    copies.append((src.at[b if key == "b" else e, _feature_rows(src, lanes), cols], dst.at[slot, r]))
+            _stage(copies, barriers.at[slot])
+
+        def store_edge_row(r, e, _, valid):
+            @pl.when(valid)  # a row past its interval stores nothing (no two rows write one edge)
+            def _():
+                for n, ref in stored:
+                    plgpu.copy_smem_to_gmem(ref.at[r], gmem[n].at[e, _feature_rows(gmem[n], lanes), cols])
+
+        @pl.when(walk.steps > 0)
+        def _():
+            stage(0, 0)
+
+        def step(t, dx_acc):
+            slot = t % 2
+
+            @pl.when(t + 1 < walk.steps)
+            def _():  # the next step's rows fly while this one computes
+                plgpu.commit_smem()  # every thread has read the other slot (step t - 1) before the TMA overwrites it
+                stage(t + 1, 1 - slot)
+
+            plgpu.barrier_wait(barriers.at[slot])
+            dm_row = _rows(dm_smem.at[slot])
+            s_row = _rows(s_smem.at[slot]) if need["s"] else None
+            e0 = walk.edge(0, t)[0] if y_scalars else None  # one row: its edge is valid at every step
+            y_row = None
             if need["y"]:
-                y_row = _rows(y_smem) if y_channels else functools.cache(lambda i: gmem["y"][e, i])
-            else:
-                y_row = None
+                y_row = functools.cache(lambda i: gmem["y"][e0, i]) if y_scalars else _rows(y_smem.at[slot])
+            if stored:  # the previous step's TMA stores have read the output blocks
+                plgpu.wait_smem_to_gmem(0, wait_read_only=True)
             ds = {"path": None, "sum": None}
 
             def write_ds():
                 if ds["path"] is not None:
-                    gmem["ds"][e, ds["path"], lanes] = ds["sum"].astype(dtype)
+                    ds_smem[:, ds["path"], :] = ds["sum"].astype(dtype)
 
             def on_row(i0, z):  # rows arrive in output order, so path by path
                 if i3[i0] != ds["path"]:
@@ -223,34 +362,49 @@ def convolution_bwd_kernel(
             if want_s:
                 write_ds()
                 for p in empty_paths:
-                    gmem["ds"][e, p, lanes] = zeros(dtype)
-            if want_y:
+                    ds_smem[:, p, :] = zeros(dtype, tile)
+            if want_y and y_scalars:  # summed over the block's lanes in registers
                 for i in range(dim_y):
-                    store_dy(e, i, dy[i] if i in dy else zeros(dtype))
+                    gmem["dy"][c, e0, i] = jnp.sum(dy[i]).astype(dtype) if i in dy else jnp.zeros((), dtype)
+            elif want_y:
+                for i in range(dim_y):
+                    dy_smem[:, i, :] = dy[i].astype(dtype) if i in dy else zeros(dtype, tile)
+            if stored:
+                plgpu.commit_smem()  # the warpgroup's writes are visible to the TMA
+                for r in range(lanes.rows):
+                    store_edge_row(r, *walk.edge(r, t))
             if want_x:
                 dx_acc = tuple(dx_acc[i] + dx[i] if i in dx else dx_acc[i] for i in range(dim_x))
             return dx_acc
 
-        dx = jax.lax.fori_loop(offsets_gmem[a], offsets_gmem[a + 1], edge, (zeros(dtype),) * (dim_x if want_x else 0))
-        for i, v in enumerate(dx):
-            gmem["dx"][a, i, lanes] = v.astype(dtype)
+        dx = jax.lax.fori_loop(0, walk.steps, step, (zeros(dtype, tile),) * (dim_x if want_x else 0))
+        if want_x:
+            for i, v in enumerate(dx):
+                dx_smem[:, i, :] = v.astype(dtype)
+            dx_gmem = gmem["dx"]
+            _store(
+                [(dx_smem.at[r], dx_gmem.at[n, _feature_rows(dx_gmem, lanes), cols]) for r, n in enumerate(walk.nodes)]
+            )
+        plgpu.wait_smem_to_gmem(0)
 
     if want_y or want_s:
 
-        @pl.when(a == num_nodes)
+        @pl.when(g == num_groups)
         def _():
+            for _, ref in stored:
+                for i in range(ref.shape[1]):
+                    ref[:, i, :] = zeros(dtype, tile)
+
             def clear(k, carry):
                 e = order_gmem[k]
-                for i in range(dim_y) if want_y else ():
-                    if y_channels:
-                        gmem["dy"][e, i, lanes] = zeros(dtype)
-                    else:
+                if want_y and y_scalars:
+                    for i in range(dim_y):
                         gmem["dy"][c, e, i] = jnp.zeros((), dtype)
-                for p in range(num_paths) if want_s else ():
-                    gmem["ds"][e, p, lanes] = zeros(dtype)
+                _store([(ref.at[0], gmem[n].at[e, _feature_rows(gmem[n], lanes), cols]) for n, ref in stored])
                 return carry
 
             jax.lax.fori_loop(num_valid_gmem[0], num_edges, clear, 0)
+            plgpu.wait_smem_to_gmem(0)
 
 
 def convolution_bwd(
@@ -274,46 +428,56 @@ def convolution_bwd(
     num_nodes, _, channels = dm.shape
     num_edges = graph.senders.shape[0]
     dtype = check_dtype(jnp.result_type(*[a for a in (x, y, s, dm) if a is not None]), "convolution_bwd")
-    cp = padded_channels(channels)
-    nc = cp // LANES
+    lanes = Lanes.of(channels)
+    cp, nc = lanes.channels, lanes.blocks
     want_x, want_y, want_s = ("x" in outs), ("y" in outs), ("s" in outs)
     need = {"x": want_y or want_s, "y": want_x or want_s, "s": want_x or want_y}
     i3 = coo.i3.tolist()
     # ds is written path by path as the output rows go by: core lists paths in output order
     assert i3 == sorted(i3), "TensorProductCoo paths are not in output order"
     empty_paths = sorted(set(range(coo.num_paths)) - {i3[i0] for i0 in coo.table.i0.tolist()})
-    operands = {"x": pad_channels(x, cp), "y": pad_channels(y, cp) if y_channels else y, "s": pad_channels(s, cp)}
+    y_scalars = not y_channels and lanes.rows == 1
+    operands = {
+        "x": pad_channels(x, cp),
+        "y": _y_operand(y, lanes, y_channels, channels)[0] if need["y"] else None,
+        "s": pad_channels(s, cp),
+    }
     shapes = {
         "x": (num_nodes, coo.dim_x, cp),
-        "y": (num_edges, coo.dim_y, cp) if y_channels else (nc, num_edges, coo.dim_y),
+        "y": (nc, num_edges, coo.dim_y) if y_scalars else (num_edges, coo.dim_y, cp),
         "s": (num_edges, coo.num_paths, cp),
     }
-    smem = {
-        "x_smem": (need["x"], coo.dim_x),
-        "y_smem": (need["y"] and y_channels, coo.dim_y),
-        "s_smem": (need["s"], coo.num_paths),
-        "dm_smem": (True, coo.dim_out),
+    scratch = {
+        "x_smem": _smem(lanes, coo.dim_x, dtype) if need["x"] else None,
+        "y_smem": _smem(lanes, coo.dim_y, dtype, 2) if need["y"] and not y_scalars else None,
+        "s_smem": _smem(lanes, coo.num_paths, dtype, 2) if need["s"] else None,
+        "dm_smem": _smem(lanes, coo.dim_out, dtype, 2),
+        "dx_smem": _smem(lanes, coo.dim_x, dtype) if want_x else None,
+        "dy_smem": _smem(lanes, coo.dim_y, dtype) if want_y and not y_scalars else None,
+        "ds_smem": _smem(lanes, coo.num_paths, dtype) if want_s else None,
     }
-    scratch = {k: plgpu.SMEM((rows, LANES), dtype) for k, (needed, rows) in smem.items() if needed}
-    scratch["barriers"] = plgpu.Barrier(num_barriers=4)
+    staged = 1 + need["s"] + (need["y"] and not y_scalars)
+    # one barrier per slot of the edge operands (every row's copies of a step arrive on it), one for x
+    scratch["barriers"] = plgpu.Barrier(num_arrivals=lanes.rows * staged, num_barriers=2)
+    scratch["x_barrier"] = plgpu.Barrier(num_arrivals=lanes.rows) if need["x"] else None
     body = functools.partial(
         convolution_bwd_kernel,
         table=coo.table,
         i3=i3,
         empty_paths=empty_paths,
-        dims=(coo.dim_x, coo.dim_y, coo.num_paths),
-        y_channels=y_channels,
+        dims=(coo.dim_x, coo.dim_y),
+        y_scalars=y_scalars,
         outs=outs,
-        num_nodes=num_nodes,
-        num_edges=num_edges,
-        **{k: None for k, (needed, _) in smem.items() if not needed},
+        lanes=lanes,
+        **{k: None for k, v in scratch.items() if v is None},
     )
+    groups = -(-num_nodes // lanes.rows)
     results = plgpu.kernel(
         body,
         out_type=tuple(jax.ShapeDtypeStruct(shapes[o], dtype) for o in outs),
-        grid=(num_nodes + (1 if (want_y or want_s) else 0), nc),
+        grid=(groups + (1 if (want_y or want_s) else 0), nc),
         grid_names=("node", "lanes"),
-        scratch_types=scratch,
+        scratch_types={k: v for k, v in scratch.items() if v is not None},
         interpret=interpret_params(interpret),
         kernel_name="e3j_mosaic_convolution_bwd",
     )(
@@ -325,6 +489,10 @@ def convolution_bwd(
         pad_channels(dm, cp),
     )
     res = dict(zip(outs, results, strict=True))
-    if want_y and not y_channels:
+    if want_y and y_scalars:
         res["y"] = functools.reduce(jnp.add, list(res["y"]))
-    return {o: (v[..., :channels] if v.shape[-1] == cp and cp != channels else v) for o, v in res.items()}
+    elif want_y and not y_channels:  # several-row tiles: formed per channel, summed over channels here
+        res["y"] = jnp.sum(res["y"][..., :channels], axis=-1)
+    return {
+        o: (v[..., :channels] if v.ndim == 3 and v.shape[-1] == cp and cp != channels else v) for o, v in res.items()
+    }

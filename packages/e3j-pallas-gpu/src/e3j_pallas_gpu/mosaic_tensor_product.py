@@ -2,8 +2,9 @@
 
 The records of core's COO table are unrolled into the program (``CooTable.contract``): no
 coefficient or index is loaded at run time. A program — one warpgroup — owns a tile of ``rows``
-batch rows × ``cb`` channels with ``rows · cb = 128`` (one element per thread): one row of 128
-channels, or for a channel count dividing 128 (4 to 64) ``128 / C`` whole rows. The TMA stages the
+batch rows × ``width`` channels with ``rows · width = 128`` (one element per thread, :class:`Lanes`):
+one row of 128 channels, or for ``C < 128`` ``128 / width`` whole rows of ``width`` channels
+(``C`` rounded up to a power of two ≥ 4). The TMA stages the
 tile's operand blocks ``x[rows, :, lanes]`` (and a per-channel ``y``) in shared memory, each output
 row is accumulated in registers and written to shared memory as soon as its records are done, and
 the TMA stores the output block.
@@ -14,8 +15,9 @@ formed per channel and summed in XLA. On one-row tiles that cotangent is reduced
 registers, then over channel blocks.
 
 Layouts are e3j's: ``x [B, Dx, C]``, ``y [B, Dy]`` or ``[B, Dy, C]``, ``z [B, Dout, C]``; float32
-(Mosaic GPU's TMA has no float64). Other channel counts are zero-padded to a multiple of 128, and a
-batch that is not a multiple of ``rows`` is padded with zero rows (copies; none otherwise).
+(Mosaic GPU's TMA has no float64). Channel counts above 128 are zero-padded to a multiple of 128,
+those below to ``width``, and a batch that is not a multiple of ``rows`` is padded with zero rows
+(copies; none otherwise).
 
 >>> import numpy as np
 >>> from e3j_core import tensor_product_coo
@@ -37,12 +39,9 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from e3j_core import CooTable, TensorProductCoo
 
-from ._mosaic import LANES, check_dtype, flush, interpret_params, pad_channels, padded_channels, stage, zeros
+from ._mosaic import Lanes, check_dtype, flush, interpret_params, pad_channels, stage, zeros
 
 __all__ = ["tensor_product", "tensor_product_bwd"]
-
-#: The TMA moves rows of at least 16 bytes: 4 float32 channels.
-_MIN_TILE_CHANNELS = 4
 
 
 class _Tile(NamedTuple):
@@ -53,10 +52,8 @@ class _Tile(NamedTuple):
 
     @classmethod
     def of(cls, batch: int, channels: int) -> _Tile:
-        if channels < LANES and LANES % channels == 0 and channels >= _MIN_TILE_CHANNELS:
-            rows = LANES // channels
-            return cls(rows, channels, channels, -(-batch // rows) * rows)
-        return cls(1, LANES, padded_channels(channels), batch)
+        lanes = Lanes.of(channels)
+        return cls(lanes.rows, lanes.width, lanes.channels, -(-batch // lanes.rows) * lanes.rows)
 
     @property
     def grid(self) -> tuple[int, int]:
