@@ -44,6 +44,9 @@ class Linear(nn.Module):
     {'w[0,0] 8x0e,8x0e': (3, 8, 8), 'w[1,1] 8x1o,4x1o': (3, 8, 4)}
     >>> lin.apply(params, species, x).shape
     (5, 5, 4)
+    >>> biased = Linear("2x0e + 1o", channels_out=4, irreps_in="0e + 1o", biases=True)
+    >>> jax.tree.map(jnp.shape, biased.init(jax.random.key(0), x)["params"])["b[0] 8x0e"]
+    (8,)
     """
 
     irreps_out: object
@@ -53,6 +56,7 @@ class Linear(nn.Module):
     force_irreps_out: bool = False
     path_normalization: str | float = "element"
     gradient_normalization: str | float = "path"
+    biases: bool = False
 
     @nn.compact
     def __call__(self, index_or_x: jax.Array, x: jax.Array | None = None) -> jax.Array:
@@ -76,6 +80,8 @@ class Linear(nn.Module):
                 raise ValueError(
                     f"index must be [{', '.join(map(str, x.shape[:-2]))}] like x's batch, got {index.shape}"
                 )
+        if not isinstance(self.biases, bool):
+            raise TypeError(f"biases must be a bool, got {self.biases!r}")
         c_in, c_out = x.shape[-1], self.channels_out
         if isinstance(c_out, bool) or not isinstance(c_out, int) or c_out <= 0:
             raise ValueError(f"channels_out must be an int > 0, got {c_out!r}")
@@ -103,6 +109,12 @@ class Linear(nn.Module):
             name = f"w[{i},{j}] {_mul_ir(flat_in[i])},{_mul_ir(flat_out[j])}"
             init = nn.initializers.normal(stddev=math.sqrt(alpha) ** (1.0 - grad_norm))
             params[i, j] = (self.param(name, init, shape, dtype), math.sqrt(alpha) ** grad_norm)
+        # biases after the weights, as e3nn creates them (weight_std 0: zeros)
+        biases = {}
+        for j, (mul, ir) in enumerate(flat_out):
+            if self.biases and ir.l == 0 and ir.p == 1:
+                shape = (mul,) if self.num_indexed_weights is None else (self.num_indexed_weights, mul)
+                biases[j] = self.param(f"b[{j}] {_mul_ir(flat_out[j])}", nn.initializers.zeros, shape, dtype)
 
         lead = x.shape[:-2]
         outs = []
@@ -120,6 +132,9 @@ class Linear(nn.Module):
                     w = w[index].reshape(*lead, len(rows_in), c_in, mul_out, c_out)
                     y = jnp.einsum("...kdc,...kcmo->...mdo", xi, w)
                 acc = acc + path_weight * y
+            if j in biases:
+                b = biases[j] if index is None else biases[j][index]
+                acc = acc + b.reshape(*b.shape[:-1], mul_out, 1, c_out)
             outs.append(acc.reshape(*lead, mul_out * ir.dim, c_out))
         if not outs:
             return jnp.zeros((*lead, 0, c_out), dtype)
