@@ -16,8 +16,9 @@ channel count ``C`` per call and one row block per path. A plan is computed once
   27 paths (for spherical harmonics up to l = 3). Kept to measure against.
 
 Merging a group whose multiplicity is a multiple of another's (e.g. 64 into 16 as 4 copies) is the
-gcd plan restricted to those groups; measured on the CPU reference backend it is slower than
-separate groups (``benchmarks/interop_message_passing.py``, the ``gcd`` rows), so it is not done.
+gcd plan restricted to those groups. The full merge (``"gcd"``) is timed beside the groups by
+``benchmarks/interop_message_passing.py``: on the CPU reference backend its value and gradient
+were slower than separate groups (its paths have fewer channels), so partial merges are not done.
 
 Within a group, e3j's paths are put in the order e3nn numbers its output copies
 (:func:`e3j_core.select_paths`), so that a group's weights are a few contiguous runs of e3nn's

@@ -72,6 +72,7 @@ class MulIrConvolution:
     into the output: e3nn-jax's ``concatenate([x.filter(self_connection), x ⊗ y]).regroup()``.
     It needs ``normalization="component"``. See the module docstring for the layout and
     ``grouping``; ``conv.groups`` are ``(C, Convolution)``, the uniform-channel ops run per call.
+    :meth:`grouped` runs them on operands kept per group, without the flat layout's conversions.
 
     >>> import numpy as np, jax.numpy as jnp, e3j
     >>> conv = MulIrConvolution("4x0e + 2x1o", "1o", self_connection="0e")
@@ -142,13 +143,50 @@ class MulIrConvolution:
             )
         if w.shape != (e, p.num_weights):
             raise ValueError(f"w must be [E={e}, num_weights={p.num_weights}] (one per output copy), got {w.shape}")
+        return self.join_out(self.grouped(self.split_x(x), y, self.split_weights(w), graph, backend=backend))
+
+    def split_x(self, x: jax.Array) -> list[jax.Array]:
+        """Flat node features ``[.., irreps_x.dim]`` → one ``[.., D_g, C_g]`` per group."""
+        return [g.split_x(x) for g in self.plan.groups]
+
+    def split_weights(self, w: jax.Array) -> list[jax.Array]:
+        """Weights ``[.., num_weights]`` (output order) → one ``[.., P_g, C_g]`` per group."""
+        return [g.split_weights(w) for g in self.plan.groups]
+
+    def join_out(self, outs: list[jax.Array]) -> jax.Array:
+        """The groups' outputs ``[.., Dout_g, C_g]`` → flat ``[.., irreps_out.dim]`` in output order."""
+        return self.plan.join_out(outs)
+
+    def grouped(
+        self, xs: list[jax.Array], y: jax.Array, ss: list[jax.Array], graph: Graph, *, backend: str | None = None
+    ) -> list[jax.Array]:
+        """The convolutions alone, on operands already split into the groups: ``xs[g]: [N, D_g, C_g]``
+        and ``ss[g]: [E, P_g, C_g]`` (as :meth:`split_x` / :meth:`split_weights` give them),
+        ``y: [E, irreps_y.dim]``; returns ``[N, Dout_g, C_g]`` per group (:meth:`join_out` makes
+        them flat). A model that keeps its features and radial weights per group (e.g. one
+        ``Dense`` per group) pays no layout conversion at all.
+        """
+        p = self.plan
+        if not isinstance(graph, Graph):
+            raise TypeError(f"graph must be an e3j.Graph (see Graph.from_edges), got {type(graph).__name__}")
+        if len(xs) != len(p.groups) or len(ss) != len(p.groups):
+            raise ValueError(f"xs and ss must hold one array per group ({len(p.groups)}), got {len(xs)} and {len(ss)}")
+        check_rank("y", y, (2,), f"[E, {self.irreps_y.dim}] for {self.irreps_y}")
+        e = graph.num_edges
+        if y.shape != (e, self.irreps_y.dim):
+            raise ValueError(
+                f"y must be [E={e}, {self.irreps_y.dim}] for {self.irreps_y} and this graph, got {y.shape}"
+            )
+        for i, (g, a, b) in enumerate(zip(p.groups, xs, ss)):
+            if jnp.shape(a)[1:] != (g.coo.dim_x, g.channels):
+                raise ValueError(f"xs[{i}] must be [N, {g.coo.dim_x}, {g.channels}] for group {i}, got {jnp.shape(a)}")
+            if jnp.shape(b)[1:] != (g.coo.num_paths, g.channels):
+                raise ValueError(
+                    f"ss[{i}] must be [E, {g.coo.num_paths}, {g.channels}] for group {i}, got {jnp.shape(b)}"
+                )
         if p.constant_row:  # the constant 0e column of the self connection
             y = jnp.concatenate([jnp.ones((e, 1), y.dtype), y], axis=1)
-        outs = [
-            conv(g.split_x(x), y, g.split_weights(w), graph, backend=backend)
-            for g, (_, conv) in zip(p.groups, self.groups)
-        ]
-        return p.join_out(outs)
+        return [conv(a, y, b, graph, backend=backend) for (_, conv), a, b in zip(self.groups, xs, ss)]
 
     def __repr__(self) -> str:
         groups = ", ".join(f"{g.channels} ch x {g.coo.num_paths} paths" for g in self.plan.groups)
