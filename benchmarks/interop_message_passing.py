@@ -3,9 +3,13 @@
 Message passing at mixed multiplicities (default ``64x0e + 32x1o + 16x2e`` ⊗ spherical harmonics
 ``0e..3o`` -> ``0e + 1o + 2e``; random graph, ``--neighbours`` edges per node), forward (value) and
 forward + backward (value and gradient with respect to node features, edge attributes and weights),
-all jitted, float32, on this machine's default backend. Also measured, to split the fused call's
-cost: e3j's convolution alone on operands already in e3j's layout with a prebuilt graph, the
-layout conversions alone (node features in, output out) and the ``e3j.Graph`` build. All variants
+all jitted, float32, on this machine's default backend. Mixed multiplicities run natively (one
+convolution per multiplicity); also timed with a prebuilt graph: the same call as gcd copies
+(``grouping="gcd"``, the old path: one convolution of 16 channels and 27 paths), and uniform
+multiplicity of about the same node-feature size (``27x0e + 27x1o + 27x2e`` for the default). Also
+measured, to split the fused call's cost: e3j's convolutions alone on operands already split into
+the groups, the layout conversions alone (node features and weights in, output out) and the
+``e3j.Graph`` build. All variants
 are timed in ``--rounds`` interleaved rounds (the CPU may be shared); each time is the best round's
 mean of its fastest 20 % of calls.
 
@@ -27,8 +31,6 @@ import numpy as np
 import e3j
 from e3j import interop
 from e3j._bench import time_call
-from e3j.interop.layout import from_irreps_array
-from e3j.layout import from_mul_ir, to_mul_ir
 
 
 def case(num_nodes, neighbours, irreps_x, lmax, filter_ir_out, dtype, seed=0):
@@ -79,8 +81,19 @@ def main(argv=None) -> int:
     return 0
 
 
+def uniform_irreps(irreps) -> e3nn.Irreps:
+    """The same irreps with one multiplicity, the one closest to the same total dimension."""
+    irreps = e3nn.Irreps(irreps)
+    mul = max(1, round(irreps.dim / sum(ir.dim for _, ir in irreps)))
+    return e3nn.Irreps([(mul, ir) for _, ir in irreps])
+
+
 def measure(n: int, args) -> dict:
     mp, x, sh, w, senders, receivers = case(n, args.neighbours, args.irreps, args.lmax, args.filter, jnp.float32)
+    gcd = interop.MessagePassing(x.irreps, sh.irreps, args.filter, grouping="gcd")
+    uni_mp, uni_x, _, uni_w, _, _ = case(
+        n, args.neighbours, uniform_irreps(args.irreps), args.lmax, args.filter, jnp.float32, seed=1
+    )
     num_nodes = n
 
     def ref(xa, ya, wa, senders, receivers):
@@ -93,55 +106,85 @@ def measure(n: int, args) -> dict:
         return mp(e3nn.IrrepsArray(x.irreps, xa), e3nn.IrrepsArray(sh.irreps, ya), wa, senders, receivers).array
 
     graph = e3j.Graph.from_edges(senders, receivers, num_nodes)
-    x_op, _ = from_irreps_array(x)
-    s_op = w.reshape(w.shape[0], mp.plan.coo.num_paths, mp.channels)
-    assert mp.plan.weight_index is None and mp.plan.out_index is None
+    assert not mp.plan.gathers and not gcd.plan.gathers
 
-    def fused_graph(xa, ya, wa, g):
-        return mp(e3nn.IrrepsArray(x.irreps, xa), e3nn.IrrepsArray(sh.irreps, ya), wa, graph=g).array
+    def with_graph(m, irreps):
+        def f(xa, ya, wa, g):
+            return m(e3nn.IrrepsArray(irreps, xa), e3nn.IrrepsArray(sh.irreps, ya), wa, graph=g).array
 
-    def bare(xa, ya, sa, g):
-        return mp.convolution(xa, ya, sa, g)
+        return f
+
+    # e3j's convolutions alone, on operands already split into the groups' [N, D_g, C_g] / [E, P_g, C_g]
+    groups = mp.plan.groups
+    x_ops = [g.split_x(x.array) for g in groups]
+    s_ops = [g.split_weights(w) for g in groups]
+
+    def bare(xs, ya, ss, g):
+        return [conv(xg, ya, sg, g) for (_, conv), xg, sg in zip(mp.groups, xs, ss)]
 
     def grad_of(f):
-        return jax.jit(jax.value_and_grad(lambda *a: jnp.sum(f(*a)), argnums=(0, 1, 2)))
+        def loss(*a):
+            return sum(jnp.sum(o) for o in jax.tree.leaves(f(*a)))
+
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
 
     # the graph is an argument (not a constant folded into the executable), as in a training step
     operands = {
         "e3nn": (ref, (x.array, sh.array, w, senders, receivers)),
         "e3j": (fused, (x.array, sh.array, w, senders, receivers)),
-        "e3j_graph": (fused_graph, (x.array, sh.array, w, graph)),
-        "e3j_bare": (bare, (x_op, sh.array, s_op, graph)),
+        "e3j_graph": (with_graph(mp, x.irreps), (x.array, sh.array, w, graph)),
+        "e3j_bare": (bare, (x_ops, sh.array, s_ops, graph)),
+        "e3j_gcd_graph": (with_graph(gcd, x.irreps), (x.array, sh.array, w, graph)),
+        "e3j_uniform_graph": (with_graph(uni_mp, uni_x.irreps), (uni_x.array, sh.array, uni_w, graph)),
     }
     # correctness first (the relative error of the fused call against e3nn-jax, float32)
     a, b = jax.jit(ref)(*operands["e3nn"][1]), jax.jit(fused)(*operands["e3j"][1])
     err = float(jnp.abs(a - b).max() / jnp.abs(a).max())
+    c = jax.jit(operands["e3j_gcd_graph"][0])(*operands["e3j_gcd_graph"][1])
+    err_gcd = float(jnp.abs(a - c).max() / jnp.abs(a).max())
     # compile everything, then time in interleaved rounds so that load from other processes on a
     # shared machine falls on every variant alike
     jitted = {}
     for name, (f, ops) in operands.items():
         jitted[f"{name}_fwd"] = (jax.jit(f), ops)
         jitted[f"{name}_fwd_bwd"] = (grad_of(f), ops)
-    out_op = jax.jit(bare)(x_op, sh.array, s_op, graph)
-    layouts = jax.jit(
-        lambda xa, o: (from_mul_ir(xa, mp.plan.irreps_x, mp.channels), to_mul_ir(o, mp.plan.coo.irreps_out))
-    )
-    jitted["layouts"] = (layouts, (x.array, out_op))  # node features in, output out; weights: a reshape
+    outs = jax.jit(bare)(x_ops, sh.array, s_ops, graph)
+
+    def layouts(xa, wa, outs):  # node features and weights in, output out
+        return [g.split_x(xa) for g in groups], [g.split_weights(wa) for g in groups], mp.plan.join_out(outs)
+
+    jitted["layouts"] = (jax.jit(layouts), (x.array, w, outs))
     jitted["graph_build"] = (jax.jit(lambda s, r: e3j.Graph.from_edges(s, r, num_nodes)), (senders, receivers))
     times = interleaved(jitted, args.runs, args.rounds)
+
+    def path_channels(m):
+        return sum(g.coo.num_paths * g.channels for g in m.plan.groups)
+
     row = {
         "nodes": n,
         "edges": int(senders.shape[0]),
         "backend": args.backend or "default",
         "irreps": args.irreps,
         "lmax": args.lmax,
-        "channels": mp.channels,
-        "paths": mp.plan.coo.num_paths,
+        # (channels, paths) of each uniform-channel convolution a call runs
+        "groups": [[g.channels, g.coo.num_paths] for g in mp.plan.groups],
+        "groups_gcd": [[g.channels, g.coo.num_paths] for g in gcd.plan.groups],
+        "uniform_irreps": str(uni_x.irreps),
+        # sizes of the work: node feature dim, output dim, Σ paths × channels
+        "dims": {
+            k: [int(m.irreps_node.dim), int(m.irreps_out.dim), path_channels(m)]
+            for k, m in (("mixed", mp), ("gcd", gcd), ("uniform", uni_mp))
+        },
         "max_rel_err_vs_e3nn": err,
+        "max_rel_err_gcd_vs_e3nn": err_gcd,
         **{k: round(v * 1e3, 3) for k, v in times.items()},
         "speedup_fwd": round(times["e3nn_fwd"] / times["e3j_fwd"], 2),
         "speedup_fwd_bwd": round(times["e3nn_fwd_bwd"] / times["e3j_fwd_bwd"], 2),
-        # what the drop-in adds to e3j's convolution: layouts (with a prebuilt graph), and the
+        "grouped_vs_gcd_fwd": round(times["e3j_gcd_graph_fwd"] / times["e3j_graph_fwd"], 2),
+        "grouped_vs_gcd_fwd_bwd": round(times["e3j_gcd_graph_fwd_bwd"] / times["e3j_graph_fwd_bwd"], 2),
+        "grouped_vs_uniform_fwd": round(times["e3j_uniform_graph_fwd"] / times["e3j_graph_fwd"], 2),
+        "grouped_vs_uniform_fwd_bwd": round(times["e3j_uniform_graph_fwd_bwd"] / times["e3j_graph_fwd_bwd"], 2),
+        # what the drop-in adds to e3j's convolutions: layouts (with a prebuilt graph), and the
         # graph build when it is given senders and receivers
         "layout_share_fwd": round(1 - times["e3j_bare_fwd"] / times["e3j_graph_fwd"], 3),
         "layout_share_fwd_bwd": round(1 - times["e3j_bare_fwd_bwd"] / times["e3j_graph_fwd_bwd"], 3),

@@ -1,7 +1,8 @@
 """e3j: Euclid-equivariant tensor products and message-passing convolutions for JAX.
 
 The public API: irreps and static math re-exported from e3j-core, JAX spherical harmonics, the
-differentiable :class:`TensorProduct` and :class:`Convolution`, :class:`Graph`, :class:`Linear`,
+differentiable :class:`TensorProduct` and :class:`Convolution` (and :class:`MulIrTensorProduct`,
+:class:`MulIrConvolution` for flat features of mixed multiplicities), :class:`Graph`, :class:`Linear`,
 layout helpers, and backend selection. Optional subpackages, imported only when asked for:
 ``e3j.interop`` (drop-ins taking and returning e3nn-jax's ``IrrepsArray``; extra ``e3j[e3nn]``) and
 ``e3j.flax`` (Flax modules with e3nn-jax's parameters; extra ``e3j[flax]``).
@@ -21,6 +22,7 @@ from .distributed import PartitionedGraph, convolution_sharded, partition_graph
 from .graph import Graph
 from .layout import from_mul_ir, mul_ir_irreps, to_mul_ir
 from .linear import Linear
+from .mul_ir import MulIrConvolution, MulIrTensorProduct
 from .spherical_harmonics import spherical_harmonics
 from .tensor_product import TensorProduct
 
@@ -33,6 +35,8 @@ __all__ = [
     "Irreps",
     "Kernels",
     "Linear",
+    "MulIrConvolution",
+    "MulIrTensorProduct",
     "PartitionedGraph",
     "TensorProduct",
     "__version__",

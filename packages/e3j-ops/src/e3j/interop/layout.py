@@ -21,8 +21,8 @@ import jax
 
 from e3j_core import Irreps
 
+from .._mul_ir_plan import channels_of, split_channels
 from ..layout import from_mul_ir, mul_ir_irreps, to_mul_ir
-from ._plan import channels_of, split_channels
 
 __all__ = ["from_irreps_array", "to_e3nn_irreps", "to_irreps_array"]
 

@@ -13,16 +13,16 @@ a radial MLP's output)::
 (without ``self_connection``: ``m = e3nn.tensor_product(m, y, filter_ir_out=filter_ir_out)``).
 Here it is one convolution ``out_b = Σ_{a→b} s_ab · (x_a ⊗ y'_ab)``; messages are never formed.
 
-How e3nn's order is folded in, statically: e3j's paths are put in the order e3nn numbers the copies
-of ``m`` (:func:`e3j_core.select_paths`), so ``w`` reshapes to e3j's ``[E, P, C]`` for free and
-e3j's output ``[N, Dout, C]`` is e3nn's by :func:`e3j.to_mul_ir` (a transpose of the ``N``-sized
-output). The filtered copy of ``x`` is the tensor product with a constant ``0e`` edge attribute
-(``x ⊗ 1 = x`` exactly under e3nn's ``component`` normalization), so ``y' = [1, y]``: one column
-prepended per edge. The node features are split into channels: ``C`` = the gcd of their
-multiplicities (uniform ``C x ir`` blocks map one-to-one; mixed multiplicities such as
-``64x0e + 32x1o + 16x2e`` run as ``4x0e + 2x1o + 2e`` with 16 channels). Only an edge attribute
-with a multiplicity above 1 (never spherical harmonics) makes e3nn's order depend on the channel,
-and then the weights and output are gathered with static indices instead.
+How e3nn's order is folded in, statically: this is :class:`e3j.MulIrConvolution` (e3nn-free), whose
+weights are one per output copy in e3nn's order and whose output is e3nn's flat layout. The node
+features' blocks are grouped by multiplicity, each group one uniform-channel :class:`e3j.Convolution`
+(``64x0e + 32x1o + 16x2e``: 64, 32 and 16 channels; uniform multiplicities: one convolution), its
+paths in the order e3nn numbers the copies of ``m`` (:func:`e3j_core.select_paths`), so the weights
+and outputs are put in place by a few static slices and concatenations. The filtered copy of ``x``
+is the tensor product with a constant ``0e`` edge attribute (``x ⊗ 1 = x`` exactly under e3nn's
+``component`` normalization), so ``y' = [1, y]``: one column prepended per edge. Only an edge
+attribute with a multiplicity above 1 (never spherical harmonics) makes e3nn's order depend on the
+channel, and then the weights and output are gathered with static indices instead.
 """
 
 from __future__ import annotations
@@ -32,14 +32,10 @@ import jax
 import jax.numpy as jnp
 
 from e3j_core import Irreps
-from e3j_core.coo import normalize_filter
 
-from ..convolution import Convolution
 from ..graph import Graph
-from ..layout import from_mul_ir
-from ._plan import plan
+from ..mul_ir import MulIrConvolution
 from .layout import to_e3nn_irreps
-from .tensor_product import to_flat
 
 __all__ = ["MessagePassing", "message_passing"]
 
@@ -52,6 +48,8 @@ class MessagePassing:
     :class:`e3j.Graph` built once (``Graph.from_edges(senders, receivers, N)``; building it inside
     the call sorts the edges every time). ``weights: [E, mp.num_weights]``, e3nn's order (one per
     irrep copy of the messages, ``messages.irreps.num_irreps``). Returns ``IrrepsArray [N, mp.irreps_out]``.
+    Mixed multiplicities run natively (one convolution per multiplicity, ``mp.groups``);
+    ``grouping="gcd"`` runs them as gcd copies instead (see :class:`e3j.MulIrConvolution`).
 
     >>> import numpy as np, jax.numpy as jnp
     >>> mp = MessagePassing("8x0e + 8x1o", "1o + 2e", "0e + 1o", self_connection="0e + 1o")
@@ -71,6 +69,7 @@ class MessagePassing:
         *,
         self_connection=None,
         irrep_normalization: str | None = None,
+        grouping: str = "multiplicity",
     ) -> None:
         if irrep_normalization is None:
             irrep_normalization = e3nn.config("irrep_normalization")
@@ -86,11 +85,15 @@ class MessagePassing:
             self.irreps_edge = Irreps(irreps_edge)
         except ValueError as err:
             raise ValueError(f"irreps_edge: {err}") from None
-        keep = normalize_filter(self_connection)
-        self.plan = plan(
-            self.irreps_node, self.irreps_edge, normalize_filter(filter_ir_out), keep, irrep_normalization, True
+        self.convolution = MulIrConvolution(
+            self.irreps_node,
+            self.irreps_edge,
+            filter_ir_out,
+            self_connection=self_connection,
+            normalization=irrep_normalization,
+            grouping=grouping,
         )
-        self.convolution = Convolution.from_coo(self.plan.coo)
+        self.plan = self.convolution.plan
 
     @property
     def irreps_out(self) -> e3nn.Irreps:
@@ -103,9 +106,9 @@ class MessagePassing:
         return self.plan.num_weights
 
     @property
-    def channels(self) -> int:
-        """``C``, the channels e3j runs the node features in."""
-        return self.plan.channels
+    def groups(self) -> tuple:
+        """``(C, e3j.Convolution)`` per group of node-feature blocks: the ops run per call."""
+        return self.convolution.groups
 
     def __call__(
         self,
@@ -143,17 +146,9 @@ class MessagePassing:
         elif senders is not None or receivers is not None:
             raise ValueError("give senders and receivers, or graph, not both")
         dtype = jnp.result_type(node_feats.array, edge_attrs, weights)
-        x = from_mul_ir(node_feats.array.astype(dtype), p.irreps_x, p.channels)
-        y = edge_attrs.astype(dtype)
-        if p.constant_row:  # the constant 0e column of the self connection
-            y = jnp.concatenate([jnp.ones((num_edges, 1), dtype), y], axis=1)
-        w = weights.astype(dtype)
-        if p.weight_index is None:
-            s = w.reshape(num_edges, p.coo.num_paths, p.channels)
-        else:
-            s = w[:, p.weight_index]
-        out = self.convolution(x, y, s, graph, backend=backend)
-        return e3nn.IrrepsArray(self.irreps_out, to_flat(out, p))
+        x, y, w = node_feats.array.astype(dtype), edge_attrs.astype(dtype), weights.astype(dtype)
+        out = self.convolution(x, y, w, graph, backend=backend)
+        return e3nn.IrrepsArray(self.irreps_out, out)
 
 
 def message_passing(
@@ -166,6 +161,7 @@ def message_passing(
     filter_ir_out=None,
     self_connection=None,
     irrep_normalization: str | None = None,
+    grouping: str = "multiplicity",
     graph: Graph | None = None,
     backend: str | None = None,
 ) -> e3nn.IrrepsArray:
@@ -188,5 +184,6 @@ def message_passing(
         filter_ir_out,
         self_connection=self_connection,
         irrep_normalization=irrep_normalization,
+        grouping=grouping,
     )
     return mp(node_feats, edge_attrs, weights, senders, receivers, graph=graph, backend=backend)

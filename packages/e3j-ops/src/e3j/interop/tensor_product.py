@@ -8,11 +8,8 @@ import e3nn_jax as e3nn
 import jax.numpy as jnp
 
 from e3j_core import Irreps
-from e3j_core.coo import normalize_filter
 
-from ..layout import from_mul_ir, to_mul_ir
-from ..tensor_product import TensorProduct
-from ._plan import Plan, plan
+from ..mul_ir import MulIrTensorProduct
 from .layout import to_e3nn_irreps
 
 __all__ = ["tensor_product"]
@@ -25,15 +22,17 @@ def tensor_product(
     filter_ir_out=None,
     irrep_normalization: str | None = None,
     regroup_output: bool = True,
+    grouping: str = "multiplicity",
     backend: str | None = None,
 ) -> e3nn.IrrepsArray:
     """Equal to ``e3nn.tensor_product(input1, input2, filter_ir_out=..., ...)``: same irreps, same layout.
 
-    ``input1``'s multiplicities are split into channels (their gcd ``C``, see
-    :func:`e3j.interop.from_irreps_array`); ``input2`` is broadcast over them. Leading shapes
-    broadcast as in e3nn-jax. The output is e3j's ``[B, Dout, C]`` written in e3nn's flat layout by
-    :func:`e3j.to_mul_ir` — a transpose; when ``input2`` has a multiplicity above 1, e3nn numbers
-    those copies inside the channels and the output is gathered with a static index instead.
+    This is :class:`e3j.MulIrTensorProduct`: ``input1``'s blocks are grouped by multiplicity, each
+    group one e3j tensor product with that many channels (``grouping="gcd"``: one product with the
+    gcd as channels); ``input2`` is broadcast over them. Leading shapes broadcast as in e3nn-jax.
+    The outputs are put in e3nn's flat layout and order by static slices; when ``input2`` has a
+    multiplicity above 1, e3nn numbers those copies inside the channels and the output is gathered
+    with a static index instead.
 
     >>> import jax.numpy as jnp
     >>> x = e3nn.IrrepsArray("4x0e + 4x1o", jnp.ones((2, 16)))
@@ -54,16 +53,15 @@ def tensor_product(
                                    regroup_output=regroup_output)  # fmt: skip
     if expected.dim == 0 or irreps_x.dim == 0 or irreps_y.dim == 0:
         return e3nn.IrrepsArray(expected, jnp.zeros((*leading, expected.dim), dtype))
-    p = plan(irreps_x, irreps_y, normalize_filter(filter_ir_out), None, irrep_normalization, regroup_output)
+    tp = MulIrTensorProduct(
+        irreps_x,
+        irreps_y,
+        filter_ir_out,
+        normalization=irrep_normalization,
+        regroup_output=regroup_output,
+        grouping=grouping,
+    )
     batch = math.prod(leading)
     x = jnp.broadcast_to(input1.array.astype(dtype), (*leading, irreps_x.dim)).reshape(batch, irreps_x.dim)
     y = jnp.broadcast_to(input2.array.astype(dtype), (*leading, irreps_y.dim)).reshape(batch, irreps_y.dim)
-    out = TensorProduct.from_coo(p.coo)(from_mul_ir(x, p.irreps_x, p.channels), y, backend=backend)
-    return e3nn.IrrepsArray(to_e3nn_irreps(p.irreps_out), to_flat(out, p).reshape(*leading, -1))
-
-
-def to_flat(out: jnp.ndarray, p: Plan) -> jnp.ndarray:
-    """e3j's output ``[B, Dout, C]`` in e3nn's flat layout and copy order."""
-    if p.out_index is None:
-        return to_mul_ir(out, p.coo.irreps_out)
-    return out.reshape(out.shape[0], -1)[:, p.out_index]
+    return e3nn.IrrepsArray(to_e3nn_irreps(tp.irreps_out), tp(x, y, backend=backend).reshape(*leading, -1))

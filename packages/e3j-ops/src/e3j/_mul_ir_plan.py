@@ -1,0 +1,281 @@
+"""Static plans mapping e3nn's flat ``mul_ir`` layout and copy order onto e3j's ``[.., D, C]`` ops (private).
+
+e3nn stores features flat (``mul_ir``: each block ``mul`` copies of ``2l+1`` numbers) and numbers
+the output copies of a tensor product as its own loops do; e3j's ops take ``[.., D, C]`` with one
+channel count ``C`` per call and one row block per path. A plan is computed once per set of irreps
+(numpy, cached) and splits the product into **groups**, each one uniform-channel e3j op:
+
+- ``grouping="multiplicity"`` (the default): the blocks of ``x`` with the same multiplicity ``m``
+  form one group run with ``C = m`` channels (``64x0e + 32x1o + 16x2e`` → three ops: ``0e`` with
+  64 channels, ``1o`` with 32, ``2e`` with 16), holding only the paths whose ``x`` irrep is in the
+  group. Each path keeps its own channel count; every backend and kernel serves each group
+  unchanged. Uniform multiplicities are one group, as before.
+- ``grouping="gcd"``: one group, ``C`` = the gcd of the multiplicities, each block ``m x ir``
+  becoming ``(m / C) x ir`` (copy ``u = k·C + c`` is copy ``k``, channel ``c``, as in
+  :func:`e3j.from_mul_ir`): ``64x0e + 32x1o + 16x2e`` → ``4x0e + 2x1o + 2e`` with 16 channels and
+  27 paths (for spherical harmonics up to l = 3). Kept to measure against.
+
+Merging a group whose multiplicity is a multiple of another's (e.g. 64 into 16 as 4 copies) is the
+gcd plan restricted to those groups. The full merge (``"gcd"``) is timed beside the groups by
+``benchmarks/interop_message_passing.py``: on the CPU reference backend its value and gradient
+were slower than separate groups (its paths have fewer channels), so partial merges are not done.
+
+Within a group, e3j's paths are put in the order e3nn numbers its output copies
+(:func:`e3j_core.select_paths`), so that a group's weights are a few contiguous runs of e3nn's
+weight axis reshaped to ``[.., P, C]``, and its output, written flat by :func:`e3j.to_mul_ir`, is a
+few contiguous runs of e3nn's output. The runs are static slices; the concatenations are all that
+the layout costs. Only where runs do not exist (an ``y`` with a multiplicity above 1, whose copies
+e3nn interleaves with the channels) are static gather indices used instead.
+
+e3nn's copy order is read from core's own enumeration of paths: the descriptor of the same product
+with every copy a path and one channel (``C = 1``) numbers its paths exactly as e3nn numbers its
+output copies, so no rule of e3nn's is written twice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cache
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from e3j_core import Irrep, Irreps, TensorProductCoo, select_paths, tensor_product_coo
+
+from .layout import from_mul_ir, to_mul_ir
+
+GROUPINGS = ("multiplicity", "gcd")
+# above this many contiguous runs a static gather is cheaper to trace and compile than slices
+_MAX_RUNS = 64
+
+
+@dataclass(frozen=True, eq=False)
+class Gather:
+    """A static rearrangement of the last axis: ``runs`` (``(start, stop)`` slices to concatenate) or,
+    when there are too many, ``index`` (a gather); ``None`` for both when it is the identity."""
+
+    size_in: int
+    runs: tuple[tuple[int, int], ...] | None
+    index: np.ndarray | None = field(repr=False)
+
+    @classmethod
+    def of(cls, index: np.ndarray, size_in: int) -> Gather:
+        index = np.asarray(index, np.int64)
+        if np.array_equal(index, np.arange(size_in)):
+            return cls(size_in, None, None)
+        breaks = np.flatnonzero(np.diff(index) != 1) + 1
+        starts = np.concatenate([[0], breaks]).astype(np.int64)
+        stops = np.concatenate([breaks, [len(index)]]).astype(np.int64)
+        if len(starts) <= _MAX_RUNS:
+            return cls(size_in, tuple((int(index[a]), int(index[b - 1]) + 1) for a, b in zip(starts, stops)), None)
+        index.setflags(write=False)
+        return cls(size_in, None, index)
+
+    def __call__(self, a: jax.Array) -> jax.Array:
+        if self.index is not None:
+            return a[..., self.index]
+        if self.runs is None:
+            return a
+        parts = [a[..., s:t] for s, t in self.runs]
+        return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+
+
+@dataclass(frozen=True, eq=False)
+class Group:
+    """One uniform-channel e3j op of a plan: ``coo`` (paths in e3nn's copy order), ``channels``
+    (``C``), ``irreps_x`` (e3j's irreps of its operand ``x``), ``x``: the group's columns of the flat
+    ``x``, ``weights``: its weights (``[.., P·C]``) from e3nn's weight axis."""
+
+    coo: TensorProductCoo
+    channels: int
+    irreps_x: Irreps
+    x: Gather
+    weights: Gather
+
+    @property
+    def multiplicity(self) -> int:
+        return self.channels
+
+    def split_x(self, x: jax.Array) -> jax.Array:
+        """``[.., Dx_flat] -> [.., Dx, C]``."""
+        return from_mul_ir(self.x(x), self.irreps_x, self.channels)
+
+    def split_weights(self, w: jax.Array) -> jax.Array:
+        """``[.., num_weights] -> [.., P, C]``."""
+        return self.weights(w).reshape(*w.shape[:-1], self.coo.num_paths, self.channels)
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """``groups``: the uniform-channel ops; ``irreps_x``/``irreps_out``: e3nn's flat irreps of the
+    operand ``x`` and of the output; ``out``: e3nn's output from the groups' flat outputs
+    (:func:`e3j.to_mul_ir` of each, concatenated); ``constant_row``: the operand ``y`` is ``[1, y]``."""
+
+    groups: tuple[Group, ...]
+    irreps_x: Irreps
+    irreps_out: Irreps
+    out: Gather
+    constant_row: bool = False  # y' = [1, y]: the self connection's constant 0e edge attribute
+
+    @property
+    def num_weights(self) -> int:
+        return sum(g.coo.num_paths * g.channels for g in self.groups)
+
+    @property
+    def gathers(self) -> bool:
+        """Whether a call gathers (rather than slices) weights or outputs: only for an ``y`` with a
+        multiplicity above 1."""
+        return self.out.index is not None or any(g.weights.index is not None for g in self.groups)
+
+    def join_out(self, outs: list[jax.Array]) -> jax.Array:
+        """The groups' outputs ``[.., Dout_g, C_g]`` → e3nn's flat ``[.., Dout_flat]``."""
+        flats = [to_mul_ir(o, g.coo.irreps_out) for o, g in zip(outs, self.groups)]
+        return self.out(flats[0] if len(flats) == 1 else jnp.concatenate(flats, axis=-1))
+
+
+def channels_of(irreps: Irreps) -> int:
+    """The gcd of the nonzero multiplicities (1 when there are none)."""
+    return math.gcd(*(mul for mul, _ in irreps if mul > 0)) or 1
+
+
+def split_channels(irreps: Irreps, channels: int) -> Irreps:
+    """``m x ir -> (m / C) x ir``."""
+    return Irreps([(mul // channels, ir) for mul, ir in irreps])
+
+
+@cache
+def plan(
+    irreps_x: Irreps,
+    irreps_y: Irreps,
+    filter_out: tuple[Irrep, ...] | None,
+    keep: tuple[Irrep, ...] | None,
+    normalization: str,
+    regroup_output: bool,
+    grouping: str = "multiplicity",
+) -> Plan:
+    """The plan of e3nn's ``tensor_product(x, y, filter_ir_out=filter_out)`` (``keep`` None), or of
+    ``concatenate([x.filter(keep), tensor_product(x, y, filter_ir_out=filter_out)]).regroup()``, in
+    which case the e3j operand ``y`` is ``"0e" + irreps_y`` with a constant first row of ones (the
+    copy of ``x`` is ``x ⊗ 1`` through the ``0e`` path, exactly).
+
+    ``irreps_x``/``irreps_y`` are e3nn's flat irreps (full multiplicities). Raises ``ValueError``
+    when no output copy is left.
+    """
+    if grouping not in GROUPINGS:
+        raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
+    with_self = keep is not None
+    irreps_y_op = Irreps("0e") + irreps_y if with_self else irreps_y
+    allowed = None if filter_out is None else set(filter_out)
+    wanted = allowed if not with_self or allowed is None else allowed | set(keep)
+    wanted_filter = None if wanted is None else tuple(sorted(wanted))
+
+    # e3nn's copies, one path each (C = 1), in e3nn's order
+    full = tensor_product_coo(
+        irreps_x, irreps_y_op, wanted_filter, normalization=normalization, regroup_output=regroup_output
+    )
+    e3nn_order = _e3nn_copy_order(full, irreps_x, with_self, allowed, keep)
+    copy_of = {_label(full.paths[j]): n for n, j in enumerate(e3nn_order)}
+    num_copies = len(e3nn_order)
+    if num_copies == 0:
+        raise ValueError(f"no output irrep of {irreps_x} x {irreps_y} is kept by the filter")
+    e3nn_paths = [full.paths[j] for j in e3nn_order]
+    # without the filtered copy this is e3nn's output irreps as it prints them (unmerged chunks when
+    # regroup_output=False); with it, concatenate(...).regroup() is sorted and merged
+    irreps_out = Irreps([(1, p.ir_out) for p in e3nn_paths]).simplify() if with_self else full.irreps_out
+    out_starts = np.cumsum([0] + [p.ir_out.dim for p in e3nn_paths])
+
+    x_starts = np.cumsum([0] + [mul * ir.dim for mul, ir in irreps_x])
+    used_rows = {p.x_start for p in e3nn_paths}
+    groups, out_parts, offset = [], [], 0
+    for blocks, C in _groups(irreps_x, grouping):
+        irreps_g = Irreps([irreps_x[b] for b in blocks])
+        if not any(x_starts[b] <= r < x_starts[b + 1] for b in blocks for r in used_rows):
+            continue  # the filter leaves this group no path
+        irreps_g_op = split_channels(irreps_g, C)
+        ops = tensor_product_coo(
+            irreps_g_op, irreps_y_op, wanted_filter, normalization=normalization, regroup_output=regroup_output
+        )
+        full_row = _full_rows(irreps_x, blocks, irreps_g_op, C)
+        index = np.full((ops.num_paths, C), -1, np.int64)
+        for p, path in enumerate(ops.paths):
+            for c in range(C):
+                index[p, c] = copy_of.get((int(full_row[path.x_start][c]), path.y_start, path.ir_out), -1)
+        used = [p for p in range(ops.num_paths) if index[p, 0] >= 0]
+        if any((index[p] >= 0).any() != (index[p] >= 0).all() for p in range(ops.num_paths)):
+            raise AssertionError("a path's channels are not all e3nn copies")  # cannot happen: same filter per path
+        used.sort(key=lambda p: index[p, 0])
+        coo = select_paths(ops, used)
+        index = index[used]
+        x_cols = np.concatenate([np.arange(x_starts[b], x_starts[b + 1]) for b in blocks])
+        groups.append(Group(coo, C, irreps_g_op, Gather.of(x_cols, irreps_x.dim), Gather.of(index.ravel(), num_copies)))
+        # where each output copy of this group lies in the group's to_mul_ir output, shifted by `offset`
+        pos = np.empty(coo.dim_out * C, np.int64)
+        pos[_to_mul_ir_index(coo.irreps_out, C)] = np.arange(coo.dim_out * C)
+        for p, path in enumerate(coo.paths):
+            rows = path.out_start + np.arange(path.ir_out.dim)
+            for c in range(C):
+                out_parts.append((int(index[p, c]), offset + pos[rows * C + c]))
+        offset += coo.dim_out * C
+    if sorted(n for n, _ in out_parts) != list(range(num_copies)):
+        raise AssertionError("e3j's paths do not cover e3nn's copies once each")
+    out_index = np.empty(out_starts[-1], np.int64)
+    for n, rows in out_parts:
+        out_index[out_starts[n] : out_starts[n + 1]] = rows
+    return Plan(tuple(groups), irreps_x, irreps_out, Gather.of(out_index, offset), with_self)
+
+
+def _groups(irreps_x: Irreps, grouping: str) -> list[tuple[list[int], int]]:
+    """``(block indices of x, C)`` of each group, in order of first appearance; zero blocks dropped."""
+    nonzero = [b for b, (mul, _) in enumerate(irreps_x) if mul > 0]
+    if grouping == "gcd":
+        return [(nonzero, channels_of(irreps_x))] if nonzero else []
+    by_mul: dict[int, list[int]] = {}
+    for b in nonzero:
+        by_mul.setdefault(irreps_x[b].mul, []).append(b)
+    return [(blocks, mul) for mul, blocks in by_mul.items()]
+
+
+def _label(path) -> tuple:
+    return (path.x_start, path.y_start, path.ir_out)
+
+
+def _e3nn_copy_order(full: TensorProductCoo, irreps_x: Irreps, with_self: bool, allowed, keep) -> list[int]:
+    """Indices of ``full``'s paths in e3nn's output copy order (see :func:`plan`)."""
+    if not with_self:
+        return list(range(full.num_paths))
+    # row 0 of the operand y is the constant: its paths are x ⊗ 1 -> x, the filtered copy of x
+    tp = [j for j, p in enumerate(full.paths) if p.y_start > 0 and (allowed is None or p.ir_out in allowed)]
+    # x.filter(keep) keeps x's blocks in the caller's order: the x ⊗ 1 paths listed by x row
+    own = sorted(
+        (j for j, p in enumerate(full.paths) if p.y_start == 0 and p.ir_x in keep),
+        key=lambda j: full.paths[j].x_start,
+    )
+    # concatenate(...).regroup(): a stable sort of the blocks by irrep, the filtered copy first
+    ordered = []
+    for ir in sorted({full.paths[j].ir_out for j in own + tp}):
+        ordered += [j for j in own if full.paths[j].ir_out == ir]
+        ordered += [j for j in tp if full.paths[j].ir_out == ir]
+    return ordered
+
+
+def _full_rows(irreps_full: Irreps, blocks: list[int], irreps_op: Irreps, C: int) -> dict[int, list[int]]:
+    """For the first row of each copy ``k`` of a group's e3j ``x`` (blocks ``blocks`` of the full
+    irreps), the first rows of e3nn's copies ``k·C + c`` in the full flat ``x``."""
+    full_slices = irreps_full.slices()
+    out = {}
+    for b, s_op in zip(blocks, irreps_op.slices()):
+        mul, ir = irreps_full[b]
+        for k in range(mul // C):
+            out[s_op.start + k * ir.dim] = [full_slices[b].start + (k * C + c) * ir.dim for c in range(C)]
+    return out
+
+
+def _to_mul_ir_index(irreps: Irreps, C: int) -> np.ndarray:
+    """The flat ``[.., D · C]`` index of each element of :func:`e3j.to_mul_ir`'s output."""
+    out = []
+    for s, (mul, ir) in zip(irreps.slices(), irreps):
+        rows = s.start + np.arange(mul)[:, None, None] * ir.dim + np.arange(ir.dim)[None, None, :]  # [mul, 1, dim]
+        out.append((rows * C + np.arange(C)[None, :, None]).ravel())  # [mul, C, dim]
+    return np.concatenate(out) if out else np.zeros(0, np.int64)

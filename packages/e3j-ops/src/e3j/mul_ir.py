@@ -1,0 +1,258 @@
+"""Tensor product and convolution on features in e3nn's flat ``mul_ir`` layout, any multiplicities.
+
+:class:`TensorProduct` and :class:`Convolution` take ``[.., D, C]``: one channel count ``C`` for
+every irrep. Features such as ``64x0e + 32x1o + 16x2e`` have a multiplicity of their own per irrep.
+:class:`MulIrConvolution` and :class:`MulIrTensorProduct` take them as they are, flat
+(``[.., Σ m_i (2 l_i + 1)]``, copy-major: copy ``u`` of block ``m x ir`` is columns
+``start + u·dim .. start + (u+1)·dim``, e3nn-jax's layout) and return the output flat in the same
+layout, its copies in e3nn-jax's order (e3nn-jax is not needed).
+
+How: the blocks of ``x`` are grouped by multiplicity; each distinct multiplicity ``m`` is one
+uniform-channel :class:`Convolution` (``C = m``) holding only the paths whose ``x`` irrep has that
+multiplicity, so every path runs with its own channel count and every backend and kernel serves
+it unchanged. The groups' inputs, weights and outputs are put in place by static slices and
+concatenations (a few per call; measured at a few % of the call, see ``docs/usage.md``).
+``grouping="gcd"`` instead runs one op with ``C`` = the gcd of the multiplicities (each block
+``m x ir`` as ``m/C`` copies; many more paths of fewer channels), kept to compare against.
+
+The output irreps (``irreps_out``, full multiplicities) are those of ``e3nn_jax.tensor_product(x,
+y, filter_ir_out=filter)`` — sorted by irrep, and within an irrep the copies ordered by ``x``
+block, then ``y`` irrep, then copy of ``x``. A convolution's weights ``w: [E, num_weights]`` are
+one per output copy, in that order: ``w[:, n]`` scales output copy ``n``.
+
+>>> import numpy as np, jax.numpy as jnp, e3j
+>>> conv = MulIrConvolution("8x0e + 4x1o", "0e + 1o", filter="0e + 1o")
+>>> conv.irreps_out, conv.num_weights, [(c, op.num_paths) for c, op in conv.groups]
+(12x0e+12x1o, 24, [(8, 2), (4, 2)])
+>>> g = e3j.Graph.from_edges(np.array([0, 1]), np.array([1, 0]), num_nodes=2)
+>>> conv(jnp.ones((2, 20)), jnp.ones((2, 4)), jnp.ones((2, 24)), g).shape
+(2, 48)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import jax
+import jax.numpy as jnp
+
+from e3j_core import Irreps
+from e3j_core.coo import normalize_filter
+
+from ._checks import check_rank, check_same_dtype
+from ._mul_ir_plan import GROUPINGS, Plan, plan
+from .convolution import Convolution
+from .graph import Graph
+from .tensor_product import TensorProduct
+
+__all__ = ["MulIrConvolution", "MulIrTensorProduct"]
+
+
+def _irreps(name: str, irreps) -> Irreps:
+    try:
+        return Irreps(irreps)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name}: {err}") from None
+
+
+def _check_grouping(grouping: str) -> None:
+    if grouping not in GROUPINGS:
+        raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
+
+
+class MulIrConvolution:
+    """Message passing ``out_b = Σ_{a→b} w_ab ⊙ (x_a ⊗ y_ab)`` on flat features of any multiplicities.
+
+    ``conv = MulIrConvolution(irreps_x, irreps_y, filter=None, *, self_connection=None)``;
+    ``conv(x, y, w, graph)`` with node features ``x: [N, irreps_x.dim]`` (flat ``mul_ir``), edge
+    attributes ``y: [E, irreps_y.dim]`` (e.g. spherical harmonics), weights
+    ``w: [E, conv.num_weights]`` (one per output copy, in output order) and an :class:`e3j.Graph`
+    returns ``[N, conv.irreps_out.dim]`` flat. ``self_connection`` (irreps, multiplicities ignored)
+    also passes the copies of ``x`` with those irreps through as messages (``x ⊗ 1``), merged
+    into the output: e3nn-jax's ``concatenate([x.filter(self_connection), x ⊗ y]).regroup()``.
+    It needs ``normalization="component"``. See the module docstring for the layout and
+    ``grouping``; ``conv.groups`` are ``(C, Convolution)``, the uniform-channel ops run per call.
+    :meth:`grouped` runs them on operands kept per group, without the flat layout's conversions.
+
+    >>> import numpy as np, jax.numpy as jnp, e3j
+    >>> conv = MulIrConvolution("4x0e + 2x1o", "1o", self_connection="0e")
+    >>> conv.irreps_out, conv.num_weights
+    (6x0e+4x1o+2x1e+2x2e, 14)
+    """
+
+    def __init__(
+        self,
+        irreps_x,
+        irreps_y,
+        filter: Irreps | str | Iterable | None = None,
+        *,
+        self_connection: Irreps | str | Iterable | None = None,
+        normalization: str = "component",
+        grouping: str = "multiplicity",
+    ) -> None:
+        _check_grouping(grouping)
+        if self_connection is not None and normalization != "component":
+            raise ValueError(f"self_connection needs normalization='component' (x ⊗ 1 = x), got {normalization!r}")
+        self.plan: Plan = plan(
+            _irreps("irreps_x", irreps_x),
+            _irreps("irreps_y", irreps_y),
+            normalize_filter(filter),
+            normalize_filter(self_connection),
+            normalization,
+            True,
+            grouping,
+        )
+        # (C, op) per group: the uniform-channel ops run per call
+        self.groups = tuple((g.channels, Convolution.from_coo(g.coo)) for g in self.plan.groups)
+
+    @property
+    def irreps_x(self) -> Irreps:
+        return self.plan.irreps_x
+
+    @property
+    def irreps_y(self) -> Irreps:
+        coo = self.plan.groups[0].coo
+        return Irreps(coo.irreps_y[1:]) if self.plan.constant_row else coo.irreps_y
+
+    @property
+    def irreps_out(self) -> Irreps:
+        """The output irreps, full multiplicities, e3nn-jax's order."""
+        return self.plan.irreps_out
+
+    @property
+    def num_weights(self) -> int:
+        """One weight per output copy: ``irreps_out.num_irreps``."""
+        return self.plan.num_weights
+
+    def __call__(
+        self, x: jax.Array, y: jax.Array, w: jax.Array, graph: Graph, *, backend: str | None = None
+    ) -> jax.Array:
+        p = self.plan
+        if not isinstance(graph, Graph):
+            raise TypeError(f"graph must be an e3j.Graph (see Graph.from_edges), got {type(graph).__name__}")
+        check_rank("x", x, (2,), f"[N, {p.irreps_x.dim}] for {p.irreps_x}")
+        check_rank("y", y, (2,), f"[E, {self.irreps_y.dim}] for {self.irreps_y}")
+        check_rank("w", w, (2,), f"[E, num_weights={p.num_weights}]")
+        check_same_dtype(x=x, y=y, w=w)
+        n, e = graph.num_nodes, graph.num_edges
+        if x.shape != (n, p.irreps_x.dim):
+            raise ValueError(f"x must be [N={n}, {p.irreps_x.dim}] for {p.irreps_x} and this graph, got {x.shape}")
+        if y.shape != (e, self.irreps_y.dim):
+            raise ValueError(
+                f"y must be [E={e}, {self.irreps_y.dim}] for {self.irreps_y} and this graph, got {y.shape}"
+            )
+        if w.shape != (e, p.num_weights):
+            raise ValueError(f"w must be [E={e}, num_weights={p.num_weights}] (one per output copy), got {w.shape}")
+        return self.join_out(self.grouped(self.split_x(x), y, self.split_weights(w), graph, backend=backend))
+
+    def split_x(self, x: jax.Array) -> list[jax.Array]:
+        """Flat node features ``[.., irreps_x.dim]`` → one ``[.., D_g, C_g]`` per group."""
+        return [g.split_x(x) for g in self.plan.groups]
+
+    def split_weights(self, w: jax.Array) -> list[jax.Array]:
+        """Weights ``[.., num_weights]`` (output order) → one ``[.., P_g, C_g]`` per group."""
+        return [g.split_weights(w) for g in self.plan.groups]
+
+    def join_out(self, outs: list[jax.Array]) -> jax.Array:
+        """The groups' outputs ``[.., Dout_g, C_g]`` → flat ``[.., irreps_out.dim]`` in output order."""
+        return self.plan.join_out(outs)
+
+    def grouped(
+        self, xs: list[jax.Array], y: jax.Array, ss: list[jax.Array], graph: Graph, *, backend: str | None = None
+    ) -> list[jax.Array]:
+        """The convolutions alone, on operands already split into the groups: ``xs[g]: [N, D_g, C_g]``
+        and ``ss[g]: [E, P_g, C_g]`` (as :meth:`split_x` / :meth:`split_weights` give them),
+        ``y: [E, irreps_y.dim]``; returns ``[N, Dout_g, C_g]`` per group (:meth:`join_out` makes
+        them flat). A model that keeps its features and radial weights per group (e.g. one
+        ``Dense`` per group) pays no layout conversion at all.
+        """
+        p = self.plan
+        if not isinstance(graph, Graph):
+            raise TypeError(f"graph must be an e3j.Graph (see Graph.from_edges), got {type(graph).__name__}")
+        if len(xs) != len(p.groups) or len(ss) != len(p.groups):
+            raise ValueError(f"xs and ss must hold one array per group ({len(p.groups)}), got {len(xs)} and {len(ss)}")
+        check_rank("y", y, (2,), f"[E, {self.irreps_y.dim}] for {self.irreps_y}")
+        e = graph.num_edges
+        if y.shape != (e, self.irreps_y.dim):
+            raise ValueError(
+                f"y must be [E={e}, {self.irreps_y.dim}] for {self.irreps_y} and this graph, got {y.shape}"
+            )
+        for i, (g, a, b) in enumerate(zip(p.groups, xs, ss)):
+            if jnp.shape(a)[1:] != (g.coo.dim_x, g.channels):
+                raise ValueError(f"xs[{i}] must be [N, {g.coo.dim_x}, {g.channels}] for group {i}, got {jnp.shape(a)}")
+            if jnp.shape(b)[1:] != (g.coo.num_paths, g.channels):
+                raise ValueError(
+                    f"ss[{i}] must be [E, {g.coo.num_paths}, {g.channels}] for group {i}, got {jnp.shape(b)}"
+                )
+        if p.constant_row:  # the constant 0e column of the self connection
+            y = jnp.concatenate([jnp.ones((e, 1), y.dtype), y], axis=1)
+        return [conv(a, y, b, graph, backend=backend) for (_, conv), a, b in zip(self.groups, xs, ss)]
+
+    def __repr__(self) -> str:
+        groups = ", ".join(f"{g.channels} ch x {g.coo.num_paths} paths" for g in self.plan.groups)
+        return f"MulIrConvolution({self.irreps_x} x {self.irreps_y} -> {self.irreps_out}; {groups})"
+
+
+class MulIrTensorProduct:
+    """``x ⊗ y`` on flat features of any multiplicities: ``e3nn_jax.tensor_product``'s output.
+
+    ``tp = MulIrTensorProduct(irreps_x, irreps_y, filter=None)``; ``tp(x, y)`` with
+    ``x: [B, irreps_x.dim]`` (flat ``mul_ir``) and ``y: [B, irreps_y.dim]`` returns
+    ``[B, tp.irreps_out.dim]`` flat, e3nn-jax's copy order. ``regroup_output=False`` leaves the
+    output unsorted and unmerged as e3nn-jax's does. See the module docstring.
+
+    >>> import jax.numpy as jnp
+    >>> tp = MulIrTensorProduct("8x0e + 4x1o", "0e + 1o", filter="1o")
+    >>> tp.irreps_out, tp(jnp.ones((3, 20)), jnp.ones((3, 4))).shape
+    (12x1o, (3, 36))
+    """
+
+    def __init__(
+        self,
+        irreps_x,
+        irreps_y,
+        filter: Irreps | str | Iterable | None = None,
+        *,
+        normalization: str = "component",
+        regroup_output: bool = True,
+        grouping: str = "multiplicity",
+    ) -> None:
+        _check_grouping(grouping)
+        self.plan: Plan = plan(
+            _irreps("irreps_x", irreps_x),
+            _irreps("irreps_y", irreps_y),
+            normalize_filter(filter),
+            None,
+            normalization,
+            regroup_output,
+            grouping,
+        )
+        self.groups = tuple((g.channels, TensorProduct.from_coo(g.coo)) for g in self.plan.groups)
+
+    @property
+    def irreps_x(self) -> Irreps:
+        return self.plan.irreps_x
+
+    @property
+    def irreps_y(self) -> Irreps:
+        return self.plan.groups[0].coo.irreps_y
+
+    @property
+    def irreps_out(self) -> Irreps:
+        """The output irreps, full multiplicities, e3nn-jax's order."""
+        return self.plan.irreps_out
+
+    def __call__(self, x: jax.Array, y: jax.Array, *, backend: str | None = None) -> jax.Array:
+        p = self.plan
+        check_rank("x", x, (2,), f"[B, {p.irreps_x.dim}] for {p.irreps_x}")
+        check_rank("y", y, (2,), f"[B, {self.irreps_y.dim}] for {self.irreps_y}")
+        check_same_dtype(x=x, y=y)
+        if x.shape[1] != p.irreps_x.dim:
+            raise ValueError(f"x must be [B, {p.irreps_x.dim}] for {p.irreps_x}, got {x.shape}")
+        if y.shape != (x.shape[0], self.irreps_y.dim):
+            raise ValueError(f"y must be [B={x.shape[0]}, {self.irreps_y.dim}] for {self.irreps_y}, got {y.shape}")
+        return p.join_out([tp(g.split_x(x), y, backend=backend) for g, (_, tp) in zip(p.groups, self.groups)])
+
+    def __repr__(self) -> str:
+        groups = ", ".join(f"{g.channels} ch x {g.coo.num_paths} paths" for g in self.plan.groups)
+        return f"MulIrTensorProduct({self.irreps_x} x {self.irreps_y} -> {self.irreps_out}; {groups})"
