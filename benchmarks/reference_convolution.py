@@ -109,10 +109,10 @@ def _compiled_with(kernels, fns, ops):
 
 def measure(shape: str, num_nodes: int, args) -> dict:
     convs, ops = _operands(shape, num_nodes, args.neighbours)
-    value, grad = _functions(convs)
-    variants = {"e3j": _compiled_with(backends._kernels("reference"), (value, grad), ops)}
+    # fresh jitted functions per variant: jit caches lowerings, which would hide the swapped kernels
+    variants = {"e3j": _compiled_with(backends._kernels("reference"), _functions(convs), ops)}
     if args.baseline:
-        variants["baseline"] = _compiled_with(_load_kernels(args.baseline), (value, grad), ops)
+        variants["baseline"] = _compiled_with(_load_kernels(args.baseline), _functions(convs), ops)
     calls = {}
     for name, (v, g) in variants.items():
         calls[f"{name}_fwd"] = (v, ops)
