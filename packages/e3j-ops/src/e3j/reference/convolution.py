@@ -96,11 +96,12 @@ def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool) -> j
     chunk = chunk_size(num_edges, coo.dim_out * channels, dtype.itemsize)
 
     chunks = _Chunks(graph, chunk)
+    i3 = jnp.asarray(coo.i3)
 
     def body(i, out):
         e, snd, rcv, valid = chunks(i)
         z = apply_table(coo.table, x[snd], y[e], a_channels=True, b_channels=y_channels, out_channels=True)
-        msg = z * _expand_paths(coo, s[e])
+        msg = z * s[e][:, i3, :]
         msg = jnp.where(valid[:, None, None], msg, 0)
         # invalid slots go to row num_nodes (dropped), which keeps the indices sorted
         receivers = jnp.where(valid, rcv, num_nodes)
@@ -128,6 +129,7 @@ def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[st
     chunk = chunk_size(num_edges, coo.dim_out * channels, dtype.itemsize)
 
     chunks = _Chunks(graph, chunk)
+    i3 = jnp.asarray(coo.i3)  # expanding s by a gather beats concatenating broadcasts on XLA's CPU
 
     def body(i, acc):
         e, snd, rcv, valid = chunks(i)
@@ -138,7 +140,7 @@ def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[st
         g = jnp.where(valid[:, None, None], g, 0)
         acc = dict(acc)
         if "x" in outs or "y" in outs:
-            gs = g * _expand_paths(coo, s[e])
+            gs = g * s[e][:, i3, :]
             if "x" in outs:
                 dx = apply_table(coo.vjp_x, y[e], gs, a_channels=y_channels, b_channels=True, out_channels=True)
                 # invalid slots go to row num_nodes (dropped): 0 * non-finite padding s or y is NaN
@@ -158,7 +160,7 @@ def _path_runs(coo: TensorProductCoo) -> tuple[tuple[int, int, int, int], ...]:
     """Maximal runs of consecutive paths with one output dimension: ``(first path, paths, dim, first row)``.
 
     Paths own consecutive output rows (``i3`` is non-decreasing), so a run's rows are a
-    ``[paths, dim]`` block: expanding or summing over them is a reshape, not a gather.
+    ``[paths, dim]`` block: summing over them is a reshape and a reduction, not a matrix product.
     """
     runs = []
     for p, sl in enumerate(coo.path_slices):
@@ -169,15 +171,6 @@ def _path_runs(coo: TensorProductCoo) -> tuple[tuple[int, int, int, int], ...]:
         else:
             runs.append((p, 1, d, sl.start))
     return tuple(runs)
-
-
-def _expand_paths(coo: TensorProductCoo, a):
-    """``[K, P, C]`` -> ``[K, Dout, C]``: each path's scalar repeated over its output rows."""
-    k, _, c = a.shape
-    parts = [
-        jnp.broadcast_to(a[:, p : p + n, None, :], (k, n, d, c)).reshape(k, n * d, c) for p, n, d, _ in _path_runs(coo)
-    ]
-    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
 
 
 def _sum_paths(coo: TensorProductCoo, a):
