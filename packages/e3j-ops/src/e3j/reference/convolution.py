@@ -4,10 +4,14 @@ Edges are visited in receiver-sorted order (the graph's CSR order) in fixed-size
 ``fori_loop`` whose trip count is the number of *valid* edges, so padding edges cost nothing. Per
 chunk the sender rows and edge operands are gathered, the messages ``s · (x ⊗ y)`` computed with the
 unrolled tensor product, and summed into the receivers (sorted indices). Only one chunk of messages
-``[chunk, D_out, C]`` ever exists, never the whole ``[E, D_out, C]`` array.
+``[chunk, D_out, C]`` ever exists, never the whole ``[E, D_out, C]`` array: a chunk holds about
+2 MiB of messages (:func:`chunk_size`), and a trip's intermediates are a few such chunks, so they
+stay in a CPU core's L2 cache. Beyond the operands and results, memory is ``O(chunk)`` floats plus
+four ``O(E)`` index arrays (the edges' receiver-order ids, senders, receivers, validity).
 
 The backward sweep computes the requested cotangents in one pass over the same chunks (paper
-Eq. 16): ``dx`` scatter-added by sender, ``dy`` and ``ds`` written per edge.
+Eq. 16): ``dx`` scatter-added by sender, ``dy`` and ``ds`` written per edge (``ds`` sums each
+path's rows of ``g · (x ⊗ y)``, a reshape per run of equal-dimension paths).
 """
 
 from __future__ import annotations
