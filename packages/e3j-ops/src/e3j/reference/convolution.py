@@ -3,7 +3,7 @@
 Edges are visited in receiver-sorted order (the graph's CSR order) in fixed-size chunks inside a
 ``fori_loop`` whose trip count is the number of *valid* edges, so padding edges cost nothing. Per
 chunk the sender rows and edge operands are gathered, the messages ``s · (x ⊗ y)`` computed with the
-unrolled tensor product, and summed into the receivers (sorted indices). Only one chunk of messages
+reference tensor product, and summed into the receivers (sorted indices). Only one chunk of messages
 ``[chunk, D_out, C]`` ever exists, never the whole ``[E, D_out, C]`` array: a chunk holds about
 2 MiB of messages (:func:`chunk_size`), and a trip's intermediates are a few such chunks, so they
 stay in a CPU core's L2 cache. Beyond the operands and results, memory is ``O(chunk)`` floats plus
@@ -33,7 +33,7 @@ def chunk_size(num_edges: int, row_elements: int, itemsize: int) -> int:
 
     Each trip streams several chunk-sized intermediates (gathered rows, products, cotangents) through
     XLA's fusions; at 2 MiB they stay in a CPU core's L2 cache, where 16 MiB chunks spilled to memory
-    and made the backward sweep ~1.8x slower (``benchmarks/reference_convolution.py``).
+    and the backward sweep took ~1.75x more CPU time (``benchmarks/reference_convolution.py``).
     """
     return int(max(8, min(max(num_edges, 1), _CHUNK_BYTES // max(1, row_elements * itemsize))))
 

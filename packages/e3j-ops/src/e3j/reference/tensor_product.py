@@ -8,7 +8,9 @@ Two formulations, chosen per call:
 - one operand is broadcast over channels (spherical harmonics, or a cotangent summed over
   channels): the broadcast operand is first contracted with the (small, dense) table into a
   per-row ``[D_out, D_in]`` matrix, then one batched matrix product does the channel work. This is
-  how the work is memory-bound on CPUs, and it compiles in constant time.
+  how the work is memory-bound on CPUs, and it compiles in constant time. Exception: the forward
+  (``a`` with channels, ``b`` broadcast) of a small table whose dense matrix is mostly zeros (many
+  copies of the ``x`` irreps) is unrolled as above, which is faster there.
 
 Layouts: operands ``[B, D]`` (broadcast over channels) or ``[B, D, C]``; the output has channels
 when requested, and is summed over channels otherwise (the cotangent of a broadcast operand).
