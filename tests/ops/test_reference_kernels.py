@@ -41,7 +41,21 @@ def test_all_channel_formulations(operands, monkeypatch, limit):
         np.testing.assert_allclose(summed, numpy_apply(table, a, b, out_channels=False), atol=1e-11)
 
 
-def test_dense_formulation_for_broadcast_operands(operands):
+@pytest.mark.parametrize("sparsity", [0, 10**9], ids=["unrolled", "dense"])
+def test_broadcast_operand_formulations(operands, monkeypatch, sparsity):
+    # the forward with a broadcast y: both formulations (unrolled records, dense per-row matrix)
+    monkeypatch.setattr(ref_tp, "_UNROLL_SPARSITY", sparsity)
+    coo, x, y, _ = operands
+    yb = y[..., 0]
+    assert ref_tp._unrolling_pays(coo.table, x.shape[-1], True, False) == (sparsity == 0)
+    got = jax.jit(
+        lambda a, b: ref_tp.apply_table(coo.table, a, b, a_channels=True, b_channels=False, out_channels=True)
+    )(x, yb)
+    np.testing.assert_allclose(got, numpy_apply(coo.table, x, np.repeat(yb[..., None], 5, -1)), atol=1e-12)
+
+
+def test_dense_formulation_for_broadcast_operands(operands, monkeypatch):
+    monkeypatch.setattr(ref_tp, "_UNROLL_SPARSITY", 10**9)
     coo, x, y, dz = operands
     yb = y[..., 0]
     got = ref_tp.apply_table(

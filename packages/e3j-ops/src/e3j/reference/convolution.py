@@ -3,18 +3,21 @@
 Edges are visited in receiver-sorted order (the graph's CSR order) in fixed-size chunks inside a
 ``fori_loop`` whose trip count is the number of *valid* edges, so padding edges cost nothing. Per
 chunk the sender rows and edge operands are gathered, the messages ``s · (x ⊗ y)`` computed with the
-unrolled tensor product, and summed into the receivers (sorted indices). Only one chunk of messages
-``[chunk, D_out, C]`` ever exists, never the whole ``[E, D_out, C]`` array.
+reference tensor product, and summed into the receivers (sorted indices). Only one chunk of messages
+``[chunk, D_out, C]`` ever exists, never the whole ``[E, D_out, C]`` array: a chunk holds about
+2 MiB of messages (:func:`chunk_size`), and a trip's intermediates are a few such chunks, so they
+stay in a CPU core's L2 cache. Beyond the operands and results, memory is ``O(chunk)`` floats plus
+four ``O(E)`` index arrays (the edges' receiver-order ids, senders, receivers, validity).
 
 The backward sweep computes the requested cotangents in one pass over the same chunks (paper
-Eq. 16): ``dx`` scatter-added by sender, ``dy`` and ``ds`` written per edge.
+Eq. 16): ``dx`` scatter-added by sender, ``dy`` and ``ds`` written per edge (``ds`` sums each
+path's rows of ``g · (x ⊗ y)``, a reshape per run of equal-dimension paths).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from e3j_core import TensorProductCoo
 
@@ -22,19 +25,17 @@ from .tensor_product import apply_table
 
 __all__ = ["chunk_size", "convolution", "convolution_bwd"]
 
-_CHUNK_BYTES = 16 * 2**20
+_CHUNK_BYTES = 2 * 2**20
 
 
 def chunk_size(num_edges: int, row_elements: int, itemsize: int) -> int:
-    """Edges per chunk so that one chunk of messages takes about 16 MiB."""
+    """Edges per chunk so that one chunk of messages takes about 2 MiB.
+
+    Each trip streams several chunk-sized intermediates (gathered rows, products, cotangents) through
+    XLA's fusions; at 2 MiB they stay in a CPU core's L2 cache, where 16 MiB chunks spilled to memory
+    and the backward sweep took ~1.75x more CPU time (``benchmarks/reference_convolution.py``).
+    """
     return int(max(8, min(max(num_edges, 1), _CHUNK_BYTES // max(1, row_elements * itemsize))))
-
-
-def _path_matrix(coo: TensorProductCoo, dtype) -> jnp.ndarray:
-    """``[Dout, P]`` indicator of ``i3(i0) = p``: sums a row-wise product into per-path scalars."""
-    m = np.zeros((coo.dim_out, coo.num_paths), dtype=np.float64)
-    m[np.arange(coo.dim_out), coo.i3] = 1.0
-    return jnp.asarray(m, dtype)
 
 
 def _varying_axes(a) -> set:
@@ -60,11 +61,31 @@ def _varying_like(carry, *operands):
     return jax.tree.map(cast, carry)
 
 
-def _chunk_indices(graph, start, chunk, num_edges):
-    k = start + jnp.arange(chunk, dtype=jnp.int32)
-    valid = k < graph.num_valid
-    e = graph.order[jnp.minimum(k, num_edges - 1)]
-    return e, valid
+class _Chunks:
+    """The graph's edges in receiver order, cut into ``chunk``-edge pieces for a ``fori_loop``.
+
+    The per-edge indices (edge id, sender, receiver, validity) are gathered once, padded to a whole
+    number of chunks (``O(E)`` int32s), and each trip reads its piece with a contiguous slice: the
+    row gathers inside the loop then read precomputed indices instead of recomputing
+    ``senders[order[k]]`` for every element they move.
+    """
+
+    def __init__(self, graph, chunk: int):
+        num_edges = graph.num_edges
+        self.chunk = chunk
+        self.trips = (graph.num_valid + chunk - 1) // chunk
+        k = jnp.arange(-(-num_edges // chunk) * chunk, dtype=jnp.int32)
+        self.valid = k < graph.num_valid
+        self.edge = graph.order[jnp.minimum(k, num_edges - 1)]
+        self.sender = graph.senders[self.edge]
+        self.receiver = graph.receivers[self.edge]
+
+    def __call__(self, i):
+        """``(edge ids, senders, receivers, valid)`` of chunk ``i``, each ``[chunk]``."""
+        arrays = (self.edge, self.sender, self.receiver, self.valid)
+        return jax.lax.optimization_barrier(
+            tuple(jax.lax.dynamic_slice_in_dim(a, i * self.chunk, self.chunk) for a in arrays)
+        )
 
 
 def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool) -> jnp.ndarray:
@@ -77,19 +98,20 @@ def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool) -> j
     dtype = x.dtype
     out = jnp.zeros((num_nodes, coo.dim_out, channels), dtype)
     chunk = chunk_size(num_edges, coo.dim_out * channels, dtype.itemsize)
+
+    chunks = _Chunks(graph, chunk)
     i3 = jnp.asarray(coo.i3)
 
     def body(i, out):
-        e, valid = _chunk_indices(graph, i * chunk, chunk, num_edges)
-        z = apply_table(coo.table, x[graph.senders[e]], y[e], a_channels=True, b_channels=y_channels, out_channels=True)
+        e, snd, rcv, valid = chunks(i)
+        z = apply_table(coo.table, x[snd], y[e], a_channels=True, b_channels=y_channels, out_channels=True)
         msg = z * s[e][:, i3, :]
         msg = jnp.where(valid[:, None, None], msg, 0)
         # invalid slots go to row num_nodes (dropped), which keeps the indices sorted
-        receivers = jnp.where(valid, graph.receivers[e], num_nodes)
+        receivers = jnp.where(valid, rcv, num_nodes)
         return out.at[receivers].add(msg, indices_are_sorted=True, mode="drop")
 
-    trips = (graph.num_valid + chunk - 1) // chunk
-    return jax.lax.fori_loop(0, trips, body, _varying_like(out, x, y, s, graph))
+    return jax.lax.fori_loop(0, chunks.trips, body, _varying_like(out, x, y, s, graph))
 
 
 def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[str, ...], y_channels: bool) -> dict:
@@ -109,14 +131,16 @@ def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[st
     if "s" in outs:
         res["s"] = jnp.zeros((num_edges, coo.num_paths, channels), dtype)
     chunk = chunk_size(num_edges, coo.dim_out * channels, dtype.itemsize)
-    i3 = jnp.asarray(coo.i3)
-    paths = _path_matrix(coo, dtype)
+
+    chunks = _Chunks(graph, chunk)
+    i3 = jnp.asarray(coo.i3)  # expanding s by a gather beats concatenating broadcasts on XLA's CPU
 
     def body(i, acc):
-        e, valid = _chunk_indices(graph, i * chunk, chunk, num_edges)
-        snd = graph.senders[e]
-        e_write = jnp.where(valid, e, num_edges)  # out of range: dropped, never a duplicate index
-        g = dm[graph.receivers[e]]  # [K, Dout, C]
+        e, snd, rcv, valid = chunks(i)
+        # out of range: dropped; each edge is written once, by an add into zeros (XLA's CPU scatter
+        # adds faster than it overwrites)
+        e_write = jnp.where(valid, e, num_edges)
+        g = dm[rcv]  # [K, Dout, C]
         g = jnp.where(valid[:, None, None], g, 0)
         acc = dict(acc)
         if "x" in outs or "y" in outs:
@@ -127,12 +151,34 @@ def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[st
                 acc["x"] = acc["x"].at[jnp.where(valid, snd, num_nodes)].add(dx, mode="drop")
             if "y" in outs:
                 dy = apply_table(coo.vjp_y, x[snd], gs, a_channels=True, b_channels=True, out_channels=y_channels)
-                acc["y"] = acc["y"].at[e_write].set(dy, mode="drop")
+                acc["y"] = acc["y"].at[e_write].add(dy, mode="drop")
         if "s" in outs:
             z = apply_table(coo.table, x[snd], y[e], a_channels=True, b_channels=y_channels, out_channels=True)
-            ds = jnp.einsum("kdc,dp->kpc", z * g, paths)
-            acc["s"] = acc["s"].at[e_write].set(ds, mode="drop")
+            acc["s"] = acc["s"].at[e_write].add(_sum_paths(coo, z * g), mode="drop")
         return acc
 
-    trips = (graph.num_valid + chunk - 1) // chunk
-    return jax.lax.fori_loop(0, trips, body, _varying_like(res, x, y, s, dm, graph))
+    return jax.lax.fori_loop(0, chunks.trips, body, _varying_like(res, x, y, s, dm, graph))
+
+
+def _path_runs(coo: TensorProductCoo) -> tuple[tuple[int, int, int, int], ...]:
+    """Maximal runs of consecutive paths with one output dimension: ``(first path, paths, dim, first row)``.
+
+    Paths own consecutive output rows (``i3`` is non-decreasing), so a run's rows are a
+    ``[paths, dim]`` block: summing over them is a reshape and a reduction, not a matrix product.
+    """
+    runs = []
+    for p, sl in enumerate(coo.path_slices):
+        d = sl.stop - sl.start
+        if runs and runs[-1][2] == d:
+            first, n, _, row = runs[-1]
+            runs[-1] = (first, n + 1, d, row)
+        else:
+            runs.append((p, 1, d, sl.start))
+    return tuple(runs)
+
+
+def _sum_paths(coo: TensorProductCoo, a):
+    """``[K, Dout, C]`` -> ``[K, P, C]``: the sum over each path's output rows."""
+    k, _, c = a.shape
+    parts = [a[:, row : row + n * d].reshape(k, n, d, c).sum(2) for _, n, d, row in _path_runs(coo)]
+    return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)

@@ -8,7 +8,9 @@ Two formulations, chosen per call:
 - one operand is broadcast over channels (spherical harmonics, or a cotangent summed over
   channels): the broadcast operand is first contracted with the (small, dense) table into a
   per-row ``[D_out, D_in]`` matrix, then one batched matrix product does the channel work. This is
-  how the work is memory-bound on CPUs, and it compiles in constant time.
+  how the work is memory-bound on CPUs, and it compiles in constant time. Exception: the forward
+  (``a`` with channels, ``b`` broadcast) of a small table whose dense matrix is mostly zeros (many
+  copies of the ``x`` irreps) is unrolled as above, which is faster there.
 
 Layouts: operands ``[B, D]`` (broadcast over channels) or ``[B, D, C]``; the output has channels
 when requested, and is summed over channels otherwise (the cotangent of a broadcast operand).
@@ -46,7 +48,9 @@ def apply_table(
     if out_channels and not (a_channels or b_channels):
         raise ValueError("an output with channels needs an operand with channels")
     mixed = not (a_channels and b_channels and out_channels)
-    if mixed and (a_channels or b_channels) and math.prod(table.dims) <= _DENSE_LIMIT:
+    channels = a.shape[-1] if a_channels else (b.shape[-1] if b_channels else 1)
+    dense = math.prod(table.dims) <= _DENSE_LIMIT and not _unrolling_pays(table, channels, a_channels, b_channels)
+    if mixed and (a_channels or b_channels) and dense:
         return _apply_dense(table, a, b, a_channels=a_channels, b_channels=b_channels, out_channels=out_channels)
     if a_channels and b_channels and table.num_records > _UNROLL_LIMIT:
         return _apply_gathered(table, a, b, out_channels=out_channels)
@@ -87,6 +91,22 @@ def _apply_gathered(table: CooTable, a, b, *, out_channels: bool):
         return out if out_channels else out.sum(-1)
 
     return jax.lax.map(row, (a, b), batch_size=_GATHER_TILE)
+
+
+# The broadcast-operand forward (a with channels, b without) stays unrolled when the dense
+# per-row matrix would be mostly zeros: for 4x0e + 2x1o + 1x2e ⊗ 0e..3o (201 records, 87 x 15 x 16
+# dense, 16 channels) unrolled is ~1.5x faster on a CPU; for one x irrep (9-67 records, dense at
+# most 17 x 5 x 16) dense is (benchmarks/reference_convolution.py, gcd vs mult shapes).
+_UNROLL_SPARSITY = 8
+_UNROLL_BROADCAST_LIMIT = 512
+
+
+def _unrolling_pays(table: CooTable, channels: int, a_channels: bool, b_channels: bool) -> bool:
+    if not a_channels or b_channels or table.num_records > _UNROLL_BROADCAST_LIMIT:
+        return False
+    d0, d1, d2 = table.dims
+    # multiply-adds per row: dense (build the [D0, D1] matrix, then apply it) vs unrolled records
+    return d0 * d1 * (d2 + channels) >= _UNROLL_SPARSITY * table.num_records * channels
 
 
 # dense tables up to this many entries (lmax 3 with the usual filter: 99 x 16 x 16 = 25,344)
