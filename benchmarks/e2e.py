@@ -1,7 +1,7 @@
 """End-to-end benchmarks of e3j-models on e3j against the e3nn-jax twin, in one run (issue 16).
 
     python benchmarks/e2e.py [--models mace_a mace_b nequip] [--atoms 100 200] [--runs 3]
-                             [--md cuni_mace:6 mace_a:4] [--md-steps 10] [--md-rounds 2]
+                             [--md cuni_mace:6 mace_a:3] [--md-steps 5] [--md-rounds 2]
                              [--repeats 20] [--out benchmarks/results/cpu-e2e.json]
 
 Four sections, all e3j (default backend) and the twin with the same parameters:
@@ -216,7 +216,7 @@ def main() -> None:
     ap.add_argument("--atoms", nargs="*", type=int, default=[100, 200])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--md", nargs="*", type=_md_spec, default=[("cuni_mace", 6), ("mace_a", 3)])
-    ap.add_argument("--md-steps", type=int, default=10)
+    ap.add_argument("--md-steps", type=int, default=5)
     ap.add_argument("--md-rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=20, help="evaluations of one structure (determinism)")
     ap.add_argument("--determinism", nargs="*", default=["cuni_mace", "cuni_nequip"])
