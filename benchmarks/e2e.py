@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from e2e_tables import LABEL, markdown
-from models_vs_e3nn import PRESETS, machine_info, measure_forces, memory_bytes
+from models_vs_e3nn import PRESETS, fits_free_memory, machine_info, measure_forces, memory_bytes
 
 import e3j_models as em
 
@@ -65,7 +65,7 @@ def _fits(potential, params, atoms, dtype) -> tuple[bool, int | None]:
     batch = em.batch_structures([atoms], cfg.atomic_numbers, cfg.cutoff, dtype=dtype)
     run = jax.jit(functools.partial(potential.__call__, stress=True))
     mem = memory_bytes(run.lower(jax.tree.map(lambda a: jnp.asarray(a, dtype), params), batch).compile())
-    return mem is None or mem < 0.9 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"), mem
+    return fits_free_memory(mem), mem
 
 
 def measure_md(name: str, repeats: int, backends, *, steps: int, rounds: int, dtype=np.float32) -> list[dict]:

@@ -39,6 +39,14 @@ def memory_bytes(compiled) -> int | None:
     return int(m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes)
 
 
+def fits_free_memory(mem: int | None) -> bool:
+    """Whether an executable of ``mem`` bytes (None: unknown) fits 90 % of the memory free now.
+
+    One larger would be killed for memory: it is recorded as not fitting, not run.
+    """
+    return mem is None or mem < 0.9 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
 def machine_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -80,8 +88,7 @@ def measure_forces(
         compiled = fn.lower(params, batch).compile()
         compile_s = time.perf_counter() - t0
         mem = memory_bytes(compiled)
-        # an executable larger than the free memory would be killed: record it as not fitting
-        fits = mem is None or mem < 0.9 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+        fits = fits_free_memory(mem)
         if fits and not memory_only:
             seconds = time_call(compiled, params, batch, runs=runs, warmup=1)
             energy = float(compiled(params, batch)["energy"][0])
