@@ -143,14 +143,28 @@ def tests_jax(session: nox.Session, jax: str) -> None:
 
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
-    """The README's main command: backend info, then a quick benchmark against e3nn-jax here."""
-    session.install(JAX, "e3nn-jax==0.21.0")
+    """The README's main command: the committed MACE checkpoint runs 20 MD steps on 1,372 atoms with e3j and
+    with the e3nn-jax twin (ms/step side by side), then backend info and a quick op benchmark (a few minutes)."""
+    session.install(JAX, "e3nn-jax==0.21.0", "ase>=3.25", "tqdm>=4", "matplotlib>=3.8")
     _install_packages(session)
+    session.run(
+        "python", "benchmarks/e2e.py", "--models", "--determinism", "--md", "cuni_mace:7", "--md-steps", "20",
+        "--md-rounds", "1", "--out", str(Path(session.create_tmp()) / "demo-md.json"),
+    )  # fmt: skip
     session.run("python", "-m", "e3j", "info")
     session.run(
         "python", "-m", "e3j", "bench", "--lmax", "2", "3", "--channels", "32", "--sizes", "2048",
         "--degree", "16", "--runs", "10", *session.posargs,
     )  # fmt: skip
+
+
+@nox.session(python=PYTHON)
+def e2e(session: nox.Session) -> None:
+    """End-to-end benchmarks, e3j vs the e3nn-jax twin: force time vs atoms, MD ms/step, run-to-run deviation,
+    largest system (``benchmarks/e2e.py``; ~15 min on 2 cores by default; the committed results used posargs)."""
+    session.install(JAX, "e3nn-jax==0.21.0", "ase>=3.25", "tqdm>=4", "matplotlib>=3.8")
+    _install_packages(session)
+    session.run("python", "benchmarks/e2e.py", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -9,6 +9,11 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_17_x86_64 -d .whl hatchling tomlkit trove-classifiers e3nn-jax==0.21.0
 # and call the device tool with carry [".whl"] and the command `bash benchmarks/device.sh`.
+# The end-to-end benchmarks (issue 16: e3j-models force time vs atoms, MD ms/step per installed backend
+# and the e3nn-jax twin, run-to-run deviation) are a second call, `E3J_DEVICE_E2E=1 bash benchmarks/device.sh`
+# (install, info, then only that step, bounded to 420 s): they need e3j-models' dependencies too,
+#   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 -d .whl flax ase vesin tqdm   (with their dependencies)
 # Rehearse it on a CPU machine with E3J_DEVICE_REHEARSAL=1 (python3 = a Python 3.12 with that image's
 # packages): the same steps, with small benchmark sizes.
 set -uo pipefail
@@ -39,6 +44,35 @@ CMAKE_ARGS="-DE3J_CUDA_ARCHITECTURES=90a-real" E3J_CUDA=ON python3 -m pip instal
 log "info"
 python3 -m e3j info 2>&1 | tee "$OUT/info.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv >> "$OUT/info.txt" 2>&1
+# results land in this copy's benchmarks/results (so the recorded commands name the committed paths);
+# unpack results.tgz in the checkout, then: python benchmarks/readme_tables.py --write (renders docs/benchmarks.md)
+before=$(mktemp); ls benchmarks/results > "$before"
+# the new results files so far, packed after every step: a run cut short by the device's time limit
+# (one call: 600 s, this script's steps are bounded to fit) still returns what it measured
+pack() { ls benchmarks/results | grep -vxF -f "$before" | sed 's|^|benchmarks/results/|' | tar czf "$OUT/results.tgz" -T -; }
+if [ -n "${E3J_DEVICE_E2E:-}" ]; then
+  log "end to end (e3j-models)"
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation packages/e3j-models 2>&1 | tee -a "$OUT/log.txt"
+  if ! python3 -c "import flax, ase, vesin, e3nn_jax" 2>>"$OUT/log.txt"; then
+    log "e3j-models' dependencies (flax, ase, vesin, e3nn-jax) are missing: fetch their wheels into .whl (header)"
+    exit 1
+  fi
+  # every non-interpreted backend of this platform (the interpreters run kernels op by op in Python)
+  BACKENDS=$(python3 -c "import jax, e3j; p = jax.devices()[0].platform; print(*[b.name for b in e3j.available_backends() if p in b.platforms and b.auto and b.name != 'reference'] or ['reference'])")
+  KIND=$(python3 -c "import jax; print(jax.devices()[0].device_kind.lower().replace(' ', '-'))")
+  log "backends: $BACKENDS e3nn ($KIND)"
+  if [ -n "${E3J_DEVICE_REHEARSAL:-}" ]; then
+    SIZES=(--models nequip --atoms 30 --runs 2 --md cuni_mace:2 --md-steps 3 --md-rounds 1 --repeats 3)
+  else
+    SIZES=(--models mace_a mace_b nequip --atoms 1000 4000 --runs 10 --md cuni_mace:8 mace_a:8 --md-steps 20 --md-rounds 2 --repeats 20)
+  fi
+  # sections are written as they finish (md, determinism, forces): a timeout keeps what ran
+  timeout 420 python3 benchmarks/e2e.py "${SIZES[@]}" --backends $BACKENDS e3nn --out "benchmarks/results/$KIND-e2e.json" \
+    2>&1 | grep -v Warning | tail -60 | tee -a "$OUT/log.txt"
+  pack
+  log "done"
+  exit 0
+fi
 log "tests/gpu"
 # compiling the unrolled kernels dominates (Triton takes ~10-70 s per lmax-3 kernel; see
 # benchmarks/results/sm90a-pallas-gpu-resources.json): spread the tests over processes sharing the GPU
@@ -46,12 +80,6 @@ XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 180 python3 -m pytest -q -m gpu -p no:cacheprovider $XDIST tests/gpu 2>&1 \
   | tee "$OUT/tests-gpu.txt" | tail -5
 log "benchmarks"
-# results land in this copy's benchmarks/results (so the recorded commands name the committed paths);
-# unpack results.tgz in the checkout, then: python benchmarks/readme_tables.py --write (renders docs/benchmarks.md)
-before=$(mktemp); ls benchmarks/results > "$before"
-# the new results files so far, packed after every step: a run cut short by the device's time limit
-# (one call: 600 s, this script's steps are bounded to fit) still returns what it measured
-pack() { ls benchmarks/results | grep -vxF -f "$before" | sed 's|^|benchmarks/results/|' | tar czf "$OUT/results.tgz" -T -; }
 if [ -n "${E3J_DEVICE_REHEARSAL:-}" ]; then
   python3 -m e3j bench --ops convolution --lmax 2 --channels 16 --elements 256 --degree 4 --runs 3 --jobs 2 \
     --json benchmarks/results/rehearsal.json --plot benchmarks/results/rehearsal.png --no-progress 2>&1 | tee -a "$OUT/log.txt"

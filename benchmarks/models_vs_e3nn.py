@@ -39,8 +39,83 @@ def memory_bytes(compiled) -> int | None:
     return int(m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes)
 
 
+def fits_free_memory(mem: int | None) -> bool:
+    """Whether an executable of ``mem`` bytes (None: unknown) fits 90 % of the memory free now.
+
+    One larger would be killed for memory: it is recorded as not fitting, not run.
+    """
+    return mem is None or mem < 0.9 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
 def machine_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def machine_info() -> dict:
+    """This machine, as the results files name it."""
+    return {
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "memory_bytes": machine_memory(),
+        "jax": jax.__version__,
+        "device": str(jax.devices()[0]),
+        "note": f"{os.cpu_count()} cores shared with other jobs: timings are noisy"
+        if jax.devices()[0].platform == "cpu"
+        else "",
+    }
+
+
+def measure_forces(
+    model: str, atoms: int, backends=("e3j", "e3nn"), *, runs: int = 5, dtype="float32", memory_only: bool = False
+) -> list[dict]:
+    """One row per backend: jitted energy + forces of preset ``model`` on a water box of ``atoms`` atoms.
+
+    The backends share the parameters (initialized once); a backend whose compiled executable needs
+    more than 90 % of the free memory is compiled but not run (``fits_free_memory`` False, ``ms`` NaN).
+    """
+    dtype = np.dtype(dtype)
+    cfg = PRESETS[model]((1, 8))
+    batch = em.batch_structures([em.water_box(atoms)], cfg.atomic_numbers, cfg.cutoff, dtype=dtype)
+    n_real, e_real = int(batch.node_mask.sum()), int(batch.graph.num_valid)
+    params, rows = None, []
+    for backend in backends:
+        pot = em.Potential(cfg, None if backend == "e3j" else backend)
+        if params is None:
+            params = pot.init(jax.random.key(0), batch, dtype=dtype)
+        fn = jax.jit(lambda p, b, pot=pot: pot(p, b))
+        t0 = time.perf_counter()
+        compiled = fn.lower(params, batch).compile()
+        compile_s = time.perf_counter() - t0
+        mem = memory_bytes(compiled)
+        fits = fits_free_memory(mem)
+        if fits and not memory_only:
+            seconds = time_call(compiled, params, batch, runs=runs, warmup=1)
+            energy = float(compiled(params, batch)["energy"][0])
+        else:
+            seconds, energy = float("nan"), float("nan")
+        del compiled
+        row = {
+            "model": model,
+            "backend": backend,
+            "atoms": n_real,
+            "edges": e_real,
+            "padded_nodes": int(batch.node_mask.shape[0]),
+            "padded_edges": int(batch.graph.num_edges),
+            "dtype": dtype.name,
+            "ms": seconds * 1e3,
+            "compile_s": compile_s,
+            "memory_bytes": mem,
+            "max_atoms_estimate": None if not mem else int(machine_memory() / mem * n_real),
+            "fits_free_memory": fits,
+            "energy": energy,
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    for r in rows:
+        r["energy_rel_diff_vs_first"] = abs(r["energy"] - rows[0]["energy"]) / abs(rows[0]["energy"])
+        r["speedup_of_first"] = r["ms"] / rows[0]["ms"]
+    return rows
 
 
 def main() -> None:
@@ -55,61 +130,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
-    dtype = np.dtype(args.dtype)
     rows = []
     for model in args.models:
-        cfg = PRESETS[model]((1, 8))
         for n in args.atoms:
-            batch = em.batch_structures([em.water_box(n)], cfg.atomic_numbers, cfg.cutoff, dtype=dtype)
-            n_real, e_real = int(batch.node_mask.sum()), int(batch.graph.num_valid)
-            params = None
-            for backend in args.backends:
-                pot = em.Potential(cfg, None if backend == "e3j" else backend)
-                if params is None:
-                    params = pot.init(jax.random.key(0), batch, dtype=dtype)
-                fn = jax.jit(lambda p, b, pot=pot: pot(p, b))
-                t0 = time.perf_counter()
-                compiled = fn.lower(params, batch).compile()
-                compile_s = time.perf_counter() - t0
-                mem = memory_bytes(compiled)
-                # an executable larger than the free memory would be killed: record it as not fitting
-                fits = mem is None or mem < 0.9 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
-                if fits and not args.memory_only:
-                    seconds = time_call(compiled, params, batch, runs=args.runs, warmup=1)
-                    energy = float(compiled(params, batch)["energy"][0])
-                else:
-                    seconds, energy = float("nan"), float("nan")
-                row = {
-                    "model": model,
-                    "backend": backend,
-                    "atoms": n_real,
-                    "edges": e_real,
-                    "padded_nodes": int(batch.node_mask.shape[0]),
-                    "padded_edges": int(batch.graph.num_edges),
-                    "dtype": args.dtype,
-                    "ms": seconds * 1e3,
-                    "compile_s": compile_s,
-                    "memory_bytes": mem,
-                    "max_atoms_estimate": None if not mem else int(machine_memory() / mem * n_real),
-                    "fits_free_memory": fits,
-                    "energy": energy,
-                }
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-            for r in rows[-len(args.backends) :]:
-                ref = rows[-len(args.backends)]
-                r["energy_rel_diff_vs_first"] = abs(r["energy"] - ref["energy"]) / abs(ref["energy"])
-                r["speedup_of_first"] = r["ms"] / ref["ms"]
+            rows += measure_forces(
+                model, n, args.backends, runs=args.runs, dtype=args.dtype, memory_only=args.memory_only
+            )
     result = {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
-            "memory_bytes": machine_memory(),
-            "jax": jax.__version__,
-            "device": str(jax.devices()[0]),
-            "note": "2 cores shared with other jobs: timings are noisy",
-        },
+        "machine": machine_info(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "python benchmarks/models_vs_e3nn.py "
         + " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items()),

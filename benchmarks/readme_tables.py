@@ -200,6 +200,14 @@ def render(name: str) -> str:
             f"Triton {result['versions']['triton']}, target {result['target']}; command: `{result['command']}`."
             "\n\n" + module.markdown(result)
         )
+    if "e2e" in result:  # benchmarks/e2e.py
+        spec = importlib.util.spec_from_file_location("e2e_tables", ROOT / "benchmarks" / "e2e_tables.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        text = module.markdown(result)
+        if (RESULTS / f"{name}.png").exists():
+            text += f"\n\n![{name}](../benchmarks/results/{name}.png)"
+        return text
     if "copy" in result:
         return render_bench(name, result)
     copy = next((r["copy_GBps"] for r in result["rows"] if "copy_GBps" in r), None)

@@ -44,6 +44,12 @@ def test_load_refuses_other_formats(tmp_path):
     np.savez(tmp_path / "y.npz", __header__=np.frombuffer(json.dumps(header).encode(), np.uint8))
     with pytest.raises(ValueError, match="format_version 99"):
         em.load(tmp_path / "y.npz")
+    (tmp_path / "junk.npz").write_text("not a zip of arrays\n")
+    with pytest.raises(ValueError, match=r"junk.npz' is not an e3j-models file \(an .npz written by save\)"):
+        em.load(tmp_path / "junk.npz")
+    np.save(tmp_path / "lone.npy", np.zeros(3))
+    with pytest.raises(ValueError, match=r"not an e3j-models file.*a single array"):
+        em.load(tmp_path / "lone.npy")
 
 
 def test_calculator_compiles_once_per_bucket_and_matches_ase_numerics(tiny):
@@ -91,6 +97,16 @@ def test_neighbour_list_is_brute_force(periodic):
     assert got == sorted(want) and len(got) > 0
 
 
+def test_given_neighbours_give_the_same_batch():
+    s = structure(1)
+    edges = em.neighbour_list(s["positions"], CUTOFF, s.get("cell"), s.get("pbc", False))
+    a = em.batch_structures([s], Z, CUTOFF)
+    b = em.batch_structures([s], Z, CUTOFF, neighbours=[edges])
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    assert a.graph.num_valid == len(edges[0]) > 0
+
+
 def test_bad_input_names_the_argument():
     s = structure(1)
     with pytest.raises(ValueError, match=r"numbers.*\[6\].*unknown"):
@@ -109,6 +125,8 @@ def test_bad_input_names_the_argument():
         em.batch_structures([{**s, "cell": np.zeros((3, 3))}], Z, CUTOFF)
     with pytest.raises(ValueError, match="num_nodes=4"):
         em.batch_structures([s], Z, CUTOFF, num_nodes=4)
+    with pytest.raises(ValueError, match=r"neighbours must hold one entry per structure \(1\), got 2"):
+        em.batch_structures([s], Z, CUTOFF, neighbours=[None, None])
     with pytest.raises(ValueError, match="atomic_numbers"):
         em.nequip((1, 1))
     with pytest.raises(ValueError, match="correlation"):

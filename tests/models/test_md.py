@@ -83,4 +83,11 @@ def test_cli_md_outputs_and_bad_input(model, tmp_path):
     (tmp_path / "junk.extxyz").write_text("not\na structure\n")
     with pytest.raises(SystemExit, match="not readable"):
         main(["md", "--model", str(ckpt), "--structure", str(tmp_path / "junk.extxyz"), "--out", str(bad_out)])
-    assert not os.path.exists(bad_out / "md.json")
+    (tmp_path / "junk.npz").write_text("not a checkpoint\n")
+    with pytest.raises(SystemExit, match=r"--model: .*junk.npz' is not an e3j-models file"):
+        main(["md", "--model", str(tmp_path / "junk.npz"), "--out", str(bad_out)])
+    with pytest.raises(SystemExit, match="--steps must be >= 1"):
+        main(["md", "--model", str(ckpt), "--steps", "0", "--out", str(bad_out)])
+    with pytest.raises(SystemExit, match="--supercell must be >= 1"):
+        main(["md", "--model", str(ckpt), "--supercell", "0", "--out", str(bad_out)])
+    assert not os.path.exists(bad_out)  # refused before anything is written

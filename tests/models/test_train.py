@@ -14,7 +14,7 @@ from ase.calculators.emt import EMT
 from e3j_models import load, nequip
 from e3j_models.__main__ import main
 from e3j_models.data import emt_structures, read_dataset, write_dataset
-from e3j_models.train import fit, prepare_config
+from e3j_models.train import epoch_losses, fit, prepare_config
 
 TINY = dict(num_layers=1, num_channels=4, node_irreps="0e + 1o", l_max=1, cutoff=3.0, radial_mlp=(8,))
 
@@ -86,6 +86,22 @@ def test_training_decreases_loss_and_matches_e3nn_twin():
         fit(cfg, s[:2], s[2:], steps=0)
     with pytest.raises(ValueError, match="valid is empty"):
         fit(cfg, s[:2], [], steps=1)
+
+
+def test_smoothed_loss_decreases_monotonically():
+    # the smoothed curve is the epoch mean (epoch_losses): 4 batches of 2 structures, 6 epochs
+    s = emt_structures(9, repeats=[(2, 2, 2)])
+    result = fit(nequip((28, 29), **TINY), s[:8], s[8:], steps=24, batch_size=2, learning_rate=5e-2, progress=False)
+    assert result.history["steps_per_epoch"] == 4
+    epochs = epoch_losses(result.history)
+    assert epochs.shape == (6,)
+    assert np.all(np.diff(epochs) < 0), f"epoch-mean loss not monotone: {epochs}"
+    assert epochs[-1] < 0.7 * epochs[0]
+    # the definition: a per-step curve with a hard batch every epoch is not monotone, its epoch means are
+    history = {"train_loss": [3.0, 1.0, 2.9, 0.9, 2.8, 0.8], "steps_per_epoch": 2}
+    np.testing.assert_allclose(epoch_losses(history), [2.0, 1.9, 1.8])
+    with pytest.raises(ValueError, match="steps_per_epoch must be a positive int"):
+        epoch_losses({"train_loss": [1.0]})
 
 
 def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):

@@ -28,7 +28,7 @@ from .ops import E3jOps, Ops, get_ops
 from .potential import Potential
 from .radial import bessel_basis, polynomial_envelope, radial_embedding
 from .symmetric_contraction import SymmetricContraction, SymmetricContractionSpec
-from .systems import water_box
+from .systems import cuni_fcc, water_box
 
 __all__ = [
     "MACE",
@@ -52,6 +52,7 @@ __all__ = [
     "bucket_size",
     "config_from_dict",
     "config_to_dict",
+    "cuni_fcc",
     "edge_features",
     "edge_vectors",
     "gate",

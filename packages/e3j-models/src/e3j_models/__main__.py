@@ -91,8 +91,6 @@ def _train(args) -> None:
 
 
 def _structure(args):
-    import numpy as np
-
     if args.structure is not None:
         from ase.io import read
 
@@ -102,13 +100,9 @@ def _structure(args):
             return read(args.structure)
         except Exception as err:  # ASE raises many types for unreadable files
             raise ValueError(f"--structure {args.structure!r} is not readable by ase.io.read: {err}") from err
-    from ase.build import bulk
+    from .systems import cuni_fcc
 
-    # an fcc Cu-Ni solid solution of 4·n³ atoms (the training set's chemistry), seeded
-    atoms = bulk("Cu", "fcc", a=3.565, cubic=True).repeat(args.supercell)
-    rng = np.random.default_rng(args.seed)
-    atoms.numbers = np.where(rng.uniform(size=len(atoms)) < 0.5, 28, 29)
-    return atoms
+    return cuni_fcc(args.supercell, seed=args.seed)
 
 
 def _md(args) -> None:
@@ -122,7 +116,14 @@ def _md(args) -> None:
         jax.config.update("jax_enable_x64", True)
     if not os.path.exists(args.model):
         raise FileNotFoundError(f"--model {args.model!r} does not exist")
-    config, params = load(args.model)
+    if args.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    if args.structure is None and args.supercell < 1:
+        raise ValueError(f"--supercell must be >= 1, got {args.supercell}")
+    try:
+        config, params = load(args.model)
+    except ValueError as err:
+        raise ValueError(f"--model: {err}") from err
     atoms = _structure(args)
     unknown = sorted({int(z) for z in atoms.numbers} - set(config.atomic_numbers))
     if unknown:

@@ -74,12 +74,20 @@ class Calculator(_AseCalculator):
         n = len(atoms)
         if n == 0:
             raise ValueError("atoms is empty: a structure needs at least one atom")
-        e = len(neighbour_list(atoms.get_positions(), cfg.cutoff, np.asarray(atoms.cell), atoms.pbc)[0])
+        # the neighbour list once per call: it sizes the bucket and fills the batch
+        edges = neighbour_list(atoms.get_positions(), cfg.cutoff, np.asarray(atoms.cell), atoms.pbc)
+        e = len(edges[0])
         if self._size is None or self._size[0] < n + 1 or self._size[1] < e:
             self._size = (bucket_size(n + 1, self.headroom), bucket_size(e, self.headroom))
             self.buckets.append(self._size)
         batch = batch_structures(
-            [atoms], cfg.atomic_numbers, cfg.cutoff, num_nodes=self._size[0], num_edges=self._size[1], dtype=self.dtype
+            [atoms],
+            cfg.atomic_numbers,
+            cfg.cutoff,
+            num_nodes=self._size[0],
+            num_edges=self._size[1],
+            dtype=self.dtype,
+            neighbours=[edges],
         )
         out = self._run(self.params, batch)
         energy = float(out["energy"][0])

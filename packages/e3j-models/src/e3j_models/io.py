@@ -70,7 +70,13 @@ def save(path: str | os.PathLike, config: MACEConfig | NequIPConfig, params: dic
 
 def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, Any]]:
     """``(config, params)`` from a file written by :func:`save`."""
-    with np.load(path, allow_pickle=False) as data:
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:  # not a zip of .npy arrays (numpy says "pickled data")
+        raise ValueError(f"{os.fspath(path)!r} is not an e3j-models file (an .npz written by save): {err}") from err
+    if not isinstance(data, np.lib.npyio.NpzFile):  # a lone .npy array
+        raise ValueError(f"{os.fspath(path)!r} is not an e3j-models file (an .npz written by save): a single array")
+    with data:
         if "__header__" not in data.files:
             raise ValueError(f"{os.fspath(path)!r} is not an e3j-models file (no __header__)")
         header = json.loads(bytes(data["__header__"]).decode())

@@ -93,6 +93,7 @@ def batch_structures(
     num_edges: int | None = None,
     headroom: float = 0.1,
     dtype=np.float64,
+    neighbours: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
 ) -> GraphBatch:
     """One padded :class:`GraphBatch` of ``structures`` (``ase.Atoms``, or dicts with ``positions``,
     ``numbers`` and optionally ``cell``, ``pbc``).
@@ -100,9 +101,13 @@ def batch_structures(
     ``atomic_numbers`` maps each element to the model's species index. ``num_nodes`` / ``num_edges``
     fix the padded sizes (an error if too small); by default they are :func:`bucket_size` of the
     counts (the nodes get one padding node at least so padding edges have somewhere to point).
+    ``neighbours``: each structure's ``(senders, receivers, shifts)`` from :func:`neighbour_list` with
+    this ``cutoff``, when the caller has them already (default: computed here).
     """
     if len(structures) == 0:
         raise ValueError("structures is empty: give at least one structure")
+    if neighbours is not None and len(neighbours) != len(structures):
+        raise ValueError(f"neighbours must hold one entry per structure ({len(structures)}), got {len(neighbours)}")
     index = {int(z): k for k, z in enumerate(atomic_numbers)}
     pos_all, spec_all, graph_all, s_all, r_all, sh_all, cells = [], [], [], [], [], [], []
     offset = 0
@@ -123,7 +128,7 @@ def batch_structures(
                 f"numbers{where} holds atomic numbers {unknown} unknown to the model "
                 f"(atomic_numbers={list(atomic_numbers)})"
             )
-        s, r, shifts = neighbour_list(positions, cutoff, cell, pbc)
+        s, r, shifts = neighbour_list(positions, cutoff, cell, pbc) if neighbours is None else neighbours[g]
         pos_all.append(positions)
         spec_all.append(np.array([index[int(z)] for z in numbers]))
         graph_all.append(np.full(positions.shape[0], g))

@@ -1,15 +1,18 @@
-"""Test and benchmark structures: a water box at liquid density.
+"""Test and benchmark structures: a water box at liquid density; a Cu–Ni fcc solid solution.
 
 >>> box = water_box(30)
 >>> box["positions"].shape, sorted(set(box["numbers"].tolist())), box["cell"][0, 0].round(2)
 ((30, 3), [1, 8], np.float64(6.69))
+>>> atoms = cuni_fcc((2, 2, 3))
+>>> len(atoms), sorted(set(atoms.numbers.tolist()))
+(48, [28, 29])
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["water_box"]
+__all__ = ["cuni_fcc", "water_box"]
 
 
 def water_box(num_atoms: int, seed: int = 0) -> dict:
@@ -36,3 +39,21 @@ def water_box(num_atoms: int, seed: int = 0) -> dict:
         "cell": np.eye(3) * side,
         "pbc": True,
     }
+
+
+def cuni_fcc(repeats: int | tuple[int, int, int], seed: int = 0, lattice_constant: float = 3.565):
+    """A periodic fcc Cu–Ni solid solution (``ase.Atoms``) of ``4·nx·ny·nz`` atoms, the training set's chemistry.
+
+    ``repeats``: cubic unit cells along each axis (an int repeats all three); each site is Ni or Cu
+    with probability 1/2 (seeded); ``lattice_constant`` in Å (default: the 50/50 Vegard value).
+    Needs ``ase``.
+    """
+    from ase.build import bulk
+
+    reps = (repeats,) * 3 if isinstance(repeats, int) else tuple(repeats)
+    if len(reps) != 3 or not all(isinstance(r, int | np.integer) and r >= 1 for r in reps):
+        raise ValueError(f"repeats must be a positive int or 3 positive ints, got {repeats!r}")
+    atoms = bulk("Cu", "fcc", a=lattice_constant, cubic=True).repeat(reps)
+    rng = np.random.default_rng(seed)
+    atoms.numbers = np.where(rng.uniform(size=len(atoms)) < 0.5, 28, 29)
+    return atoms

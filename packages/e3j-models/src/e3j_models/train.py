@@ -41,7 +41,17 @@ from .io import save
 from .neighbours import batch_structures, bucket_size, neighbour_list
 from .potential import Potential
 
-__all__ = ["FitResult", "Labels", "evaluate", "fit", "loss_fn", "plot_history", "prepare_config", "write_history"]
+__all__ = [
+    "FitResult",
+    "Labels",
+    "epoch_losses",
+    "evaluate",
+    "fit",
+    "loss_fn",
+    "plot_history",
+    "prepare_config",
+    "write_history",
+]
 
 
 class Labels(NamedTuple):
@@ -236,7 +246,8 @@ def fit(
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss, parts
 
-    history: dict[str, list] = {"step": [], "train_loss": [], "time": [], "eval_step": [], "valid": []}
+    history: dict[str, Any] = {"step": [], "train_loss": [], "time": [], "eval_step": [], "valid": []}
+    history["steps_per_epoch"] = len(train_batches)
     best = np.inf
     bar = None
     if progress:
@@ -281,6 +292,23 @@ def fit(
     return FitResult(config, params, history, validation)
 
 
+def epoch_losses(history: dict[str, Any], steps_per_epoch: int | None = None) -> np.ndarray:
+    """The smoothed loss curve: the mean training loss of each complete epoch, ``[num_epochs]``.
+
+    An epoch visits every training batch once, so its mean is free of the spread between easy and
+    hard batches that makes the per-step loss (and any moving average shorter than an epoch) jump.
+    ``steps_per_epoch`` defaults to the one :func:`fit` records in ``history``.
+
+    >>> epoch_losses({"train_loss": [4.0, 2.0, 3.0, 1.0, 9.0], "steps_per_epoch": 2}).tolist()
+    [3.0, 2.0]
+    """
+    k = history.get("steps_per_epoch") if steps_per_epoch is None else steps_per_epoch
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"steps_per_epoch must be a positive int (history has none recorded?), got {k!r}")
+    loss = np.asarray(history["train_loss"], np.float64)
+    return loss[: len(loss) // k * k].reshape(-1, k).mean(axis=1)
+
+
 def _save_atomic(path, config, params) -> None:
     path = os.fspath(path)
     tmp = path + ".partial"
@@ -300,6 +328,10 @@ def plot_history(history: dict[str, list], path: str | os.PathLike) -> None:
     axes[0].semilogy(history["step"], loss, alpha=0.3, label="train loss")
     w = min(20, len(loss))
     axes[0].semilogy(history["step"][w - 1 :], np.convolve(loss, np.ones(w) / w, "valid"), label=f"{w}-step mean")
+    if history.get("steps_per_epoch"):
+        k = history["steps_per_epoch"]
+        epochs = epoch_losses(history)
+        axes[0].semilogy(k * np.arange(1, len(epochs) + 1) - 1, epochs, "o-", ms=3, label="epoch mean")
     axes[0].set_xlabel("step")
     axes[0].legend()
     if history["valid"]:

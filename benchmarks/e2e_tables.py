@@ -1,0 +1,97 @@
+"""Markdown tables of a ``benchmarks/e2e.py`` results file (no JAX: ``readme_tables.py`` renders them too)."""
+
+from __future__ import annotations
+
+import math
+
+LABEL = {"e3j": "e3j", "e3nn": "e3nn-jax twin"}
+
+
+def _gib(b) -> str:
+    return f"{b / 2**30:.2f} GiB" if b else "n/a"
+
+
+def markdown(result: dict) -> str:
+    """The results as Markdown tables (also rendered into docs/benchmarks.md)."""
+    m = result["machine"]
+    load = (
+        f"1-min load average {result['load_average_start'][0]:.1f} at the start, "
+        f"{result.get('load_average_end', [math.nan])[0]:.1f} at the end"
+    )
+    parts = [
+        f"Measured {result['date'][:10]} on {m['device']}, {m['processor']} ({m['cpus']} cores, "
+        f"{m['memory_bytes'] / 2**30:.0f} GiB, {m['platform']}), jax {m['jax']}; "
+        + (f"{m['note']}; " if m["note"] else "")
+        + f"{load}; command: `{result['command']}`."
+        + ("" if result.get("complete") else " **Incomplete run.**")
+    ]
+    forces = result.get("forces", [])
+    if forces:
+        lines = [
+            "Force inference (jitted energy + forces, water box, float32; mean of the fastest 20 % of the runs):",
+            "",
+            "| model | atoms | edges | backend | ms | e3j faster by | memory (XLA) | est. max atoms |",
+            "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
+        ]
+        for r in forces:
+            ms = "does not fit" if not r["fits_free_memory"] else f"{r['ms']:.0f}"
+            lines.append(
+                f"| {r['model']} | {r['atoms']} | {r['edges']} | {LABEL.get(r['backend'], r['backend'])} | {ms} "
+                f"| {r['speedup_of_first']:.2f}× | {_gib(r['memory_bytes'])} | {r['max_atoms_estimate'] or 'n/a'} |"
+            )
+        parts.append("\n".join(lines))
+    md = result.get("md", [])
+    if md:
+        lines = [
+            "MD (NVE, ASE VelocityVerlet through `e3j_models.Calculator`, Cu–Ni fcc, float32, 1 fs; best round of "
+            "interleaved rounds; ms/step includes the host neighbour list and ASE):",
+            "",
+            "| model | atoms | backend | ms/step | rounds (ms/step) | e3j faster by | memory (XLA) |",
+            "| --- | ---: | --- | ---: | --- | ---: | ---: |",
+        ]
+        for r in md:
+            if not r["fits_free_memory"]:
+                ms, ratio = "does not fit", "∞ (twin cannot run)"
+            else:
+                ms, ratio = f"{r['ms_per_step']:.0f}", f"{r['e3j_faster_by']:.2f}×"
+            rounds = ", ".join(f"{x:.0f}" for x in r["rounds_ms_per_step"]) or "-"
+            lines.append(
+                f"| {r['model']} | {r['atoms']} | {LABEL.get(r['backend'], r['backend'])} | {ms} | {rounds} | {ratio} "
+                f"| {_gib(r['memory_bytes'])} |"
+            )
+        parts.append("\n".join(lines))
+    det = result.get("determinism", [])
+    if det:
+        lines = [
+            "Run-to-run deviation (the same structure evaluated repeatedly, float32):",
+            "",
+            "| model | atoms | backend | evaluations | max \\|ΔE\\| (eV) | max \\|ΔF\\| (eV/Å) "
+            "| \\|E − E(e3j)\\| (eV) | max \\|F − F(e3j)\\| (eV/Å) |",
+            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in det:
+            lines.append(
+                f"| {r['model']} | {r['atoms']} | {LABEL.get(r['backend'], r['backend'])} | {r['repeats']} "
+                f"| {r['max_abs_dE_eV']:.1e} | {r['max_abs_dF_eV_per_A']:.1e} | {r['abs_E_vs_first_backend']:.1e} "
+                f"| {r['max_abs_F_vs_first_backend']:.1e} |"
+            )
+        parts.append("\n".join(lines))
+    big = result.get("largest", [])
+    if big:
+        lines = [
+            "Largest system per model and backend (water box, float32; runs from this file and the committed "
+            "`cpu-models-vs-e3nn*` results; the estimate scales XLA's memory analysis to this machine's memory):",
+            "",
+            "| model | backend | largest run (atoms) | its ms | its memory (XLA) | smallest not fitting "
+            "| est. max atoms |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in big:
+            ms = f"{r['largest_run_ms']:.0f}" if r["largest_run_ms"] else "-"
+            lines.append(
+                f"| {r['model']} | {LABEL.get(r['backend'], r['backend'])} | {r['largest_run_atoms'] or '-'} | {ms} "
+                f"| {_gib(r['largest_run_memory_bytes'])} | {r['smallest_not_fitting_atoms'] or '-'} "
+                f"| {r['max_atoms_estimate'] or 'n/a'} |"
+            )
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
