@@ -89,12 +89,15 @@ def test_equals_e3nn_functional_tensor_product(path_normalization):
     assert sorted((op.channels, op.conv.num_paths) for op in fmp.ops) == [(2, 1), (2, 5), (4, 2)]
 
 
-@pytest.mark.parametrize("backend", ["cuda_host", "pallas_gpu_interpret"])
-def test_equals_e3nn_on_a_kernel_backend(backend):
+# e3nn-jax's default normalizations (path weights != 1: the static multiply), and
+# gradient_normalization="element" (every path weight 1: no multiply)
+@pytest.mark.parametrize(
+    "backend, kwargs", [("cuda_host", {}), ("pallas_gpu_interpret", {"gradient_normalization": "element"})]
+)
+def test_equals_e3nn_on_a_kernel_backend(backend, kwargs):
     if backend not in {b.name for b in e3j.available_backends()}:
         pytest.skip(f"backend {backend} is not installed")
-    # NequIP's instruction set for 8x0e + 8x1o x sh(lmax 2), gradient_normalization="element" (path_weight
-    # = 1 in left_right) and irrep_normalization="norm"
+    # NequIP's instruction set for 8x0e + 8x1o x sh(lmax 2) -> 0e + 1o + 1e + 2e, one slot each
     irreps_x, irreps_y = e3nn.Irreps("8x0e + 8x1o"), e3nn.Irreps("0e + 1o + 2e")
     instr, irreps_out = [], []
     for i1, (mul, ir1) in enumerate(irreps_x):
@@ -103,9 +106,10 @@ def test_equals_e3nn_on_a_kernel_backend(backend):
                 if ir in e3nn.Irreps("0e + 1o + 1e + 2e"):
                     instr.append((i1, i2, len(irreps_out), "uvu", True))
                     irreps_out.append((mul, ir))
-    tp = FunctionalTensorProduct(irreps_x, irreps_y, irreps_out, instr, irrep_normalization="norm",
-                                 gradient_normalization="element")  # fmt: skip
-    check_value_and_grad(tp, backend, seed=1)
+    tp = FunctionalTensorProduct(irreps_x, irreps_y, irreps_out, instr, **kwargs)
+    fmp, _ = check_value_and_grad(tp, backend, seed=1)
+    scales = np.concatenate([op.scale.ravel() for op in fmp.ops])
+    assert (scales == 1).all() if kwargs else not (scales == 1).all()
 
 
 def test_bad_input():

@@ -86,7 +86,7 @@ class FunctionalMessagePassing:
             raise TypeError(f"tp must be an e3nn_jax.legacy.FunctionalTensorProduct, got {type(tp).__name__}")
         self.tp = tp
         irreps_x, irreps_y, irreps_out = Irreps(tp.irreps_in1), Irreps(tp.irreps_in2), Irreps(tp.irreps_out)
-        self.irreps_x, self.irreps_y, self.irreps_out_e3j = irreps_x, irreps_y, irreps_out
+        self._irreps_out = irreps_out
         x_starts = [s.start for s in irreps_x.slices()]
         y_starts = [s.start for s in irreps_y.slices()]
 
@@ -106,7 +106,7 @@ class FunctionalMessagePassing:
             if mul1 > 0:
                 by_mul.setdefault(mul1, []).append((ins, w_start))
             w_start += prod(ins.path_shape)
-        self.num_weights = w_start
+        self.num_weights: int = w_start  # e3nn's: Σ prod(path_shape) over the instructions
 
         ops = []
         for C, members in by_mul.items():
@@ -188,7 +188,7 @@ class FunctionalMessagePassing:
             flats.append(to_mul_ir(out, op.conv.irreps_out))
         flat = flats[0] if len(flats) == 1 else jnp.concatenate(flats, axis=-1) if flats else None
         slots = []
-        for (mul, ir), chunks in zip(self.irreps_out_e3j, self._slot_chunks):
+        for (mul, ir), chunks in zip(self._irreps_out, self._slot_chunks):
             if not chunks:
                 slots.append(jnp.zeros((num_nodes, mul * ir.dim), dtype))
                 continue
