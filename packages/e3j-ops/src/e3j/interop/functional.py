@@ -110,7 +110,8 @@ class FunctionalMessagePassing:
 
         ops = []
         for C, members in by_mul.items():
-            # the same (x block, y block, output irrep) into two slots: two paths, so two convolutions
+            # an instruction repeating an earlier one's (x block, y block, output irrep), into the same slot
+            # or another, is a path the first convolution already has: it goes to a further one
             rounds: list[list[tuple]] = []
             for member in members:
                 ins = member[0]
