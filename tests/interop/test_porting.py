@@ -108,3 +108,18 @@ def test_ported_layer_same_parameters_energy_and_forces(model, backend):
     np.testing.assert_allclose(e, energy, rtol=1e-12)
     np.testing.assert_allclose(-g, forces, rtol=1e-12, atol=1e-12 * float(jnp.abs(forces).max()))
     assert float(jnp.abs(forces).max()) > 1e-3  # the forces are not trivially zero
+
+
+def test_functional_tensor_product_section():
+    """The `FunctionalTensorProduct` / `uvu` section: NequIP's original convolution, before and after."""
+    ns = layers()
+    positions, senders, receivers, _ = system()
+    sh = e3nn.spherical_harmonics("0e + 1o + 2e", positions[receivers] - positions[senders], normalize=True)
+    tp = ns["nequip_conv_tp"](e3nn.Irreps("4x0e + 2x1o"), sh.irreps, e3nn.Irreps("0e + 1o + 1e + 2e"))
+    k = jax.random.split(jax.random.key(2), 2)
+    x = e3nn.IrrepsArray(tp.irreps_in1, jax.random.normal(k[0], (NUM_NODES, tp.irreps_in1.dim), jnp.float64))
+    w = jax.random.normal(k[1], (len(senders), sum(int(np.prod(i.path_shape)) for i in tp.instructions)), jnp.float64)
+    want = jax.jit(lambda x, w: ns["nequip_conv_e3nn"](tp, x, sh, w, senders, receivers).array)(x, w)
+    got = jax.jit(lambda x, w: ns["nequip_conv_e3j"](tp, x, sh, w, senders, receivers).array)(x, w)
+    assert float(jnp.abs(want).max()) > 0.1
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

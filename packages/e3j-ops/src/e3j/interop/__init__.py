@@ -7,6 +7,8 @@ it). Every function equals its e3nn-jax counterpart (tested against it) and runs
 - :class:`MessagePassing` / :func:`message_passing` — the gather → tensor product → per-copy
   weights → scatter-sum pattern of NequIP and MACE, fused into one :class:`e3j.Convolution`, with
   e3nn's weight and output order folded into the tables (no run-time gather).
+- :class:`FunctionalMessagePassing` — the original NequIP pattern ``scatter_sum(vmap(tp.left_right)(
+  w, x[senders], y))`` of a legacy ``FunctionalTensorProduct`` with ``uvu`` instructions, fused.
 - :func:`spherical_harmonics` — ``e3nn.spherical_harmonics`` (``IrrepsArray`` input or not).
 - :func:`from_irreps_array` / :func:`to_irreps_array` — e3nn's flat layout ↔ e3j's ``[.., D, C]``.
 
@@ -25,12 +27,14 @@ try:
 except ImportError as err:  # pragma: no cover - exercised only without the extra
     raise ImportError("e3j.interop needs e3nn-jax: pip install 'e3j[e3nn]'") from err
 
+from .functional import FunctionalMessagePassing
 from .layout import from_irreps_array, to_irreps_array
 from .message_passing import MessagePassing, message_passing
 from .spherical_harmonics import spherical_harmonics
 from .tensor_product import tensor_product
 
 __all__ = [
+    "FunctionalMessagePassing",
     "MessagePassing",
     "from_irreps_array",
     "message_passing",

@@ -1,0 +1,223 @@
+"""e3nn-jax's ``FunctionalTensorProduct`` with ``uvu`` weights, in message passing, as fused convolutions.
+
+The e3nn-jax code this replaces (the original NequIP convolution), for node features
+``x [N, tp.irreps_in1]``, edge attributes ``y [E, tp.irreps_in2]`` (spherical harmonics) and per-edge
+weights ``w [E, num_weights]`` (a radial MLP's output)::
+
+    tp = e3nn.legacy.FunctionalTensorProduct(irreps_in1, irreps_in2, irreps_out, instructions)
+    m = jax.vmap(tp.left_right)(w, x[senders], y)          # instructions (i1, i2, i_out, "uvu", True)
+    out = e3nn.scatter_sum(m, dst=receivers, output_size=N)
+
+An instruction ``(i1, i2, i_out, "uvu", True)`` with ``irreps_in2[i2].mul == 1`` is
+``out[i_out][u] += w[u] · path_weight · CG · (x[i1][u] ⊗ y[i2])`` for every copy ``u`` of
+``x[i1]``: one e3j path with ``C = irreps_in1[i1].mul`` channels and one weight per channel. The
+weights are e3nn's flat layout: instruction order, ``path_shape = (mul_in1, 1)`` each.
+
+How it runs: the instructions are grouped by ``mul_in1`` (the channel count), each group one
+:class:`e3j.Convolution` over core's un-normalized tables (``normalization="none"``: the bare
+Clebsch–Gordan coefficients e3nn's ``left_right`` uses) restricted to the group's paths in
+instruction order (:func:`e3j_core.select_paths`). Each instruction's normalized ``path_weight`` —
+read from ``tp.instructions``, where e3nn's ``_normalize_instruction_path_weights`` put
+``irrep_normalization``, ``path_normalization``, ``gradient_normalization``, the variances and the
+instruction's own weight — scales its weights by one static multiply that XLA fuses into the
+weights' rearrangement (core's tables have no per-path scale). Instructions into the same output
+slot are summed by static slices and adds after the scatter; slots no instruction reaches are zeros.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import e3nn_jax as e3nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from e3nn_jax.legacy import FunctionalTensorProduct
+
+from e3j_core import Irreps, select_paths, tensor_product_coo
+
+from .._mul_ir_plan import Gather
+from ..convolution import Convolution
+from ..graph import Graph
+from ..layout import from_mul_ir, to_mul_ir
+
+__all__ = ["FunctionalMessagePassing"]
+
+
+@dataclass(frozen=True, eq=False)
+class _Op:
+    """One uniform-channel convolution: ``C`` channels, its x columns, weight columns and path scales."""
+
+    channels: int
+    conv: Convolution
+    irreps_x: Irreps  # e3j irreps of the op's x (one copy per block of x it reads)
+    x: Gather
+    weights: Gather
+    scale: np.ndarray  # [P, 1] e3nn's normalized path_weight of each path's instruction
+    chunks: tuple[tuple[int, int], ...]  # (output slot, flat width) of each path, in path order
+
+
+class FunctionalMessagePassing:
+    """``scatter_sum(vmap(tp.left_right)(w, x[senders], y), dst=receivers)`` for ``uvu`` instructions, fused.
+
+    ``fmp = FunctionalMessagePassing(tp)`` with ``tp`` an ``e3nn_jax.legacy.FunctionalTensorProduct``
+    whose instructions are all ``(i1, i2, i_out, "uvu", True[, path_weight])`` with
+    ``irreps_in2[i2].mul == 1``; ``fmp(node_feats, edge_attrs, weights, senders, receivers)`` or
+    ``fmp(..., graph=g)`` (an :class:`e3j.Graph` built once) with ``node_feats: IrrepsArray
+    [N, tp.irreps_in1]``, ``edge_attrs: IrrepsArray or array [E, tp.irreps_in2]`` and
+    ``weights: [E, fmp.num_weights]`` in e3nn's flat weight layout returns ``IrrepsArray
+    [N, tp.irreps_out]``. ``fmp.ops`` are the convolutions run per call (one per ``mul_in1``).
+
+    >>> import numpy as np, jax.numpy as jnp
+    >>> tp = FunctionalTensorProduct("4x0e + 2x1o", "0e + 1o", "4x0e + 2x0e + 2x1o",
+    ...                              [(0, 0, 0, "uvu", True), (1, 1, 1, "uvu", True), (1, 0, 2, "uvu", True)])
+    >>> fmp = FunctionalMessagePassing(tp)
+    >>> fmp.num_weights, [(op.channels, op.conv.num_paths) for op in fmp.ops]
+    (8, [(4, 1), (2, 2)])
+    >>> x = e3nn.IrrepsArray("4x0e + 2x1o", jnp.ones((3, 10)))
+    >>> out = fmp(x, jnp.ones((4, 4)), jnp.ones((4, 8)), np.array([0, 1, 2, 0]), np.array([1, 0, 1, 2]))
+    >>> out.irreps, out.shape
+    (4x0e+2x0e+2x1o, (3, 12))
+    """
+
+    def __init__(self, tp: FunctionalTensorProduct) -> None:
+        if not isinstance(tp, FunctionalTensorProduct):
+            raise TypeError(f"tp must be an e3nn_jax.legacy.FunctionalTensorProduct, got {type(tp).__name__}")
+        self.tp = tp
+        irreps_x, irreps_y, irreps_out = Irreps(tp.irreps_in1), Irreps(tp.irreps_in2), Irreps(tp.irreps_out)
+        self._irreps_out = irreps_out
+        x_starts = [s.start for s in irreps_x.slices()]
+        y_starts = [s.start for s in irreps_y.slices()]
+
+        # (instruction, first weight column) of each instruction that writes something, by mul_in1
+        by_mul: dict[int, list[tuple]] = {}
+        w_start = 0
+        for k, ins in enumerate(tp.instructions):
+            what = f"instruction {k} ({ins.i_in1}, {ins.i_in2}, {ins.i_out}, {ins.connection_mode!r}, {ins.has_weight})"
+            if ins.connection_mode != "uvu" or not ins.has_weight:
+                raise ValueError(f"{what}: only 'uvu' instructions with weights are supported")
+            mul1, mul2, mul_out = irreps_x[ins.i_in1].mul, irreps_y[ins.i_in2].mul, irreps_out[ins.i_out].mul
+            if mul2 != 1:
+                raise ValueError(f"{what}: irreps_in2[{ins.i_in2}] must have multiplicity 1, got {mul2}")
+            if mul_out != mul1:
+                raise ValueError(f"{what}: 'uvu' needs irreps_out[{ins.i_out}].mul == irreps_in1[{ins.i_in1}].mul, "
+                                 f"got {mul_out} and {mul1}")  # fmt: skip
+            if mul1 > 0:
+                by_mul.setdefault(mul1, []).append((ins, w_start))
+            w_start += prod(ins.path_shape)
+        self.num_weights: int = w_start  # e3nn's: Σ prod(path_shape) over the instructions
+
+        ops = []
+        for C, members in by_mul.items():
+            # an instruction repeating an earlier one's (x block, y block, output irrep), into the same slot
+            # or another, is a path the first convolution already has: it goes to a further one
+            rounds: list[list[tuple]] = []
+            for member in members:
+                ins = member[0]
+                label = (ins.i_in1, ins.i_in2, irreps_out[ins.i_out].ir)
+                for r in rounds:
+                    if all((i.i_in1, i.i_in2, irreps_out[i.i_out].ir) != label for i, _ in r):
+                        r.append(member)
+                        break
+                else:
+                    rounds.append([member])
+            for r in rounds:
+                ops.append(_op(r, C, irreps_x, irreps_y, irreps_out, x_starts, y_starts, self.num_weights))
+        self.ops: tuple[_Op, ...] = tuple(ops)
+
+        # output slot -> its chunks in the concatenation of the ops' flat outputs
+        slot_chunks: dict[int, list[tuple[int, int]]] = {}
+        offset = 0
+        for op in self.ops:
+            for slot, width in op.chunks:
+                slot_chunks.setdefault(slot, []).append((offset, offset + width))
+                offset += width
+        self._slot_chunks = tuple(tuple(slot_chunks.get(i, ())) for i in range(len(irreps_out)))
+
+    @property
+    def irreps_out(self) -> e3nn.Irreps:
+        """``tp.irreps_out``: the irreps of the result."""
+        return self.tp.irreps_out
+
+    def __call__(
+        self,
+        node_feats: e3nn.IrrepsArray,
+        edge_attrs: e3nn.IrrepsArray | jax.Array,
+        weights: jax.Array,
+        senders: jax.Array | None = None,
+        receivers: jax.Array | None = None,
+        *,
+        graph: Graph | None = None,
+        backend: str | None = None,
+    ) -> e3nn.IrrepsArray:
+        tp = self.tp
+        if not isinstance(node_feats, e3nn.IrrepsArray):
+            raise TypeError(f"node_feats must be an e3nn.IrrepsArray, got {type(node_feats).__name__}")
+        if node_feats.irreps.simplify() != tp.irreps_in1.simplify() or node_feats.ndim != 2:
+            raise ValueError(f"node_feats must be an IrrepsArray [N, {tp.irreps_in1}], got {node_feats.irreps} "
+                             f"of shape {node_feats.shape}")  # fmt: skip
+        if isinstance(edge_attrs, e3nn.IrrepsArray):
+            if edge_attrs.irreps.simplify() != tp.irreps_in2.simplify():
+                raise ValueError(f"edge_attrs must have irreps {tp.irreps_in2}, got {edge_attrs.irreps}")
+            edge_attrs = edge_attrs.array
+        if jnp.ndim(edge_attrs) != 2 or edge_attrs.shape[1] != tp.irreps_in2.dim:
+            raise ValueError(f"edge_attrs must be [E, {tp.irreps_in2.dim}] for {tp.irreps_in2}, "
+                             f"got shape {jnp.shape(edge_attrs)}")  # fmt: skip
+        num_edges, num_nodes = edge_attrs.shape[0], node_feats.shape[0]
+        if jnp.ndim(weights) != 2 or weights.shape != (num_edges, self.num_weights):
+            raise ValueError(f"weights must be [E={num_edges}, num_weights={self.num_weights}] (e3nn's flat layout: "
+                             f"instruction order, mul_in1 each), got shape {jnp.shape(weights)}")  # fmt: skip
+        if graph is None:
+            if senders is None or receivers is None:
+                raise ValueError("give senders and receivers, or graph=e3j.Graph")
+            graph = Graph.from_edges(senders, receivers, num_nodes)
+        elif senders is not None or receivers is not None:
+            raise ValueError("give senders and receivers, or graph, not both")
+        if graph.num_nodes != num_nodes or graph.num_edges != num_edges:
+            raise ValueError(f"graph has {graph.num_nodes} nodes and {graph.num_edges} edges, node_feats and "
+                             f"edge_attrs have {num_nodes} and {num_edges}")  # fmt: skip
+        dtype = jnp.result_type(node_feats.array, edge_attrs, weights)
+        x, y, w = node_feats.array.astype(dtype), edge_attrs.astype(dtype), weights.astype(dtype)
+
+        flats = []
+        for op in self.ops:
+            s = op.weights(w).reshape(num_edges, op.conv.num_paths, op.channels)
+            if not (op.scale == 1.0).all():
+                s = s * op.scale.astype(dtype)
+            out = op.conv(from_mul_ir(op.x(x), op.irreps_x, op.channels), y, s, graph, backend=backend)
+            flats.append(to_mul_ir(out, op.conv.irreps_out))
+        flat = flats[0] if len(flats) == 1 else jnp.concatenate(flats, axis=-1) if flats else None
+        slots = []
+        for (mul, ir), chunks in zip(self._irreps_out, self._slot_chunks):
+            if not chunks:
+                slots.append(jnp.zeros((num_nodes, mul * ir.dim), dtype))
+                continue
+            total = flat[:, chunks[0][0] : chunks[0][1]]
+            for a, b in chunks[1:]:
+                total = total + flat[:, a:b]
+            slots.append(total)
+        out = jnp.concatenate(slots, axis=-1) if slots else jnp.zeros((num_nodes, 0), dtype)
+        return e3nn.IrrepsArray(tp.irreps_out, out)
+
+    def __repr__(self) -> str:
+        ops = ", ".join(f"{op.channels} ch x {op.conv.num_paths} paths" for op in self.ops)
+        return f"FunctionalMessagePassing({self.tp!r}; {ops})"
+
+
+def _op(members, C, irreps_x, irreps_y, irreps_out, x_starts, y_starts, num_weights) -> _Op:
+    """The convolution of instructions ``members`` (``(instruction, first weight column)``, all
+    ``mul_in1 == C``, distinct paths), its paths in the members' order."""
+    blocks = sorted({ins.i_in1 for ins, _ in members})
+    irreps_op = Irreps([(1, irreps_x[b].ir) for b in blocks])
+    op_row = {b: s.start for b, s in zip(blocks, irreps_op.slices())}
+    full = tensor_product_coo(irreps_op, irreps_y, normalization="none", regroup_output=False)
+    path_of = {(p.x_start, p.y_start, p.ir_out): j for j, p in enumerate(full.paths)}
+    order = [path_of[(op_row[ins.i_in1], y_starts[ins.i_in2], irreps_out[ins.i_out].ir)] for ins, _ in members]
+    coo = select_paths(full, order)
+    x_cols = np.concatenate([np.arange(x_starts[b], x_starts[b] + C * irreps_x[b].ir.dim) for b in blocks])
+    w_cols = np.concatenate([np.arange(start, start + C) for _, start in members])
+    scale = np.array([[ins.path_weight] for ins, _ in members], np.float64)
+    chunks = tuple((ins.i_out, C * irreps_out[ins.i_out].ir.dim) for ins, _ in members)
+    return _Op(C, Convolution.from_coo(coo), irreps_op, Gather.of(x_cols, irreps_x.dim),
+               Gather.of(w_cols, num_weights), scale, chunks)  # fmt: skip

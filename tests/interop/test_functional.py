@@ -1,0 +1,148 @@
+"""``e3j.interop.FunctionalMessagePassing`` against e3nn-jax's legacy ``FunctionalTensorProduct`` (float64).
+
+The oracle is the original NequIP convolution written with e3nn-jax:
+``scatter_sum(vmap(tp.left_right)(w, x[senders], y), dst=receivers, output_size=N)``.
+"""
+
+from __future__ import annotations
+
+import e3nn_jax as e3nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from e3nn_jax.legacy import FunctionalTensorProduct
+
+import e3j
+from e3j import interop
+
+N, E = 6, 17
+RNG = np.random.default_rng(3)
+SENDERS = RNG.integers(0, N, E)
+RECEIVERS = RNG.integers(0, N, E)
+
+# NequIP-like, mixed multiplicities (4 and 2 channels): three instructions into one output slot
+# (2x1o <- 1o x 0e, 1o x 2e and 1o x 0e again: a repeated path runs in a convolution of its own),
+# output slots not sorted, one slot no instruction reaches (3x0o), instructions with their own
+# path_weight
+IRREPS_X, IRREPS_Y = "4x0e + 2x1o", "0e + 1o + 2e"
+IRREPS_OUT = "2x1o + 4x0e + 3x0o + 2x1e + 2x2o + 2x0e + 4x1o"
+INSTRUCTIONS = [
+    (0, 0, 1, "uvu", True),
+    (1, 1, 5, "uvu", True, 0.5),
+    (1, 0, 0, "uvu", True),
+    (1, 2, 0, "uvu", True, 2.0),
+    (1, 1, 3, "uvu", True),
+    (0, 1, 6, "uvu", True),
+    (1, 2, 4, "uvu", True),
+    (1, 0, 0, "uvu", True),
+]
+
+
+def e3nn_pattern(tp, x, y, w):
+    m = jax.vmap(tp.left_right)(w, x[SENDERS], y)
+    return e3nn.scatter_sum(m, dst=RECEIVERS, output_size=N)
+
+
+def operands(tp, num_weights, seed=0):
+    k = jax.random.split(jax.random.key(seed), 3)
+    x = e3nn.IrrepsArray(tp.irreps_in1, jax.random.normal(k[0], (N, tp.irreps_in1.dim), jnp.float64))
+    y = e3nn.IrrepsArray(tp.irreps_in2, jax.random.normal(k[1], (E, tp.irreps_in2.dim), jnp.float64))
+    return x, y, jax.random.normal(k[2], (E, num_weights), jnp.float64)
+
+
+def check_value_and_grad(tp, backend, seed):
+    fmp = interop.FunctionalMessagePassing(tp)
+    x, y, w = operands(tp, fmp.num_weights, seed)
+    cot = jax.random.normal(jax.random.key(seed + 7), (N, tp.irreps_out.dim), jnp.float64)
+    graph = e3j.Graph.from_edges(SENDERS, RECEIVERS, N)
+
+    def ours(a, b, c):
+        out = fmp(e3nn.IrrepsArray(x.irreps, a), e3nn.IrrepsArray(y.irreps, b), c, graph=graph, backend=backend)
+        assert out.irreps == tp.irreps_out
+        return jnp.sum(out.array * cot)
+
+    def ref(a, b, c):
+        return jnp.sum(e3nn_pattern(tp, e3nn.IrrepsArray(x.irreps, a), e3nn.IrrepsArray(y.irreps, b), c).array * cot)
+
+    args = (x.array, y.array, w)
+    out = jax.jit(lambda a, c: fmp(e3nn.IrrepsArray(x.irreps, a), y, c, SENDERS, RECEIVERS).array)(*args[::2])
+    want_out = jax.jit(lambda a, c: e3nn_pattern(tp, e3nn.IrrepsArray(x.irreps, a), y, c).array)(*args[::2])
+    assert out.shape == (N, tp.irreps_out.dim) and float(jnp.abs(want_out).max()) > 0.1
+    np.testing.assert_allclose(out, want_out, rtol=1e-12, atol=1e-12)
+    got = jax.jit(jax.value_and_grad(ours, argnums=(0, 1, 2)))(*args)
+    want = jax.jit(jax.value_and_grad(ref, argnums=(0, 1, 2)))(*args)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    for g, r in zip(got[1], want[1]):
+        assert float(jnp.abs(r).max()) > 0.1
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
+    return fmp, out
+
+
+@pytest.mark.parametrize("path_normalization", ["element", "path"])
+def test_equals_e3nn_functional_tensor_product(path_normalization):
+    tp = FunctionalTensorProduct(IRREPS_X, IRREPS_Y, IRREPS_OUT, INSTRUCTIONS, path_normalization=path_normalization)
+    fmp, out = check_value_and_grad(tp, "reference", seed=0)
+    # the slot no instruction reaches is zeros; mixed multiplicities: 4 and 2 channels, the repeated
+    # path in a convolution of its own
+    assert tp.irreps_out.slices()[2] == slice(10, 13) and not np.asarray(out[:, 10:13]).any()
+    assert sorted((op.channels, op.conv.num_paths) for op in fmp.ops) == [(2, 1), (2, 5), (4, 2)]
+
+
+# e3nn-jax's default normalizations (path weights != 1: the static multiply), and
+# gradient_normalization="element" (every path weight 1: no multiply)
+@pytest.mark.parametrize(
+    "backend, kwargs", [("cuda_host", {}), ("pallas_gpu_interpret", {"gradient_normalization": "element"})]
+)
+def test_equals_e3nn_on_a_kernel_backend(backend, kwargs):
+    if backend not in {b.name for b in e3j.available_backends()}:
+        pytest.skip(f"backend {backend} is not installed")
+    # NequIP's instruction set for 8x0e + 8x1o x sh(lmax 2) -> 0e + 1o + 1e + 2e, one slot each
+    irreps_x, irreps_y = e3nn.Irreps("8x0e + 8x1o"), e3nn.Irreps("0e + 1o + 2e")
+    instr, irreps_out = [], []
+    for i1, (mul, ir1) in enumerate(irreps_x):
+        for i2, (_, ir2) in enumerate(irreps_y):
+            for ir in ir1 * ir2:
+                if ir in e3nn.Irreps("0e + 1o + 1e + 2e"):
+                    instr.append((i1, i2, len(irreps_out), "uvu", True))
+                    irreps_out.append((mul, ir))
+    tp = FunctionalTensorProduct(irreps_x, irreps_y, irreps_out, instr, **kwargs)
+    fmp, _ = check_value_and_grad(tp, backend, seed=1)
+    scales = np.concatenate([op.scale.ravel() for op in fmp.ops])
+    assert (scales == 1).all() if kwargs else not (scales == 1).all()
+
+
+def test_bad_input():
+    def tp_of(irreps_in2, instructions, irreps_out="2x0e + 2x1o"):
+        return FunctionalTensorProduct("2x0e + 2x1o", irreps_in2, irreps_out, instructions)
+
+    with pytest.raises(ValueError, match=r"instruction 1 \(0, 0, 1, 'uvw', True\): only 'uvu'"):
+        interop.FunctionalMessagePassing(tp_of("0e", [(0, 0, 0, "uvu", True), (0, 0, 1, "uvw", True)], "2x0e + 2x0e"))
+    with pytest.raises(ValueError, match=r"instruction 0 \(0, 0, 0, 'uvu', False\): only 'uvu' instructions with"):
+        interop.FunctionalMessagePassing(tp_of("0e", [(0, 0, 0, "uvu", False)]))
+    with pytest.raises(ValueError, match=r"instruction 0 .*irreps_in2\[0\] must have multiplicity 1, got 2"):
+        interop.FunctionalMessagePassing(tp_of("2x0e", [(0, 0, 0, "uvu", True)]))
+    with pytest.raises(ValueError, match=r"instruction 0 .*irreps_out\[0\].mul == irreps_in1\[0\].mul, got 3 and 2"):
+        interop.FunctionalMessagePassing(tp_of("0e", [(0, 0, 0, "uvu", True)], "3x0e"))
+    with pytest.raises(TypeError, match=r"tp must be an e3nn_jax\.legacy\.FunctionalTensorProduct"):
+        interop.FunctionalMessagePassing("2x0e")
+
+    tp = tp_of("0e + 1o", [(0, 0, 0, "uvu", True), (1, 1, 0, "uvu", True), (0, 1, 1, "uvu", True)])
+    fmp = interop.FunctionalMessagePassing(tp)
+    x = e3nn.IrrepsArray("2x0e + 2x1o", jnp.ones((N, 8)))
+    y, w = jnp.ones((E, 4)), jnp.ones((E, fmp.num_weights))
+    assert fmp.num_weights == 6
+    with pytest.raises(ValueError, match=r"weights must be \[E=17, num_weights=6\]"):
+        fmp(x, y, w[:, :5], SENDERS, RECEIVERS)
+    with pytest.raises(ValueError, match=r"node_feats must be an IrrepsArray \[N, 2x0e\+2x1o\]"):
+        fmp(e3nn.IrrepsArray("8x0e", jnp.ones((N, 8))), y, w, SENDERS, RECEIVERS)
+    with pytest.raises(TypeError, match=r"node_feats must be an e3nn\.IrrepsArray"):
+        fmp(jnp.ones((N, 8)), y, w, SENDERS, RECEIVERS)
+    with pytest.raises(ValueError, match="edge_attrs must have irreps 1x0e\\+1x1o"):
+        fmp(x, e3nn.IrrepsArray("4x0e", y), w, SENDERS, RECEIVERS)
+    with pytest.raises(ValueError, match=r"edge_attrs must be \[E, 4\]"):
+        fmp(x, y[:, :3], w, SENDERS, RECEIVERS)
+    with pytest.raises(ValueError, match="senders and receivers, or graph"):
+        fmp(x, y, w)
+    with pytest.raises(ValueError, match="graph has 5 nodes"):
+        fmp(x, y, w, graph=e3j.Graph.from_edges(SENDERS % 5, RECEIVERS % 5, 5))
