@@ -181,6 +181,8 @@ def bench_interop(session: nox.Session) -> None:
     session.install(JAX, "e3nn-jax==0.21.0")
     _install_packages(session)
     session.run("python", "benchmarks/interop_message_passing.py", *(session.posargs or ["--nodes", "1000", "3000"]))
+    if not session.posargs:  # the FunctionalTensorProduct (uvu) drop-in, about a minute
+        session.run("python", "benchmarks/interop_functional.py", "--nodes", "1000", "3000")
 
 
 @nox.session(python=PYTHON)
