@@ -161,7 +161,7 @@ def demo(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def e2e(session: nox.Session) -> None:
     """End-to-end benchmarks, e3j vs the e3nn-jax twin: force time vs atoms, MD ms/step, run-to-run deviation,
-    largest system (``benchmarks/e2e.py``; ~15 min on 2 cores by default; the committed results used posargs)."""
+    largest system (``benchmarks/e2e.py``; 9 min on 2 cores by default (measured); committed results used posargs)."""
     session.install(JAX, "e3nn-jax==0.21.0", "ase>=3.25", "tqdm>=4", "matplotlib>=3.8")
     _install_packages(session)
     session.run("python", "benchmarks/e2e.py", *session.posargs)
