@@ -41,6 +41,7 @@ from .._mul_ir_plan import Gather
 from ..convolution import Convolution
 from ..graph import Graph
 from ..layout import from_mul_ir, to_mul_ir
+from ._operands import message_passing_operands
 
 __all__ = ["FunctionalMessagePassing"]
 
@@ -152,33 +153,11 @@ class FunctionalMessagePassing:
         backend: str | None = None,
     ) -> e3nn.IrrepsArray:
         tp = self.tp
-        if not isinstance(node_feats, e3nn.IrrepsArray):
-            raise TypeError(f"node_feats must be an e3nn.IrrepsArray, got {type(node_feats).__name__}")
-        if node_feats.irreps.simplify() != tp.irreps_in1.simplify() or node_feats.ndim != 2:
-            raise ValueError(f"node_feats must be an IrrepsArray [N, {tp.irreps_in1}], got {node_feats.irreps} "
-                             f"of shape {node_feats.shape}")  # fmt: skip
-        if isinstance(edge_attrs, e3nn.IrrepsArray):
-            if edge_attrs.irreps.simplify() != tp.irreps_in2.simplify():
-                raise ValueError(f"edge_attrs must have irreps {tp.irreps_in2}, got {edge_attrs.irreps}")
-            edge_attrs = edge_attrs.array
-        if jnp.ndim(edge_attrs) != 2 or edge_attrs.shape[1] != tp.irreps_in2.dim:
-            raise ValueError(f"edge_attrs must be [E, {tp.irreps_in2.dim}] for {tp.irreps_in2}, "
-                             f"got shape {jnp.shape(edge_attrs)}")  # fmt: skip
-        num_edges, num_nodes = edge_attrs.shape[0], node_feats.shape[0]
-        if jnp.ndim(weights) != 2 or weights.shape != (num_edges, self.num_weights):
-            raise ValueError(f"weights must be [E={num_edges}, num_weights={self.num_weights}] (e3nn's flat layout: "
-                             f"instruction order, mul_in1 each), got shape {jnp.shape(weights)}")  # fmt: skip
-        if graph is None:
-            if senders is None or receivers is None:
-                raise ValueError("give senders and receivers, or graph=e3j.Graph")
-            graph = Graph.from_edges(senders, receivers, num_nodes)
-        elif senders is not None or receivers is not None:
-            raise ValueError("give senders and receivers, or graph, not both")
-        if graph.num_nodes != num_nodes or graph.num_edges != num_edges:
-            raise ValueError(f"graph has {graph.num_nodes} nodes and {graph.num_edges} edges, node_feats and "
-                             f"edge_attrs have {num_nodes} and {num_edges}")  # fmt: skip
-        dtype = jnp.result_type(node_feats.array, edge_attrs, weights)
-        x, y, w = node_feats.array.astype(dtype), edge_attrs.astype(dtype), weights.astype(dtype)
+        x, y, w, graph = message_passing_operands(
+            node_feats, tp.irreps_in1, edge_attrs, tp.irreps_in2, weights, self.num_weights,
+            "e3nn's flat layout: instruction order, mul_in1 each", senders, receivers, graph, simplify=True,
+        )  # fmt: skip
+        num_edges, num_nodes, dtype = y.shape[0], x.shape[0], x.dtype
 
         flats = []
         for op in self.ops:

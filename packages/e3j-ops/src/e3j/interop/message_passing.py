@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import e3nn_jax as e3nn
 import jax
-import jax.numpy as jnp
 
 from e3j_core import Irreps
 
 from ..graph import Graph
 from ..mul_ir import MulIrConvolution
+from ._operands import message_passing_operands
 from .layout import to_e3nn_irreps
 
 __all__ = ["MessagePassing", "message_passing"]
@@ -121,32 +121,10 @@ class MessagePassing:
         graph: Graph | None = None,
         backend: str | None = None,
     ) -> e3nn.IrrepsArray:
-        p = self.plan
-        if not isinstance(node_feats, e3nn.IrrepsArray):
-            raise TypeError(f"node_feats must be an e3nn.IrrepsArray, got {type(node_feats).__name__}")
-        if Irreps(node_feats.irreps) != self.irreps_node or node_feats.ndim != 2:
-            raise ValueError(f"node_feats must be an IrrepsArray [N, {self.irreps_node}], got {node_feats.irreps} "
-                             f"of shape {node_feats.shape}")  # fmt: skip
-        if isinstance(edge_attrs, e3nn.IrrepsArray):
-            if Irreps(edge_attrs.irreps) != self.irreps_edge:
-                raise ValueError(f"edge_attrs must have irreps {self.irreps_edge}, got {edge_attrs.irreps}")
-            edge_attrs = edge_attrs.array
-        if jnp.ndim(edge_attrs) != 2 or edge_attrs.shape[1] != self.irreps_edge.dim:
-            raise ValueError(f"edge_attrs must be [E, {self.irreps_edge.dim}] for {self.irreps_edge}, "
-                             f"got shape {jnp.shape(edge_attrs)}")  # fmt: skip
-        num_edges = edge_attrs.shape[0]
-        if jnp.ndim(weights) != 2 or weights.shape != (num_edges, p.num_weights):
-            raise ValueError(f"weights must be [E={num_edges}, num_weights={p.num_weights}] (one per irrep copy "
-                             f"of {self.irreps_out}, e3nn's order), got shape {jnp.shape(weights)}")  # fmt: skip
-        num_nodes = node_feats.shape[0]
-        if graph is None:
-            if senders is None or receivers is None:
-                raise ValueError("give senders and receivers, or graph=e3j.Graph")
-            graph = Graph.from_edges(senders, receivers, num_nodes)
-        elif senders is not None or receivers is not None:
-            raise ValueError("give senders and receivers, or graph, not both")
-        dtype = jnp.result_type(node_feats.array, edge_attrs, weights)
-        x, y, w = node_feats.array.astype(dtype), edge_attrs.astype(dtype), weights.astype(dtype)
+        x, y, w, graph = message_passing_operands(
+            node_feats, self.irreps_node, edge_attrs, self.irreps_edge, weights, self.num_weights,
+            f"one per irrep copy of {self.irreps_out}, e3nn's order", senders, receivers, graph,
+        )  # fmt: skip
         out = self.convolution(x, y, w, graph, backend=backend)
         return e3nn.IrrepsArray(self.irreps_out, out)
 

@@ -1,0 +1,66 @@
+"""The checks and conversions every fused e3nn-jax drop-in runs on its call's operands (private)."""
+
+from __future__ import annotations
+
+import e3nn_jax as e3nn
+import jax
+import jax.numpy as jnp
+
+from e3j_core import Irreps
+
+from ..graph import Graph
+
+
+def message_passing_operands(
+    node_feats,
+    irreps_node: Irreps,
+    edge_attrs,
+    irreps_edge: Irreps,
+    weights,
+    num_weights: int,
+    weights_layout: str,
+    senders,
+    receivers,
+    graph: Graph | None,
+    *,
+    simplify: bool = False,
+) -> tuple[jax.Array, jax.Array, jax.Array, Graph]:
+    """``(x [N, irreps_node.dim], y [E, irreps_edge.dim], w [E, num_weights], graph)`` in one dtype.
+
+    ``node_feats`` must be an ``IrrepsArray [N, irreps_node]``, ``edge_attrs`` one of ``irreps_edge``
+    or a plain ``[E, irreps_edge.dim]`` array, ``weights`` ``[E, num_weights]`` (``weights_layout``
+    names their order in the error); the graph is ``graph`` or built from ``senders``/``receivers``.
+    ``simplify``: compare irreps after merging equal neighbouring blocks (as ``rechunk`` allows).
+    """
+
+    def same(a, b) -> bool:
+        a, b = Irreps(a), Irreps(b)
+        return a.simplify() == b.simplify() if simplify else a == b
+
+    if not isinstance(node_feats, e3nn.IrrepsArray):
+        raise TypeError(f"node_feats must be an e3nn.IrrepsArray, got {type(node_feats).__name__}")
+    if not same(node_feats.irreps, irreps_node) or node_feats.ndim != 2:
+        raise ValueError(f"node_feats must be an IrrepsArray [N, {irreps_node}], got {node_feats.irreps} "
+                         f"of shape {node_feats.shape}")  # fmt: skip
+    if isinstance(edge_attrs, e3nn.IrrepsArray):
+        if not same(edge_attrs.irreps, irreps_edge):
+            raise ValueError(f"edge_attrs must have irreps {irreps_edge}, got {edge_attrs.irreps}")
+        edge_attrs = edge_attrs.array
+    if jnp.ndim(edge_attrs) != 2 or edge_attrs.shape[1] != irreps_edge.dim:
+        raise ValueError(f"edge_attrs must be [E, {irreps_edge.dim}] for {irreps_edge}, "
+                         f"got shape {jnp.shape(edge_attrs)}")  # fmt: skip
+    num_edges, num_nodes = edge_attrs.shape[0], node_feats.shape[0]
+    if jnp.ndim(weights) != 2 or weights.shape != (num_edges, num_weights):
+        raise ValueError(f"weights must be [E={num_edges}, num_weights={num_weights}] ({weights_layout}), "
+                         f"got shape {jnp.shape(weights)}")  # fmt: skip
+    if graph is None:
+        if senders is None or receivers is None:
+            raise ValueError("give senders and receivers, or graph=e3j.Graph")
+        graph = Graph.from_edges(senders, receivers, num_nodes)
+    elif senders is not None or receivers is not None:
+        raise ValueError("give senders and receivers, or graph, not both")
+    if graph.num_nodes != num_nodes or graph.num_edges != num_edges:
+        raise ValueError(f"graph has {graph.num_nodes} nodes and {graph.num_edges} edges, node_feats and "
+                         f"edge_attrs have {num_nodes} and {num_edges}")  # fmt: skip
+    dtype = jnp.result_type(node_feats.array, edge_attrs, weights)
+    return node_feats.array.astype(dtype), edge_attrs.astype(dtype), weights.astype(dtype), graph
