@@ -9,7 +9,12 @@ convolution per multiplicity); also timed with a prebuilt graph: the same call a
 multiplicity of about the same node-feature size (``27x0e + 27x1o + 27x2e`` for the default). Also
 measured, to split the fused call's cost: e3j's convolutions alone on operands already split into
 the groups, the layout conversions alone (node features and weights in, output out) and the
-``e3j.Graph`` build. All variants
+``e3j.Graph`` build. The same with the weights given as the radial MLP's last layer,
+``hidden [E, --hidden] @ kernel`` (as NequIP's and MACE's radial networks end): e3nn-jax computes
+``w = hidden @ kernel`` and runs its pattern; e3j takes ``e3j.FactoredWeights(hidden, kernel)``
+("factored": the reordering applied to the kernel's columns), against each group's own product
+``hidden @ kernel_g`` and its convolution on already-split operands ("factored bare"); these are
+differentiated with respect to the kernel too. All variants
 are timed in ``--rounds`` interleaved rounds (the CPU may be shared); each time is the best round's
 mean of its fastest 20 % of calls.
 
@@ -68,6 +73,7 @@ def main(argv=None) -> int:
     parser.add_argument("--irreps", default="64x0e + 32x1o + 16x2e")
     parser.add_argument("--lmax", type=int, default=3)
     parser.add_argument("--filter", default="0e + 1o + 2e")
+    parser.add_argument("--hidden", type=int, default=64, help="width of the radial MLP's last hidden layer")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds (runs split among them)")
     parser.add_argument("--backend", default=None, help="e3j backend (default: selected per platform)")
@@ -122,11 +128,28 @@ def measure(n: int, args) -> dict:
     def bare(xs, ya, ss, g):
         return [conv(xg, ya, sg, g) for (_, conv), xg, sg in zip(mp.groups, xs, ss)]
 
-    def grad_of(f):
+    # the radial MLP's last layer: hidden features [E, H] and kernel [H, num_weights] (e3nn's order)
+    rng = np.random.default_rng(2)
+    hidden = jnp.asarray(rng.normal(size=(w.shape[0], args.hidden)), jnp.float32)
+    kernel = jnp.asarray(rng.normal(size=(args.hidden, mp.num_weights)) / np.sqrt(args.hidden), jnp.float32)
+    kernels = [g.weights(kernel) for g in groups]  # each group's columns, split once as a model would
+
+    def ref_mlp(xa, ya, h, k, senders, receivers):
+        return ref(xa, ya, h @ k, senders, receivers)
+
+    def factored(xa, ya, h, k, g):
+        weights = e3j.FactoredWeights(h, k)
+        return mp(e3nn.IrrepsArray(x.irreps, xa), e3nn.IrrepsArray(sh.irreps, ya), weights, graph=g).array
+
+    def factored_bare(xs, ya, h, ks, g):
+        ss = [(h @ k).reshape(h.shape[0], gr.coo.num_paths, gr.channels) for gr, k in zip(groups, ks)]
+        return bare(xs, ya, ss, g)
+
+    def grad_of(f, argnums=(0, 1, 2)):
         def loss(*a):
             return sum(jnp.sum(o) for o in jax.tree.leaves(f(*a)))
 
-        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+        return jax.jit(jax.value_and_grad(loss, argnums=argnums))
 
     # the graph is an argument (not a constant folded into the executable), as in a training step
     operands = {
@@ -136,18 +159,26 @@ def measure(n: int, args) -> dict:
         "e3j_bare": (bare, (x_ops, sh.array, s_ops, graph)),
         "e3j_gcd_graph": (with_graph(gcd, x.irreps), (x.array, sh.array, w, graph)),
         "e3j_uniform_graph": (with_graph(uni_mp, uni_x.irreps), (uni_x.array, sh.array, uni_w, graph)),
+        "e3nn_mlp": (ref_mlp, (x.array, sh.array, hidden, kernel, senders, receivers)),
+        "e3j_factored_graph": (factored, (x.array, sh.array, hidden, kernel, graph)),
+        "e3j_factored_bare": (factored_bare, (x_ops, sh.array, hidden, kernels, graph)),
     }
     # correctness first (the relative error of the fused call against e3nn-jax, float32)
     a, b = jax.jit(ref)(*operands["e3nn"][1]), jax.jit(fused)(*operands["e3j"][1])
     err = float(jnp.abs(a - b).max() / jnp.abs(a).max())
     c = jax.jit(operands["e3j_gcd_graph"][0])(*operands["e3j_gcd_graph"][1])
     err_gcd = float(jnp.abs(a - c).max() / jnp.abs(a).max())
+    a = jax.jit(ref_mlp)(*operands["e3nn_mlp"][1])
+    c = jax.jit(factored)(*operands["e3j_factored_graph"][1])
+    err_factored = float(jnp.abs(a - c).max() / jnp.abs(a).max())
     # compile everything, then time in interleaved rounds so that load from other processes on a
     # shared machine falls on every variant alike
     jitted = {}
     for name, (f, ops) in operands.items():
         jitted[f"{name}_fwd"] = (jax.jit(f), ops)
-        jitted[f"{name}_fwd_bwd"] = (grad_of(f), ops)
+        # the MLP variants: also the gradient with respect to the kernel (a parameter)
+        with_kernel = name in ("e3nn_mlp", "e3j_factored_graph", "e3j_factored_bare")
+        jitted[f"{name}_fwd_bwd"] = (grad_of(f, (0, 1, 2, 3) if with_kernel else (0, 1, 2)), ops)
     outs = jax.jit(bare)(x_ops, sh.array, s_ops, graph)
 
     def layouts(xa, wa, outs):  # node features and weights in, output out
@@ -177,6 +208,8 @@ def measure(n: int, args) -> dict:
         },
         "max_rel_err_vs_e3nn": err,
         "max_rel_err_gcd_vs_e3nn": err_gcd,
+        "max_rel_err_factored_vs_e3nn": err_factored,
+        "hidden": args.hidden,
         **{k: round(v * 1e3, 3) for k, v in times.items()},
         "speedup_fwd": round(times["e3nn_fwd"] / times["e3j_fwd"], 2),
         "speedup_fwd_bwd": round(times["e3nn_fwd_bwd"] / times["e3j_fwd_bwd"], 2),
@@ -190,6 +223,14 @@ def measure(n: int, args) -> dict:
         "layout_share_fwd_bwd": round(1 - times["e3j_bare_fwd_bwd"] / times["e3j_graph_fwd_bwd"], 3),
         "layouts_share_fwd": round(times["layouts"] / times["e3j_fwd"], 4),
         "graph_build_share_fwd": round(times["graph_build"] / times["e3j_fwd"], 3),
+        # weights as the radial MLP's last layer: e3nn-jax multiplies them out; e3j folds the
+        # reordering into the kernel's columns ("factored"), against the groups' own products
+        "speedup_factored_fwd": round(times["e3nn_mlp_fwd"] / times["e3j_factored_graph_fwd"], 2),
+        "speedup_factored_fwd_bwd": round(times["e3nn_mlp_fwd_bwd"] / times["e3j_factored_graph_fwd_bwd"], 2),
+        "factored_layout_share_fwd": round(1 - times["e3j_factored_bare_fwd"] / times["e3j_factored_graph_fwd"], 3),
+        "factored_layout_share_fwd_bwd": round(
+            1 - times["e3j_factored_bare_fwd_bwd"] / times["e3j_factored_graph_fwd_bwd"], 3
+        ),
     }
     print(json.dumps(row), flush=True)
     return row

@@ -2,7 +2,8 @@
 
 The public API: irreps and static math re-exported from e3j-core, JAX spherical harmonics, the
 differentiable :class:`TensorProduct` and :class:`Convolution` (and :class:`MulIrTensorProduct`,
-:class:`MulIrConvolution` for flat features of mixed multiplicities), :class:`Graph`, :class:`Linear`,
+:class:`MulIrConvolution` for flat features of mixed multiplicities, with :class:`FactoredWeights`),
+:class:`Graph`, :class:`Linear`,
 layout helpers, and backend selection. Optional subpackages, imported only when asked for:
 ``e3j.interop`` (drop-ins taking and returning e3nn-jax's ``IrrepsArray``; extra ``e3j[e3nn]``) and
 ``e3j.flax`` (Flax modules with e3nn-jax's parameters; extra ``e3j[flax]``).
@@ -19,6 +20,7 @@ from ._version import __version__
 from .backends import Backend, BackendError, Kernels, available_backends, use_backend
 from .convolution import Convolution
 from .distributed import PartitionedGraph, convolution_sharded, partition_graph
+from .factored import FactoredWeights
 from .graph import Graph
 from .layout import from_mul_ir, mul_ir_irreps, to_mul_ir
 from .linear import Linear
@@ -30,6 +32,7 @@ __all__ = [
     "Backend",
     "BackendError",
     "Convolution",
+    "FactoredWeights",
     "Graph",
     "Irrep",
     "Irreps",

@@ -44,6 +44,7 @@ import numpy as np
 
 from e3j_core import Irrep, Irreps, TensorProductCoo, select_paths, tensor_product_coo
 
+from .factored import take_columns
 from .layout import from_mul_ir, to_mul_ir
 
 GROUPINGS = ("multiplicity", "gcd")
@@ -102,9 +103,10 @@ class Group:
         """``[.., Dx_flat] -> [.., Dx, C]``."""
         return from_mul_ir(self.x(x), self.irreps_x, self.channels)
 
-    def split_weights(self, w: jax.Array) -> jax.Array:
-        """``[.., num_weights] -> [.., P, C]``."""
-        return self.weights(w).reshape(*w.shape[:-1], self.coo.num_paths, self.channels)
+    def split_weights(self, w) -> jax.Array:
+        """``[.., num_weights] -> [.., P, C]`` (an array or :class:`e3j.FactoredWeights`)."""
+        cols = take_columns(w, self.weights)
+        return cols.reshape(*cols.shape[:-1], self.coo.num_paths, self.channels)
 
 
 @dataclass(frozen=True, eq=False)

@@ -42,6 +42,7 @@ from e3j_core.coo import normalize_filter
 from ._checks import check_rank, check_same_dtype
 from ._mul_ir_plan import GROUPINGS, Plan, plan
 from .convolution import Convolution
+from .factored import FactoredWeights, check_weights
 from .graph import Graph
 from .tensor_product import TensorProduct
 
@@ -66,8 +67,9 @@ class MulIrConvolution:
     ``conv = MulIrConvolution(irreps_x, irreps_y, filter=None, *, self_connection=None)``;
     ``conv(x, y, w, graph)`` with node features ``x: [N, irreps_x.dim]`` (flat ``mul_ir``), edge
     attributes ``y: [E, irreps_y.dim]`` (e.g. spherical harmonics), weights
-    ``w: [E, conv.num_weights]`` (one per output copy, in output order) and an :class:`e3j.Graph`
-    returns ``[N, conv.irreps_out.dim]`` flat. ``self_connection`` (irreps, multiplicities ignored)
+    ``w: [E, conv.num_weights]`` (one per output copy, in output order; or :class:`e3j.FactoredWeights`
+    ``hidden @ kernel``, whose rearrangement into the groups costs no per-edge copy) and an
+    :class:`e3j.Graph` returns ``[N, conv.irreps_out.dim]`` flat. ``self_connection`` (irreps, multiplicities ignored)
     also passes the copies of ``x`` with those irreps through as messages (``x ⊗ 1``), merged
     into the output: e3nn-jax's ``concatenate([x.filter(self_connection), x ⊗ y]).regroup()``.
     It needs ``normalization="component"``. See the module docstring for the layout and
@@ -125,32 +127,43 @@ class MulIrConvolution:
         return self.plan.num_weights
 
     def __call__(
-        self, x: jax.Array, y: jax.Array, w: jax.Array, graph: Graph, *, backend: str | None = None
+        self,
+        x: jax.Array,
+        y: jax.Array,
+        w: jax.Array | FactoredWeights,
+        graph: Graph,
+        *,
+        backend: str | None = None,
     ) -> jax.Array:
         p = self.plan
         if not isinstance(graph, Graph):
             raise TypeError(f"graph must be an e3j.Graph (see Graph.from_edges), got {type(graph).__name__}")
         check_rank("x", x, (2,), f"[N, {p.irreps_x.dim}] for {p.irreps_x}")
         check_rank("y", y, (2,), f"[E, {self.irreps_y.dim}] for {self.irreps_y}")
-        check_rank("w", w, (2,), f"[E, num_weights={p.num_weights}]")
-        check_same_dtype(x=x, y=y, w=w)
         n, e = graph.num_nodes, graph.num_edges
+        check_weights("w", w, e, p.num_weights, "one per output copy")
+        if isinstance(w, FactoredWeights):
+            check_same_dtype(x=x, y=y, **{"w.hidden": w.hidden, "w.kernel": w.kernel})
+        else:
+            check_same_dtype(x=x, y=y, w=w)
         if x.shape != (n, p.irreps_x.dim):
             raise ValueError(f"x must be [N={n}, {p.irreps_x.dim}] for {p.irreps_x} and this graph, got {x.shape}")
         if y.shape != (e, self.irreps_y.dim):
             raise ValueError(
                 f"y must be [E={e}, {self.irreps_y.dim}] for {self.irreps_y} and this graph, got {y.shape}"
             )
-        if w.shape != (e, p.num_weights):
-            raise ValueError(f"w must be [E={e}, num_weights={p.num_weights}] (one per output copy), got {w.shape}")
         return self.join_out(self.grouped(self.split_x(x), y, self.split_weights(w), graph, backend=backend))
 
     def split_x(self, x: jax.Array) -> list[jax.Array]:
         """Flat node features ``[.., irreps_x.dim]`` → one ``[.., D_g, C_g]`` per group."""
         return [g.split_x(x) for g in self.plan.groups]
 
-    def split_weights(self, w: jax.Array) -> list[jax.Array]:
-        """Weights ``[.., num_weights]`` (output order) → one ``[.., P_g, C_g]`` per group."""
+    def split_weights(self, w: jax.Array | FactoredWeights) -> list[jax.Array]:
+        """Weights ``[E, num_weights]`` (output order) → one ``[E, P_g, C_g]`` per group.
+
+        An array is copied into the groups; :class:`e3j.FactoredWeights` ``hidden @ kernel`` give
+        each group ``hidden @ kernel[:, columns_g]`` (the rearrangement costs ``H · num_weights``,
+        not ``E · num_weights``)."""
         return [g.split_weights(w) for g in self.plan.groups]
 
     def join_out(self, outs: list[jax.Array]) -> jax.Array:

@@ -4,7 +4,8 @@ Flax is imported here only. :class:`Linear` creates exactly the parameters of
 ``e3nn_jax.flax.Linear`` (names, shapes, initialization, meaning), so a checkpoint of an e3nn-jax
 model loads unchanged; with ``num_indexed_weights`` it is the species-indexed linear of NequIP's
 self-interaction. :class:`MessagePassing` is the fused e3nn message-passing pattern of
-:mod:`e3j.interop` as a module.
+:mod:`e3j.interop` as a module. :class:`MultiLayerPerceptron` is e3nn-jax's radial MLP, which can
+return its output as :class:`e3j.FactoredWeights` (no per-edge reordering of the weights).
 
 >>> import jax, jax.numpy as jnp
 >>> from e3j.flax import Linear
@@ -21,5 +22,6 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 
 from .linear import Linear
 from .message_passing import MessagePassing
+from .mlp import MultiLayerPerceptron
 
-__all__ = ["Linear", "MessagePassing"]
+__all__ = ["Linear", "MessagePassing", "MultiLayerPerceptron"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import flax.linen as nn
-import jax
 
 __all__ = ["MessagePassing"]
 
@@ -30,7 +29,7 @@ class MessagePassing(nn.Module):
     irrep_normalization: str | None = None
 
     @nn.compact
-    def __call__(self, node_feats, edge_attrs, weights: jax.Array, senders=None, receivers=None, *, graph=None):
+    def __call__(self, node_feats, edge_attrs, weights, senders=None, receivers=None, *, graph=None):
         from ..interop import message_passing
 
         return message_passing(

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from e3j_core import Irreps
 
+from ..factored import FactoredWeights, check_weights
 from ..graph import Graph
 
 
@@ -24,12 +25,13 @@ def message_passing_operands(
     graph: Graph | None,
     *,
     simplify: bool = False,
-) -> tuple[jax.Array, jax.Array, jax.Array, Graph]:
+) -> tuple[jax.Array, jax.Array, jax.Array | FactoredWeights, Graph]:
     """``(x [N, irreps_node.dim], y [E, irreps_edge.dim], w [E, num_weights], graph)`` in one dtype.
 
     ``node_feats`` must be an ``IrrepsArray [N, irreps_node]``, ``edge_attrs`` one of ``irreps_edge``
-    or a plain ``[E, irreps_edge.dim]`` array, ``weights`` ``[E, num_weights]`` (``weights_layout``
-    names their order in the error); the graph is ``graph`` or built from ``senders``/``receivers``.
+    or a plain ``[E, irreps_edge.dim]`` array, ``weights`` ``[E, num_weights]`` or
+    :class:`e3j.FactoredWeights` (``weights_layout`` names their order in the error); the graph is
+    ``graph`` or built from ``senders``/``receivers``.
     ``simplify``: compare irreps after merging equal neighbouring blocks (as ``rechunk`` allows).
     """
 
@@ -50,9 +52,7 @@ def message_passing_operands(
         raise ValueError(f"edge_attrs must be [E, {irreps_edge.dim}] for {irreps_edge}, "
                          f"got shape {jnp.shape(edge_attrs)}")  # fmt: skip
     num_edges, num_nodes = edge_attrs.shape[0], node_feats.shape[0]
-    if jnp.ndim(weights) != 2 or weights.shape != (num_edges, num_weights):
-        raise ValueError(f"weights must be [E={num_edges}, num_weights={num_weights}] ({weights_layout}), "
-                         f"got shape {jnp.shape(weights)}")  # fmt: skip
+    check_weights("weights", weights, num_edges, num_weights, weights_layout)
     if graph is None:
         if senders is None or receivers is None:
             raise ValueError("give senders and receivers, or graph=e3j.Graph")
@@ -62,5 +62,5 @@ def message_passing_operands(
     if graph.num_nodes != num_nodes or graph.num_edges != num_edges:
         raise ValueError(f"graph has {graph.num_nodes} nodes and {graph.num_edges} edges, node_feats and "
                          f"edge_attrs have {num_nodes} and {num_edges}")  # fmt: skip
-    dtype = jnp.result_type(node_feats.array, edge_attrs, weights)
+    dtype = jnp.result_type(node_feats.array, edge_attrs, weights.dtype)
     return node_feats.array.astype(dtype), edge_attrs.astype(dtype), weights.astype(dtype), graph

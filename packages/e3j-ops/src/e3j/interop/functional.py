@@ -39,6 +39,7 @@ from e3j_core import Irreps, select_paths, tensor_product_coo
 
 from .._mul_ir_plan import Gather
 from ..convolution import Convolution
+from ..factored import FactoredWeights, take_columns
 from ..graph import Graph
 from ..layout import from_mul_ir, to_mul_ir
 from ._operands import message_passing_operands
@@ -145,7 +146,7 @@ class FunctionalMessagePassing:
         self,
         node_feats: e3nn.IrrepsArray,
         edge_attrs: e3nn.IrrepsArray | jax.Array,
-        weights: jax.Array,
+        weights: jax.Array | FactoredWeights,
         senders: jax.Array | None = None,
         receivers: jax.Array | None = None,
         *,
@@ -161,7 +162,7 @@ class FunctionalMessagePassing:
 
         flats = []
         for op in self.ops:
-            s = op.weights(w).reshape(num_edges, op.conv.num_paths, op.channels)
+            s = take_columns(w, op.weights).reshape(num_edges, op.conv.num_paths, op.channels)
             if not (op.scale == 1.0).all():
                 s = s * op.scale.astype(dtype)
             out = op.conv(from_mul_ir(op.x(x), op.irreps_x, op.channels), y, s, graph, backend=backend)

@@ -32,6 +32,7 @@ import jax
 
 from e3j_core import Irreps
 
+from ..factored import FactoredWeights
 from ..graph import Graph
 from ..mul_ir import MulIrConvolution
 from ._operands import message_passing_operands
@@ -114,7 +115,7 @@ class MessagePassing:
         self,
         node_feats: e3nn.IrrepsArray,
         edge_attrs: e3nn.IrrepsArray | jax.Array,
-        weights: jax.Array,
+        weights: jax.Array | FactoredWeights,
         senders: jax.Array | None = None,
         receivers: jax.Array | None = None,
         *,
@@ -132,7 +133,7 @@ class MessagePassing:
 def message_passing(
     node_feats: e3nn.IrrepsArray,
     edge_attrs: e3nn.IrrepsArray,
-    weights: jax.Array,
+    weights: jax.Array | FactoredWeights,
     senders: jax.Array | None = None,
     receivers: jax.Array | None = None,
     *,

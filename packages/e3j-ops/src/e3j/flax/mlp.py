@@ -1,0 +1,120 @@
+"""e3nn-jax's scalar MLP (the radial network of NequIP and MACE), able to return its output factored."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import jax.scipy.special as jsp
+
+from ..factored import FactoredWeights
+
+__all__ = ["MultiLayerPerceptron"]
+
+# e3nn-jax's default of ``gradient_normalization`` (its config key of that name)
+_DEFAULT_GRADIENT_NORMALIZATION = "path"
+
+
+class MultiLayerPerceptron(nn.Module):
+    """``e3nn_jax.flax.MultiLayerPerceptron``: same fields, parameters (names, shapes, initialization) and math.
+
+    ``list_neurons``: the width of each layer; ``act``: the activation, normalized as e3nn-jax does
+    (divided by its root mean square under a standard normal input); ``gradient_normalization``:
+    ``"path"`` (e3nn-jax's default, also for ``None``), ``"element"`` or a float in [0, 1];
+    ``output_activation``: ``True`` (``act``), ``False`` or a callable; ``with_bias``.
+    Input ``[..., F]`` (a plain array, or an e3nn ``IrrepsArray`` of scalars, returned as one).
+
+    ``factored=True`` (needs no output activation) returns the output as
+    :class:`e3j.FactoredWeights` ``hidden @ kernel (+ bias)`` instead of the ``[..., W]`` array:
+    given to :class:`e3j.interop.MessagePassing` (or :class:`e3j.MulIrConvolution`) as its
+    weights, the reordering of e3nn's weight axis into e3j's groups is applied to the kernel's
+    columns instead of to every edge's weights. Swapping ``e3nn.flax.MultiLayerPerceptron(...)``
+    for ``MultiLayerPerceptron(..., factored=True)`` keeps the parameter tree.
+
+    >>> import jax, jax.numpy as jnp
+    >>> mlp = MultiLayerPerceptron((16, 8), jax.nn.silu, output_activation=False, factored=True)
+    >>> w, params = mlp.init_with_output(jax.random.key(0), jnp.ones((5, 4)))
+    >>> jax.tree.map(jnp.shape, params["params"]), w.shape
+    ({'Dense_0': {'kernel': (4, 16)}, 'Dense_1': {'kernel': (16, 8)}}, (5, 8))
+    """
+
+    list_neurons: tuple[int, ...]
+    act: Callable | None = None
+    gradient_normalization: str | float | None = None
+    output_activation: Callable | bool = True
+    with_bias: bool = False
+    factored: bool = False
+
+    @nn.compact
+    def __call__(self, x):
+        if len(self.list_neurons) == 0:
+            raise ValueError("list_neurons must name at least one layer")
+        last_act = self.act if self.output_activation is True else self.output_activation or None
+        if self.output_activation is not True and self.output_activation is not False:
+            if not callable(self.output_activation):
+                raise TypeError(f"output_activation must be a bool or a callable, got {self.output_activation!r}")
+        if self.factored and last_act is not None:
+            raise ValueError("factored=True needs a linear last layer: output_activation=False (or act=None)")
+        gn = self.gradient_normalization
+        gn = _DEFAULT_GRADIENT_NORMALIZATION if gn is None else gn
+        if isinstance(gn, str):
+            if gn not in ("element", "path"):
+                raise ValueError(f"gradient_normalization must be 'element', 'path' or a float, got {gn!r}")
+            gn = {"element": 0.0, "path": 1.0}[gn]
+
+        irreps_array = hasattr(x, "irreps") and hasattr(x, "array")  # an e3nn IrrepsArray, without importing e3nn
+        if irreps_array:
+            if not x.irreps.is_scalar():
+                raise ValueError(f"x: the MLP takes scalars (0e) only, got irreps {x.irreps}")
+            wrap, x = type(x), x.array
+        act = None if self.act is None else _normalize(self.act)
+        last_act = None if last_act is None else _normalize(last_act)
+
+        for i, features in enumerate(self.list_neurons):
+            alpha = 1 / x.shape[-1]
+            scale = jnp.sqrt(alpha) ** gn
+            kernel_init = nn.initializers.normal(stddev=jnp.sqrt(alpha) ** (1.0 - gn))
+            if self.factored and i == len(self.list_neurons) - 1:
+                kernel, bias = _LastDense(features, self.with_bias, kernel_init, x.dtype, name=f"Dense_{i}")(x)
+                return FactoredWeights(scale * x, kernel, None if bias is None else scale * bias)
+            dense = nn.Dense(
+                features=features,
+                use_bias=self.with_bias,
+                kernel_init=kernel_init,
+                bias_init=nn.initializers.zeros,
+                param_dtype=x.dtype,
+            )
+            x = scale * dense(x)
+            a = act if i < len(self.list_neurons) - 1 else last_act
+            if a is not None:
+                x = a(x)
+        return wrap(f"{x.shape[-1]}x0e", x) if irreps_array else x
+
+
+class _LastDense(nn.Module):
+    """The parameters of ``flax.linen.Dense`` (same names, shapes, initialization), not applied."""
+
+    features: int
+    use_bias: bool
+    kernel_init: Callable
+    param_dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = self.param("kernel", self.kernel_init, (x.shape[-1], self.features), self.param_dtype)
+        bias = self.param("bias", nn.initializers.zeros, (self.features,), self.param_dtype) if self.use_bias else None
+        return kernel, bias
+
+
+def _normalize(phi: Callable) -> Callable:
+    """``phi / c`` with ``c² = E[phi(z)²]``, z standard normal: e3nn-jax's ``normalize_function``,
+    evaluated the same way (a million normal quantiles) so that the constant is the same number."""
+    with jax.ensure_compile_time_eval():
+        z = jnp.sqrt(2) * jsp.erfinv(jnp.linspace(-1.0, 1.0, 1_000_001 + 2)[1:-1])
+        c = (jnp.mean(phi(z) ** 2) ** 0.5).item()
+        unit = bool(jnp.allclose(c, 1.0))
+    if unit:
+        return phi
+    return lambda x: phi(x) / c
