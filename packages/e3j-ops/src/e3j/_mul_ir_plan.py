@@ -120,6 +120,9 @@ class Plan:
     irreps_out: Irreps
     out: Gather
     constant_row: bool = False  # y' = [1, y]: the self connection's constant 0e edge attribute
+    #: e3nn's output as consecutive copy-major blocks ``(first column, group, first row, dim)``, one
+    #: per path (``None`` where a path's copies are not consecutive: ``y`` with a multiplicity > 1)
+    out_blocks: tuple[tuple[int, int, int, int], ...] | None = None
 
     @property
     def num_weights(self) -> int:
@@ -132,7 +135,18 @@ class Plan:
         return self.out.index is not None or any(g.weights.index is not None for g in self.groups)
 
     def join_out(self, outs: list[jax.Array]) -> jax.Array:
-        """The groups' outputs ``[.., Dout_g, C_g]`` → e3nn's flat ``[.., Dout_flat]``."""
+        """The groups' outputs ``[.., Dout_g, C_g]`` → e3nn's flat ``[.., Dout_flat]``.
+
+        One concatenation of each path's rows, transposed to copy-major: XLA fuses it into one pass,
+        and its transpose (the backward) is as cheap; through :func:`e3j.to_mul_ir` and a gather of
+        the copies, the backward was a scatter ~20x slower (``benchmarks/interop_message_passing.py``).
+        """
+        if self.out_blocks is not None:
+            parts = []
+            for _, g, row, dim in self.out_blocks:
+                block = outs[g][..., row : row + dim, :]
+                parts.append(jnp.swapaxes(block, -1, -2).reshape(*block.shape[:-2], -1))
+            return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
         flats = [to_mul_ir(o, g.coo.irreps_out) for o, g in zip(outs, self.groups)]
         return self.out(flats[0] if len(flats) == 1 else jnp.concatenate(flats, axis=-1))
 
@@ -190,7 +204,7 @@ def plan(
 
     x_starts = np.cumsum([0] + [mul * ir.dim for mul, ir in irreps_x])
     used_rows = {p.x_start for p in e3nn_paths}
-    groups, out_parts, offset = [], [], 0
+    groups, out_parts, offset, blocks_out = [], [], 0, []
     for blocks, C in _groups(irreps_x, grouping):
         irreps_g = Irreps([irreps_x[b] for b in blocks])
         if not any(x_starts[b] <= r < x_starts[b + 1] for b in blocks for r in used_rows):
@@ -219,13 +233,20 @@ def plan(
             rows = path.out_start + np.arange(path.ir_out.dim)
             for c in range(C):
                 out_parts.append((int(index[p, c]), offset + pos[rows * C + c]))
+            # the path's copies as one copy-major [C, dim] block of e3nn's output, when they are
+            # consecutive copies (always, unless y has a multiplicity above 1)
+            if np.array_equal(index[p], index[p, 0] + np.arange(C)):
+                blocks_out.append((int(out_starts[index[p, 0]]), len(groups) - 1, path.out_start, path.ir_out.dim))
         offset += coo.dim_out * C
     if sorted(n for n, _ in out_parts) != list(range(num_copies)):
         raise AssertionError("e3j's paths do not cover e3nn's copies once each")
     out_index = np.empty(out_starts[-1], np.int64)
     for n, rows in out_parts:
         out_index[out_starts[n] : out_starts[n + 1]] = rows
-    return Plan(tuple(groups), irreps_x, irreps_out, Gather.of(out_index, offset), with_self)
+    blocks_out.sort()
+    covered = sum(groups[g].channels * d for _, g, _, d in blocks_out)
+    blocks = tuple(blocks_out) if covered == out_starts[-1] else None
+    return Plan(tuple(groups), irreps_x, irreps_out, Gather.of(out_index, offset), with_self, blocks)
 
 
 def _groups(irreps_x: Irreps, grouping: str) -> list[tuple[list[int], int]]:

@@ -11,7 +11,9 @@ How: the blocks of ``x`` are grouped by multiplicity; each distinct multiplicity
 uniform-channel :class:`Convolution` (``C = m``) holding only the paths whose ``x`` irrep has that
 multiplicity, so every path runs with its own channel count and every backend and kernel serves
 it unchanged. The groups' inputs, weights and outputs are put in place by static slices and
-concatenations (a few per call; measured at a few % of the call, see ``docs/usage.md``).
+concatenations. Those of an array of weights ``[E, num_weights]`` copy it once per call (e3nn's
+order gives each group several column runs); weights given as :class:`e3j.FactoredWeights`
+``hidden @ kernel`` are reordered through the kernel's columns instead (see ``docs/usage.md``).
 ``grouping="gcd"`` instead runs one op with ``C`` = the gcd of the multiplicities (each block
 ``m x ir`` as ``m/C`` copies; many more paths of fewer channels), kept to compare against.
 
