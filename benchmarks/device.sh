@@ -18,9 +18,7 @@
 # packages): the same steps, with small benchmark sizes.
 set -uo pipefail
 OUT=${OUT:-/tmp/e3j-device-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-log() { echo "== $*" | tee -a "$OUT/log.txt"; }
+source "$(dirname "$0")/_device_common.sh"  # log, snapshot_results, pack, run_e2e
 
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -44,32 +42,9 @@ CMAKE_ARGS="-DE3J_CUDA_ARCHITECTURES=90a-real" E3J_CUDA=ON python3 -m pip instal
 log "info"
 python3 -m e3j info 2>&1 | tee "$OUT/info.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv >> "$OUT/info.txt" 2>&1
-# results land in this copy's benchmarks/results (so the recorded commands name the committed paths);
-# unpack results.tgz in the checkout, then: python benchmarks/readme_tables.py --write (renders docs/benchmarks.md)
-before=$(mktemp); ls benchmarks/results > "$before"
-# the new results files so far, packed after every step: a run cut short by the device's time limit
-# (one call: 600 s, this script's steps are bounded to fit) still returns what it measured
-pack() { ls benchmarks/results | grep -vxF -f "$before" | sed 's|^|benchmarks/results/|' | tar czf "$OUT/results.tgz" -T -; }
+snapshot_results
 if [ -n "${E3J_DEVICE_E2E:-}" ]; then
-  log "end to end (e3j-models)"
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation packages/e3j-models 2>&1 | tee -a "$OUT/log.txt"
-  if ! python3 -c "import flax, ase, vesin, e3nn_jax" 2>>"$OUT/log.txt"; then
-    log "e3j-models' dependencies (flax, ase, vesin, e3nn-jax) are missing: fetch their wheels into .whl (header)"
-    exit 1
-  fi
-  # every non-interpreted backend of this platform (the interpreters run kernels op by op in Python)
-  BACKENDS=$(python3 -c "import jax, e3j; p = jax.devices()[0].platform; print(*[b.name for b in e3j.available_backends() if p in b.platforms and b.auto and b.name != 'reference'] or ['reference'])")
-  KIND=$(python3 -c "import jax; print(jax.devices()[0].device_kind.lower().replace(' ', '-'))")
-  log "backends: $BACKENDS e3nn ($KIND)"
-  if [ -n "${E3J_DEVICE_REHEARSAL:-}" ]; then
-    SIZES=(--models nequip --atoms 30 --runs 2 --md cuni_mace:2 --md-steps 3 --md-rounds 1 --repeats 3)
-  else
-    SIZES=(--models mace_a mace_b nequip --atoms 1000 4000 --runs 10 --md cuni_mace:8 mace_a:8 --md-steps 20 --md-rounds 2 --repeats 20)
-  fi
-  # sections are written as they finish (md, determinism, forces): a timeout keeps what ran
-  timeout 420 python3 benchmarks/e2e.py "${SIZES[@]}" --backends $BACKENDS e3nn --out "benchmarks/results/$KIND-e2e.json" \
-    2>&1 | grep -v Warning | tail -60 | tee -a "$OUT/log.txt"
-  pack
+  run_e2e || exit 1
   log "done"
   exit 0
 fi

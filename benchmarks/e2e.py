@@ -1,7 +1,7 @@
 """End-to-end benchmarks of e3j-models on e3j against the e3nn-jax twin, in one run (issue 16).
 
     python benchmarks/e2e.py [--models mace_a mace_b nequip] [--atoms 100 200] [--runs 3]
-                             [--md cuni_mace:6 mace_a:3] [--md-steps 5] [--md-rounds 2]
+                             [--md cuni_mace:6 mace_a:3 mace_a@64:8] [--md-steps 5] [--md-rounds 2]
                              [--repeats 20] [--out benchmarks/results/cpu-e2e.json]
 
 Four sections, all e3j (default backend) and the twin with the same parameters:
@@ -10,7 +10,8 @@ Four sections, all e3j (default backend) and the twin with the same parameters:
   box; the timing loop, memory analysis and fit check are ``models_vs_e3nn.measure_forces``.
 - **md**: ms per NVE step (ASE ``VelocityVerlet`` through ``e3j_models.Calculator``, float32, 1 fs) on
   a Cu–Ni fcc supercell; ``--md NAME:N`` is a committed checkpoint (``cuni_mace``, ``cuni_nequip``) or
-  a preset with random parameters (``mace_a``, ...) on ``4·N³`` atoms. The backends run
+  a preset with random parameters (``mace_a``, ...) on ``4·N³`` atoms; ``NAME@C:N`` sets a preset's
+  channel count to ``C`` (same architecture, narrower: ``mace_a@64:8``). The backends run
   ``--md-rounds`` rounds of ``--md-steps`` steps, interleaved (order alternating each round) so the
   shared CPU's load hits both alike; the round's best is reported. A backend whose compiled step needs
   more than 90 % of the free memory (XLA's memory analysis) is recorded as not fitting and not run.
@@ -49,12 +50,17 @@ CHECKPOINTS = ROOT / "packages" / "e3j-models" / "checkpoints"
 
 
 def _model(name: str):
-    """(config, params) of a committed checkpoint or of a Cu–Ni preset with random parameters."""
+    """(config, params) of a committed checkpoint, or of a Cu–Ni preset (``mace_a``, or ``mace_a@C`` with
+    ``C`` channels) with random parameters."""
     if (CHECKPOINTS / name / "model.npz").exists():
         return em.load(CHECKPOINTS / name / "model.npz")
-    if name not in PRESETS:
-        raise ValueError(f"--md model {name!r} is neither a committed checkpoint nor a preset {sorted(PRESETS)}")
-    cfg = PRESETS[name]((28, 29))
+    preset, _, channels = name.partition("@")
+    if preset not in PRESETS or (channels and (not channels.isdigit() or int(channels) < 1)):
+        raise ValueError(
+            f"--md model {name!r} is neither a committed checkpoint nor a preset {sorted(PRESETS)} "
+            "(optionally with @CHANNELS, a positive int)"
+        )
+    cfg = PRESETS[preset]((28, 29), **({"num_channels": int(channels)} if channels else {}))
     params = em.Potential(cfg).init(jax.random.key(0), em.batch_structures([em.cuni_fcc(1)], (28, 29), cfg.cutoff))
     return cfg, params
 

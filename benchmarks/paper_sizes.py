@@ -11,8 +11,8 @@ Runs ``python -m e3j bench`` once per suite and writes ``<out>/<device>-<suite>.
   lmax 3, 64–1024 channels (paper Table 1; one results file).
 
 Every installed backend for the platform is measured (the kernel backends and the reference), plus
-e3nn-jax when importable, each beside a device copy measured in the same run. Sizes that do not fit
-are recorded as errors, not fatal. Example (on the TPU or GPU machine)::
+e3nn-jax when importable (``--backends`` narrows the list), each beside a device copy measured in the
+same run. Sizes that do not fit are recorded as errors, not fatal. Example (on the TPU or GPU machine)::
 
     python benchmarks/paper_sizes.py --out benchmarks/results --suites fig1 fig2 table1 --runs 100
 """
@@ -49,6 +49,7 @@ def main(argv=None) -> int:
     p.add_argument("--suites", nargs="+", default=["fig1", "fig2", "table1"], choices=["fig1", "fig2", "table1"])
     p.add_argument("--runs", type=int, default=100)
     p.add_argument("--no-e3nn", action="store_true")
+    p.add_argument("--backends", nargs="+", help="only these implementations (backend names or 'e3nn'; default: all)")
     p.add_argument("--plot", action="store_true", help="also write a PNG per suite (needs matplotlib)")
     p.add_argument("--jobs", type=int, default=1, help="compile each suite's kernels on this many threads first")
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
@@ -68,6 +69,8 @@ def main(argv=None) -> int:
             cmd += ["--jobs", str(args.jobs)]
         if args.no_e3nn:
             cmd.append("--no-e3nn")
+        if args.backends:
+            cmd += ["--backends", *args.backends]
         print("+", " ".join(cmd), flush=True)
         if args.dry_run:
             continue

@@ -169,7 +169,7 @@ def render_accelerators(by_device: dict[str, list[tuple[str, dict]]]) -> str:
     if not by_device:
         return (
             "No GPU or TPU run is committed yet. `bash benchmarks/device.sh` on a GPU machine (or "
-            "`python benchmarks/paper_sizes.py --out benchmarks/results` on a TPU) writes the results files "
+            "`bash benchmarks/tpu.sh` on a TPU VM) writes the results files "
             "this section is generated from."
         )
     parts = []

@@ -37,6 +37,16 @@ def test_paper_sizes_commands_parse(capsys):
     assert parsed["fig1"].ops == ["tensor_product"] and max(parsed["fig1"].channels) == 256
 
 
+def test_paper_sizes_backends_pass_through(capsys):
+    # benchmarks/tpu.sh measures only pallas_tpu and the reference
+    script = runpy.run_path(str(ROOT / "benchmarks/paper_sizes.py"))
+    assert script["main"](["--dry-run", "--suites", "table1", "--backends", "pallas_tpu", "reference"]) == 0
+    (cmd,) = [line[2:] for line in capsys.readouterr().out.splitlines() if line.startswith("+ ")]
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(shlex.split(cmd)[3:]).backends == ["pallas_tpu", "reference"]
+
+
 NAMES = {"tp_fwd": "tensor_product", "tp_bwd": "tensor_product_bwd", "conv_fwd": "convolution"}
 NAMES["conv_bwd"] = "convolution_bwd"
 

@@ -1,0 +1,45 @@
+# Shared by benchmarks/device.sh (GPU) and benchmarks/tpu.sh (TPU); sourced, not run. It sets $OUT
+# (the caller's default if unset), log(), snapshot_results() / pack() (the new results files so far
+# into $OUT/results.tgz) and run_e2e (the end-to-end benchmarks of e3j-models).
+OUT=${OUT:-/tmp/e3j-device-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+log() { echo "== $*" | tee -a "$OUT/log.txt"; }
+
+# results land in this copy's benchmarks/results (so the recorded commands name the committed paths);
+# unpack results.tgz in the checkout, then: python benchmarks/readme_tables.py --write (renders docs/benchmarks.md)
+snapshot_results() {
+  RESULTS_BEFORE=$(mktemp)
+  ls benchmarks/results > "$RESULTS_BEFORE"
+}
+# packed after every step: a run cut short by a time limit still returns what it measured
+pack() {
+  ls benchmarks/results | grep -vxF -f "$RESULTS_BEFORE" | sed 's|^|benchmarks/results/|' | tar czf "$OUT/results.tgz" -T -
+}
+
+# e3j-models force time vs atoms, MD ms/step per backend and the e3nn-jax twin, run-to-run deviation
+# (issue 16), bounded to $E3J_E2E_TIMEOUT seconds (default 420). The backends: $E3J_E2E_BACKENDS, else
+# every non-interpreted auto backend of this platform (the interpreters run kernels op by op in Python).
+run_e2e() {
+  log "end to end (e3j-models)"
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation packages/e3j-models 2>&1 | tee -a "$OUT/log.txt"
+  if ! python3 -c "import flax, ase, vesin, e3nn_jax" 2>>"$OUT/log.txt"; then
+    log "e3j-models' dependencies (flax, ase, vesin, e3nn-jax) are missing (see the header of $0)"
+    return 1
+  fi
+  local backends kind
+  backends=${E3J_E2E_BACKENDS:-$(python3 -c "import jax, e3j; p = jax.devices()[0].platform; print(*[b.name for b in e3j.available_backends() if p in b.platforms and b.auto and b.name != 'reference'] or ['reference'])")}
+  kind=$(python3 -c "import jax; print(jax.devices()[0].device_kind.lower().replace(' ', '-'))")
+  log "backends: $backends e3nn ($kind)"
+  local sizes out="benchmarks/results/$kind-e2e.json"
+  if [ -n "${E3J_DEVICE_REHEARSAL:-}" ]; then
+    sizes=(--models nequip --atoms 30 --runs 2 --md cuni_mace:2 --md-steps 2 --md-rounds 1 --repeats 2 --determinism cuni_nequip)
+    out="benchmarks/results/rehearsal-$kind-e2e.json"  # on a CPU, $kind-e2e.json is the committed cpu-e2e.json
+  else
+    sizes=(--models mace_a mace_b nequip --atoms 1000 4000 --runs 10 --md cuni_mace:8 mace_a:8 --md-steps 20 --md-rounds 2 --repeats 20)
+  fi
+  # sections are written as they finish (md, determinism, forces): a timeout keeps what ran
+  timeout "${E3J_E2E_TIMEOUT:-420}" python3 benchmarks/e2e.py "${sizes[@]}" --backends $backends e3nn --out "$out" \
+    2>&1 | grep -v Warning | tail -60 | tee -a "$OUT/log.txt"
+  pack
+}
