@@ -14,6 +14,11 @@
 # (install, info, then only that step, bounded to 420 s): they need e3j-models' dependencies too,
 #   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_17_x86_64 -d .whl flax ase vesin tqdm   (with their dependencies)
+# E3J_DEVICE_STEPS picks the steps after install and info, in order (default: tests table1 mosaic
+# scaling fig1; also e2e), and E3J_DEVICE_BUDGET (seconds, default 570) bounds the whole run: each
+# step's own limit is cut to what is left, so a 15-minute lease can be split into two calls.
+# A prebuilt e3j-cuda wheel in .whl (pip wheel packages/e3j-cuda with E3J_CUDA=ON and
+# CMAKE_ARGS=-DE3J_CUDA_ARCHITECTURES=90a-real, on any x86-64 machine with nvcc) skips the build there.
 # Rehearse it on a CPU machine with E3J_DEVICE_REHEARSAL=1 (python3 = a Python 3.12 with that image's
 # packages): the same steps, with small benchmark sizes.
 set -uo pipefail
@@ -34,50 +39,78 @@ fi
 python3 -m pip install -q --no-index --no-deps --no-build-isolation \
   packages/e3j-core packages/e3j-ops packages/e3j-pallas-gpu 2>&1 | tee -a "$OUT/log.txt"
 [ "${PIPESTATUS[0]}" = 0 ] || exit 1
-log "install e3j-cuda"
-# sm_90a only (H100/H200): one architecture keeps nvcc's share of the device time short
-CMAKE_ARGS="-DE3J_CUDA_ARCHITECTURES=90a-real" E3J_CUDA=ON python3 -m pip install -q --no-index --no-deps --no-build-isolation packages/e3j-cuda 2>&1 \
-  | tee -a "$OUT/log.txt" | tail -20
-[ "${PIPESTATUS[0]}" = 0 ] || log "e3j-cuda FAILED to build: its tests and benchmarks will be missing"
+if python3 -c "import e3j_cuda._cuda" 2>/dev/null; then
+  log "e3j-cuda: the prebuilt wheel from .whl"
+else
+  log "install e3j-cuda"
+  # sm_90a only (H100/H200): one architecture keeps nvcc's share of the device time short
+  CMAKE_ARGS="-DE3J_CUDA_ARCHITECTURES=90a-real" E3J_CUDA=ON python3 -m pip install -q --no-index --no-deps --no-build-isolation packages/e3j-cuda 2>&1 \
+    | tee -a "$OUT/log.txt" | tail -20
+  [ "${PIPESTATUS[0]}" = 0 ] || log "e3j-cuda FAILED to build: its tests and benchmarks will be missing"
+fi
 log "info"
 python3 -m e3j info 2>&1 | tee "$OUT/info.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv >> "$OUT/info.txt" 2>&1
 snapshot_results
+# results files are named after the device, as paper_sizes.py and e2e.py name theirs
+KIND=$(python3 -c "import jax; print(''.join(c if c.isalnum() else '-' for c in jax.devices()[0].device_kind.lower()))")
 if [ -n "${E3J_DEVICE_E2E:-}" ]; then
-  run_e2e || exit 1
-  log "done"
-  exit 0
+  E3J_DEVICE_STEPS=e2e
 fi
-log "tests/gpu"
-# compiling the unrolled kernels dominates (Triton takes ~10-70 s per lmax-3 kernel; see
-# benchmarks/results/sm90a-pallas-gpu-resources.json): spread the tests over processes sharing the GPU
-XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
-XLA_PYTHON_CLIENT_PREALLOCATE=false timeout 180 python3 -m pytest -q -m gpu -p no:cacheprovider $XDIST tests/gpu 2>&1 \
-  | tee "$OUT/tests-gpu.txt" | tail -5
-log "benchmarks"
-if [ -n "${E3J_DEVICE_REHEARSAL:-}" ]; then
-  python3 -m e3j bench --ops convolution --lmax 2 --channels 16 --elements 256 --degree 4 --runs 3 --jobs 2 \
-    --json benchmarks/results/rehearsal.json --plot benchmarks/results/rehearsal.png --no-progress 2>&1 | tee -a "$OUT/log.txt"
-else
-  # Table 1 first (the issues' goals), then Fig. 1; each writes its JSON row by row, so a timeout keeps rows
-  timeout 150 python3 benchmarks/paper_sizes.py --out benchmarks/results --suites table1 fig1 --runs 20 --plot --jobs 12 \
-    2>&1 | tail -40 | tee -a "$OUT/log.txt"
-fi
-if [ -z "${E3J_DEVICE_REHEARSAL:-}" ]; then
-  log "Mosaic GPU vs Triton vs CUDA"
-  # issue 17's goals for the Mosaic kernels (H200, lmax 3, float32, C >= 128), as fractions of the jitted
-  # copy measured in the same run (fraction_of_copy in the JSON): TP fwd >= 85 %, conv fwd >= 75 %,
-  # conv bwd >= 55 %. pallas_mosaic runs only on compute capability >= 9.0 (e3j info says why not).
+STEPS=${E3J_DEVICE_STEPS:-tests table1 mosaic scaling fig1}
+# seconds for a step: its own limit, or what is left of the budget (10 s kept for packing)
+limit() {
+  local left=$(( ${E3J_DEVICE_BUDGET:-570} - SECONDS - 10 ))
+  (( left < $1 )) && echo $(( left > 0 ? left : 1 )) || echo "$1"
+}
+for step in $STEPS; do
   pack
-  # C = 32: the Mosaic convolution's tiles of 4 nodes x 32 channels (issue 17; no padding to 128 lanes)
-  timeout 120 python3 -m e3j bench --lmax 3 --channels 32 128 256 --sizes 16384 --degree 16 --runs 20 --jobs 12 \
-    --backends pallas_mosaic pallas_gpu cuda --no-e3nn --no-progress \
-    --json benchmarks/results/mosaic-vs-triton-vs-cuda.json --markdown benchmarks/results/mosaic-vs-triton-vs-cuda.md \
-    2>&1 | tail -40 | tee -a "$OUT/log.txt"
-  log "scaling in L"
-  # issue 18: tensor product fwd/bwd vs lmax 1..8 on every GPU backend (records walked from lmax 4)
-  pack
-  timeout 60 python3 benchmarks/scaling_l.py --channels 128 --batch 16384 --runs 20 2>&1 | tail -30 | tee -a "$OUT/log.txt"
-fi
+  case $step in
+  tests)
+    log "tests/gpu ($(limit 240) s)"
+    # compiling the unrolled kernels dominates (Triton takes ~10-70 s per lmax-3 kernel; see
+    # benchmarks/results/sm90a-pallas-gpu-resources.json): spread the tests over processes sharing the GPU
+    XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+    E3J_FAILURES_FILE="$OUT/failures.txt" XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$(limit 240)" python3 -m pytest -q -rfE -m gpu -p no:cacheprovider $XDIST tests/gpu 2>&1 \
+      | tee "$OUT/tests-gpu.txt" | tail -15
+    ;;
+  table1 | fig1)
+    log "paper sizes: $step ($(limit 150) s)"
+    if [ -n "${E3J_DEVICE_REHEARSAL:-}" ]; then
+      python3 -m e3j bench --ops convolution --lmax 2 --channels 16 --elements 256 --degree 4 --runs 3 --jobs 2 \
+        --json benchmarks/results/rehearsal.json --plot benchmarks/results/rehearsal.png --no-progress 2>&1 | tee -a "$OUT/log.txt"
+    else
+      # each suite writes its JSON row by row, so a timeout keeps rows
+      timeout "$(limit 150)" python3 benchmarks/paper_sizes.py --out benchmarks/results --suites "$step" --runs 20 --plot --jobs 12 \
+        2>&1 | tail -40 | tee -a "$OUT/log.txt"
+    fi
+    ;;
+  mosaic)
+    [ -n "${E3J_DEVICE_REHEARSAL:-}" ] && continue
+    log "Mosaic GPU vs Triton vs CUDA ($(limit 120) s)"
+    # issue 17's goals for the Mosaic kernels (H200, lmax 3, float32, C >= 128), as fractions of the jitted
+    # copy measured in the same run (fraction_of_copy in the JSON): TP fwd >= 85 %, conv fwd >= 75 %,
+    # conv bwd >= 55 %. pallas_mosaic runs only on compute capability >= 9.0 (e3j info says why not).
+    # C = 32: the Mosaic convolution's tiles of 4 nodes x 32 channels (issue 17; no padding to 128 lanes)
+    timeout "$(limit 120)" python3 -m e3j bench --lmax 3 --channels ${E3J_MOSAIC_CHANNELS:-128 256 32} --sizes 16384 --degree 16 --runs 20 --jobs 12 \
+      --backends pallas_mosaic pallas_gpu cuda --no-e3nn \
+      --json "benchmarks/results/$KIND-mosaic-vs-triton-vs-cuda.json" --markdown "benchmarks/results/$KIND-mosaic-vs-triton-vs-cuda.md" \
+      2>&1 | tail -40 | tee -a "$OUT/log.txt"
+    ;;
+  scaling)
+    [ -n "${E3J_DEVICE_REHEARSAL:-}" ] && continue
+    log "scaling in L ($(limit 60) s)"
+    # issue 18: tensor product fwd/bwd vs lmax 1..8 on every GPU backend (records walked from lmax 4)
+    timeout "$(limit 60)" python3 benchmarks/scaling_l.py --channels 128 --batch 16384 --runs 20 2>&1 | tail -30 | tee -a "$OUT/log.txt"
+    ;;
+  e2e)
+    E3J_E2E_TIMEOUT=$(limit "${E3J_E2E_TIMEOUT:-420}") run_e2e || exit 1
+    ;;
+  *)
+    log "unknown step $step (E3J_DEVICE_STEPS: tests table1 fig1 mosaic scaling e2e)"
+    exit 2
+    ;;
+  esac
+done
 pack
 log "done"

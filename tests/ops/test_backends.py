@@ -432,3 +432,29 @@ def test_console_script():
     script = os.path.join(os.path.dirname(sys.executable), "e3j")
     proc = subprocess.run([script, "--help"], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0 and "info" in proc.stdout, proc.stderr
+
+
+class _Client:
+    def __init__(self, platform_version):
+        self.platform_version = platform_version
+
+
+class _Device:
+    def __init__(self, platform, platform_version=""):
+        self.platform = platform
+        self.client = _Client(platform_version)
+
+
+@pytest.mark.parametrize(
+    ("device", "want"),
+    [
+        # what JAX 0.11.2's CUDA plugin reported on the H200: device.platform "gpu"
+        (_Device("gpu", "PJRT C API\ncuda 13000"), "cuda"),
+        (_Device("gpu", "rocm 60302"), "rocm"),
+        (_Device("tpu", "PJRT C API\nTFRT TPU v5 lite"), "tpu"),
+        (_Device("cpu", "<unknown>"), "cpu"),
+    ],
+)
+def test_device_platform_names_gpus_as_lowerings_do(device, want):
+    # "gpu" matched no backend's platforms, so `e3j info` and `e3j bench` measured only the reference
+    assert e3j.backends.device_platform(device) == want

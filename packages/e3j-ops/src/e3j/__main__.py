@@ -59,7 +59,7 @@ def _info(args: argparse.Namespace) -> int:
     w(f"JAX devices ({len(devices)}):\n")
     for d in devices:
         w(f"  {d.platform}:{d.id}  {getattr(d, 'device_kind', '')}\n")
-    platforms = sorted({d.platform for d in devices}) or ["cpu"]
+    platforms = sorted({backends.device_platform(d) for d in devices}) or ["cpu"]
 
     w("\nBackends:\n")
     for b in backends.available_backends():

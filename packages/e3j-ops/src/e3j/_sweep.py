@@ -224,7 +224,7 @@ def implementations(include_e3nn: bool = True) -> list[str]:
     Backends used only by name (``auto=False``: interpreters of accelerator kernels) are left out;
     ``--backends`` can still name them.
     """
-    platform_ = jax.default_backend()
+    platform_ = _backends.device_platform(jax.devices()[0])
     names = []
     for b in _backends.available_backends():
         if b.auto and b.incompatibility() is None and platform_ in b.platforms:

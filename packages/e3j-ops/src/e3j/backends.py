@@ -47,6 +47,7 @@ __all__ = [
     "OpRequest",
     "available_backends",
     "current_backend_request",
+    "device_platform",
     "get_backend",
     "select_backend",
     "use_backend",
@@ -54,6 +55,23 @@ __all__ = [
 
 ENTRY_POINT_GROUP = "e3j.backends"
 ENV_VAR = "E3J_BACKEND"
+
+
+def device_platform(device) -> str:
+    """The platform name e3j's lowerings and backends use for a JAX ``device``.
+
+    A GPU device reports ``device.platform == "gpu"`` (and ``jax.default_backend()`` says ``"gpu"``),
+    while lowerings, and so the backends' ``platforms``, name ``"cuda"`` or ``"rocm"``: this tells
+    them apart from the PJRT client's platform version. Other devices keep their platform.
+
+    >>> import jax
+    >>> device_platform(jax.devices("cpu")[0])
+    'cpu'
+    """
+    if device.platform != "gpu":
+        return device.platform
+    version = str(getattr(device.client, "platform_version", "")).lower()
+    return "rocm" if "rocm" in version else "cuda"
 
 
 class BackendError(ValueError):
