@@ -1,6 +1,7 @@
 """The reference kernels' formulations agree with each other and with core's numpy evaluation."""
 
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -114,3 +115,40 @@ def test_linear_transpose_of_the_forward_ops():
     np.testing.assert_allclose(ty, vy, atol=1e-12)
     # <dz, tp(x, y)> = <transpose(dz), x>
     np.testing.assert_allclose(jnp.vdot(dz, tp(x, y)), jnp.vdot(tx, x), rtol=1e-12)
+
+
+def _dot_precisions(jaxpr) -> list:
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            found.append(eqn.params["precision"])
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found += _dot_precisions(sub)
+    return found
+
+
+def test_reference_products_run_in_full_float32_on_every_device(operands, monkeypatch):
+    # On the H200 the reference's products ran in TF32 under JAX's default precision (gradients off by
+    # ~5e-3 relative against the kernels); a TPU's default is bfloat16 passes. Every matrix product of the
+    # dense formulations (one operand with channels, one without) and of the spherical harmonics asks for
+    # HIGHEST, and the gradients inherit it.
+    monkeypatch.setattr(ref_tp, "_UNROLL_BROADCAST_LIMIT", 0)  # the dense formulation for this small table
+    coo, x, y, _ = operands
+    exact = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
+    x32, y32 = jnp.asarray(x, jnp.float32), jnp.asarray(y[..., 0], jnp.float32)
+
+    def tp(x, y):
+        return ref_tp.apply_table(coo.table, x, y, a_channels=True, b_channels=False, out_channels=True)
+
+    def loss(x, y):
+        return jnp.sum(jnp.sin(tp(x, y)))
+
+    for fn in (tp, jax.grad(loss, argnums=(0, 1))):
+        found = _dot_precisions(jax.make_jaxpr(fn)(x32, y32).jaxpr)
+        assert found, "expected the dense formulation (matrix products) for this table"
+        assert all(p == exact for p in found), found
+    vectors = jnp.ones((4, 3), jnp.float32)
+    found = _dot_precisions(
+        jax.make_jaxpr(lambda v: e3j.spherical_harmonics("0e + 1o + 2e + 3o", v, True))(vectors).jaxpr
+    )
+    assert found and all(p == exact for p in found), found

@@ -56,4 +56,5 @@ def spherical_harmonics(
     powers = jnp.stack(powers, axis=-2)  # [..., degree+1, 3]
     e = polys.exponents
     mono = powers[..., e[:, 0], 0] * powers[..., e[:, 1], 1] * powers[..., e[:, 2], 2]
-    return mono @ jnp.asarray(polys.coefficients.T, dtype)
+    # full float32 on GPUs and TPUs too (their default precision would round the monomials to TF32/bf16)
+    return jnp.matmul(mono, jnp.asarray(polys.coefficients.T, dtype), precision=jax.lax.Precision.HIGHEST)
