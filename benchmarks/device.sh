@@ -70,7 +70,8 @@ for step in $STEPS; do
     log "tests/gpu ($(limit 240) s)"
     # compiling the unrolled kernels dominates (Triton takes ~10-70 s per lmax-3 kernel; see
     # benchmarks/results/sm90a-pallas-gpu-resources.json): spread the tests over processes sharing the GPU
-    XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+    # (H200, 2026-11-30: 79 tests in 230 s on 8 processes, compile-bound)
+    XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
     E3J_FAILURES_FILE="$OUT/failures.txt" XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$(limit 240)" python3 -m pytest -q -rfE -m gpu -p no:cacheprovider $XDIST tests/gpu 2>&1 \
       | tee "$OUT/tests-gpu.txt" | tail -15
     ;;
@@ -80,8 +81,11 @@ for step in $STEPS; do
       python3 -m e3j bench --ops convolution --lmax 2 --channels 16 --elements 256 --degree 4 --runs 3 --jobs 2 \
         --json benchmarks/results/rehearsal.json --plot benchmarks/results/rehearsal.png --no-progress 2>&1 | tee -a "$OUT/log.txt"
     else
-      # each suite writes its JSON row by row, so a timeout keeps rows
+      # each suite writes its JSON row by row, so a timeout keeps rows. The kernel backends only: at these
+      # sizes the reference and e3nn-jax (messages materialized: tens of GB) compile into out-of-memory
+      # retries, 10 s each (seen on the H200), and measure nothing the goals need
       timeout "$(limit 150)" python3 benchmarks/paper_sizes.py --out benchmarks/results --suites "$step" --runs 20 --plot --jobs 12 \
+        --backends $(python3 -c "import e3j; print(*[b.name for b in e3j.available_backends() if 'cuda' in b.platforms and b.auto and b.name != 'reference'])") \
         2>&1 | tail -40 | tee -a "$OUT/log.txt"
     fi
     ;;
