@@ -5,6 +5,8 @@ import runpy
 import shlex
 from pathlib import Path
 
+import pytest
+
 from e3j import _sweep
 from e3j._sweep import add_parser
 
@@ -60,3 +62,27 @@ def test_triton_resources_captures_the_ir_of_every_pallas_gpu_kernel():
     for name, (text, warps) in captured.items():
         assert f"tt.func public @e3j_{NAMES[name]}(" in text, name
         assert 1 <= warps <= 4
+
+
+def test_tp_fwd_diag_times_each_backend_three_ways(tmp_path, capsys):
+    # benchmarks/device.sh's `diag` step, at a CPU's sizes on the reference backend
+    import json
+
+    from e3j._bench import tensor_product_bytes
+    from e3j_core import Irreps, tensor_product_coo
+
+    script = runpy.run_path(str(ROOT / "benchmarks/tp_fwd_diag.py"))
+    out = tmp_path / "diag.json"
+    argv = ["--backends", "reference", "--lmax", "1", "--channels", "4", "--batch", "8", "--copy-bytes", "4096"]
+    assert script["main"]([*argv, "--runs", "2", "--stream", "2", "--bwd", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [c["bytes"] for c in result["copy"]] == [4096]
+    assert [(r["direction"], r["impl"]) for r in result["rows"]] == [("fwd", "reference"), ("bwd", "reference")]
+    irreps = Irreps.spherical_harmonics(1)
+    coo = tensor_product_coo(irreps, irreps, filter=irreps)
+    for r in result["rows"]:
+        want = tensor_product_bytes(coo, 8, 4, y_channels=False, itemsize=4, backward=r["direction"] == "bwd")
+        assert r["bytes"] == want
+        for k in ("quiet", "stream", "beside_python"):
+            assert r[f"{k}_s"] > 0 and r[f"{k}_GBps"] * 1e9 * r[f"{k}_s"] == pytest.approx(want)
+    assert "TP bwd reference" in capsys.readouterr().out
