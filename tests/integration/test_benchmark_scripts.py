@@ -86,3 +86,29 @@ def test_tp_fwd_diag_times_each_backend_three_ways(tmp_path, capsys):
         for k in ("quiet", "stream", "beside_python"):
             assert r[f"{k}_s"] > 0 and r[f"{k}_GBps"] * 1e9 * r[f"{k}_s"] == pytest.approx(want)
     assert "TP bwd reference" in capsys.readouterr().out
+
+
+def test_triton_resources_counts_ptx_memory_instructions():
+    script = runpy.run_path(str(ROOT / "benchmarks/triton_resources.py"))
+    ptx = """
+    ld.param.u64 %rd1, [param_0];
+    @%p1 ld.global.b32 { %r1 }, [ %rd1 + 0 ];
+    @!%p2 ld.global.v4.b32 { %r2, %r3, %r4, %r5 }, [ %rd1 + 16 ];
+    st.shared.b32 [ %r6 ], %r1;
+    bar.sync 0;
+    ld.shared.b32 %r7, [ %r6 ];
+    st.local.b32 [ %rd3 ], %r7;
+    st.global.v2.b32 [ %rd2 + 0 ], { %r7, %r1 };
+    st.global.b32 [ %rd2 + 8 ], %r7;
+    // ld.global in a comment is not counted
+    """
+    assert script["ptx_op_counts"](ptx) == {
+        "ld.global": 2,
+        "st.global": 2,
+        "ld.shared": 1,
+        "st.shared": 1,
+        "ld.local": 0,
+        "st.local": 1,
+        "bar.sync": 1,
+        "vector_global": 2,
+    }
