@@ -110,8 +110,9 @@ for step in $STEPS; do
   diag)
     log "TP forward diagnosis ($(limit 90) s)"
     # the first H200 sweep timed the lmax-3 TP forward at 5.4 ms (7 % of a copy) while lowering threads held
-    # the GIL (docs/gpu-performance.md): each backend's forward timed alone, back to back and beside a
-    # Python thread, with copies of 256 MiB to 2 GiB; E3J_DIAG_ARGS adds e.g. --bwd (the backward as a control)
+    # the GIL (docs/gpu-performance.md): each backend's forward timed alone, back to back, beside a Python
+    # thread and under the JAX profiler (kernel durations), with copies of 256 MiB to 2 GiB;
+    # E3J_DIAG_ARGS adds e.g. --bwd (the backward as a control)
     if [ -n "${E3J_DEVICE_REHEARSAL:-}" ]; then
       python3 benchmarks/tp_fwd_diag.py --backends reference --lmax 2 --channels 16 --batch 256 --copy-bytes 4194304 \
         --runs 5 --stream 3 --bwd --out benchmarks/results/rehearsal-tp-fwd-diag.json 2>&1 | tee -a "$OUT/log.txt"

@@ -9,9 +9,10 @@ at a 20-ms switch interval). The backward, timed after the last lowering ended, 
 bandwidth. This script times each backend's forward (and, with
 ``--bwd``, its backward) in a process with nothing else running, then again beside a Python thread that
 holds the GIL, and as ``--stream`` calls enqueued back to back (host overhead amortized: the kernel's
-own time), beside a copy of 2^28, 2^30 and 2^31 bytes. Expected if the GIL is the cause: ``quiet`` and
-``stream`` near the copy, ``beside_python`` ≈ ``quiet`` + 5 ms. A ``stream`` time still far above the
-copy would point at the kernel instead.
+own time), beside a copy of 2^28, 2^30 and 2^31 bytes; ``--profile`` calls run under the JAX profiler,
+whose device planes give each kernel's duration. Expected if the GIL is the cause: ``quiet`` and
+``stream`` near the copy, ``beside_python`` ≈ ``quiet`` + 5 ms, the profiled kernel ≈ ``stream``. A
+``stream`` or kernel time still far above the copy would point at the kernel instead.
 
     python benchmarks/tp_fwd_diag.py --out benchmarks/results/nvidia-h200-tp-fwd-diag.json   # ~60 s on an H200
     python benchmarks/tp_fwd_diag.py --backends reference --batch 512 --channels 32           # rehearsal on a CPU
@@ -20,9 +21,13 @@ copy would point at the kernel instead.
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
+import glob
 import json
+import os
 import sys
+import tempfile
 import threading
 import time
 
@@ -43,6 +48,41 @@ def stream_seconds(fn, *args, calls: int) -> float:
         best = min(best, (time.perf_counter() - t0) / calls)
         del out
     return best
+
+
+def device_events(fn, *args, calls: int, top: int = 6) -> list[dict]:
+    """:func:`summarize_device_planes` of a JAX profile of ``calls`` calls: the kernels' own times."""
+    from jax.profiler import ProfileData
+
+    jax.block_until_ready(fn(*args))
+    with tempfile.TemporaryDirectory() as tmp:
+        with jax.profiler.trace(tmp):
+            for _ in range(calls):
+                jax.block_until_ready(fn(*args))
+        (path,) = glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True)
+        return summarize_device_planes(ProfileData.from_file(path).planes, top=top)
+
+
+def summarize_device_planes(planes, top: int = 6) -> list[dict]:
+    """Events of the profile planes named ``/device:...``, by plane, line and name.
+
+    ``[{"plane", "line", "name", "count", "mean_s"}]``, the ``top`` largest by total time (durations
+    are in nanoseconds in the profile); empty where there is no device plane (a CPU).
+    """
+    totals = collections.defaultdict(lambda: [0, 0.0])
+    for plane in planes:
+        if not plane.name.startswith("/device:"):
+            continue
+        for line in plane.lines:
+            for event in line.events:
+                entry = totals[(plane.name, line.name, event.name)]
+                entry[0] += 1
+                entry[1] += event.duration_ns * 1e-9
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
+    return [
+        {"plane": plane, "line": line, "name": name[:120], "count": n, "mean_s": total / n}
+        for (plane, line, name), (n, total) in ranked
+    ]
 
 
 def beside_python(fn, *args, runs: int) -> float:
@@ -72,6 +112,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=20)
     p.add_argument("--stream", type=int, default=20, help="calls enqueued back to back per stream timing")
     p.add_argument("--bwd", action="store_true", help="also the backward (a control: it measured at the copy)")
+    p.add_argument("--profile", type=int, default=5, help="calls under the JAX profiler (kernel times; 0: none)")
     p.add_argument("--copy-bytes", nargs="+", type=int, default=[2**28, 2**30, 2**31])
     p.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
@@ -123,6 +164,14 @@ def main(argv=None) -> int:
                     f"beside Python {beside * 1e3:7.3f} ms  ({row['stream_GBps']:.0f} GB/s streamed)",
                     flush=True,
                 )
+                if args.profile:
+                    try:
+                        with compiled.timing():
+                            row["device_events"] = device_events(exe, *fargs, calls=args.profile)
+                    except Exception as err:  # a profiler that cannot start must not cost the timings
+                        row["device_events_error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
+                    for event in row.get("device_events", [])[:3]:
+                        print(f"    device: {event['mean_s'] * 1e3:7.3f} ms x{event['count']}  {event['name']}")
             except Exception as err:
                 row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
                 print(f"TP {case.direction} {impl}: {row['error']}", flush=True)

@@ -112,3 +112,32 @@ def test_triton_resources_counts_ptx_memory_instructions():
         "bar.sync": 1,
         "vector_global": 2,
     }
+
+
+def test_tp_fwd_diag_reads_kernel_times_off_the_device_planes():
+    from types import SimpleNamespace as NS
+
+    script = runpy.run_path(str(ROOT / "benchmarks/tp_fwd_diag.py"))
+
+    def events(*pairs):
+        return [NS(name=name, duration_ns=ns) for name, ns in pairs]
+
+    host = NS(name="/host:CPU", lines=[NS(name="python", events=events(("dispatch", 9e9)))])
+    gpu = NS(
+        name="/device:GPU:0",
+        lines=[
+            NS(
+                name="Stream #13",
+                events=events(("e3j_tensor_product", 4e5), ("e3j_tensor_product", 2e5), ("memset", 1e3)),
+            ),
+            NS(name="XLA Ops", events=events(("custom-call", 7e5))),
+        ],
+    )
+    got = script["summarize_device_planes"]([host, gpu], top=2)
+    assert [(e["line"], e["name"], e["count"]) for e in got] == [
+        ("XLA Ops", "custom-call", 1),  # ranked by total time
+        ("Stream #13", "e3j_tensor_product", 2),
+    ]
+    assert [e["mean_s"] for e in got] == pytest.approx([7e-4, 3e-4])
+    assert {e["plane"] for e in got} == {"/device:GPU:0"}
+    assert script["summarize_device_planes"]([host]) == []
