@@ -299,3 +299,5 @@ def test_bench_records_the_copy_size_it_measured(tmp_path, monkeypatch):
     assert main([*argv, "--copy-bytes", "4096"]) == 0
     assert sizes == [2**26, 4096]  # the CPU default, then as asked
     assert json.loads(out.read_text())["copy"]["bytes"] == 4096
+    with pytest.raises(SystemExit, match="--copy-bytes must be >= 1, got 0"):
+        main([*argv, "--copy-bytes", "0"])

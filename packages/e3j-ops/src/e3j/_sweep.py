@@ -267,7 +267,7 @@ def run(args) -> dict:
     todo = list(cases(args.ops, args.directions, args.lmax, args.channels, args.sizes, args.degree, args.elements))
     device = jax.devices()[0]
     kind = getattr(device, "device_kind", device.platform)
-    copy_bytes = args.copy_bytes or default_copy_bytes(device)
+    copy_bytes = default_copy_bytes(device) if args.copy_bytes is None else args.copy_bytes
     copy_s, copy_bw = copy_bandwidth(copy_bytes, runs=args.runs)
     rows = []
     result = {
@@ -511,13 +511,15 @@ def table1(result: dict) -> str:
 def main(args) -> int:
     if args.elements is not None and args.sizes is not None:
         raise SystemExit("e3j bench: give --sizes or --elements, not both")
+    if args.copy_bytes is not None and args.copy_bytes < 1:
+        raise SystemExit(f"e3j bench: --copy-bytes must be >= 1, got {args.copy_bytes}")
     if args.quick:
         args.lmax = args.lmax or [1, 2]
         args.channels = args.channels or [16]
         args.sizes = args.sizes or [256]
         args.degree = min(args.degree, 8)
         args.runs = min(args.runs, 10)
-        args.copy_bytes = min(args.copy_bytes or 2**22, 2**22)
+        args.copy_bytes = min(2**22 if args.copy_bytes is None else args.copy_bytes, 2**22)
     args.lmax = args.lmax or [1, 2, 3]
     args.channels = args.channels or [32, 64, 128]
     args.sizes = args.sizes or [4096]
