@@ -15,8 +15,9 @@
 #   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_17_x86_64 -d .whl flax ase vesin tqdm   (with their dependencies)
 # E3J_DEVICE_STEPS picks the steps after install and info, in order (default: tests table1 mosaic
-# scaling fig1; also e2e), and E3J_DEVICE_BUDGET (seconds, default 570) bounds the whole run: each
-# step's own limit is cut to what is left, so a 15-minute lease can be split into two calls.
+# scaling fig1; also e2e, and diag: ~60 s of TP-forward timings that tell host from kernel time),
+# and E3J_DEVICE_BUDGET (seconds, default 570) bounds the whole run: each step's own limit is cut to
+# what is left, so a 15-minute lease can be split into two calls.
 # A prebuilt e3j-cuda wheel in .whl (pip wheel packages/e3j-cuda with E3J_CUDA=ON and
 # CMAKE_ARGS=-DE3J_CUDA_ARCHITECTURES=90a-real, on any x86-64 machine with nvcc) skips the build there.
 # Rehearse it on a CPU machine with E3J_DEVICE_REHEARSAL=1 (python3 = a Python 3.12 with that image's
@@ -110,8 +111,22 @@ for step in $STEPS; do
   e2e)
     E3J_E2E_TIMEOUT=$(limit "${E3J_E2E_TIMEOUT:-420}") run_e2e || exit 1
     ;;
+  diag)
+    log "TP forward diagnosis ($(limit 90) s)"
+    # the first H200 sweep timed the lmax-3 TP forward at 5.4 ms (7 % of a copy) while lowering threads held
+    # the GIL (docs/gpu-performance.md): each backend's forward timed alone, back to back, beside a Python
+    # thread and under the JAX profiler (kernel durations), with copies of 256 MiB to 2 GiB;
+    # E3J_DIAG_ARGS adds e.g. --bwd (the backward as a control)
+    if [ -n "${E3J_DEVICE_REHEARSAL:-}" ]; then
+      python3 benchmarks/tp_fwd_diag.py --backends reference --lmax 2 --channels 16 --batch 256 --copy-bytes 4194304 \
+        --runs 5 --stream 3 --bwd --out benchmarks/results/rehearsal-tp-fwd-diag.json 2>&1 | tee -a "$OUT/log.txt"
+    else
+      timeout "$(limit 90)" python3 benchmarks/tp_fwd_diag.py ${E3J_DIAG_ARGS:-} --out "benchmarks/results/$KIND-tp-fwd-diag.json" \
+        2>&1 | grep -v Warning | tail -20 | tee -a "$OUT/log.txt"
+    fi
+    ;;
   *)
-    log "unknown step $step (E3J_DEVICE_STEPS: tests table1 fig1 mosaic scaling e2e)"
+    log "unknown step $step (E3J_DEVICE_STEPS: tests table1 fig1 mosaic scaling e2e diag)"
     exit 2
     ;;
   esac

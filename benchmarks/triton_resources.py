@@ -104,6 +104,26 @@ def capture_triton_ir(lmax: int, channels: int, dtype: str = "float32") -> dict[
     return out
 
 
+#: PTX instruction classes counted per kernel: global and local memory traffic, shared memory, barriers.
+PTX_OPS = ("ld.global", "st.global", "ld.shared", "st.shared", "ld.local", "st.local", "bar.sync")
+
+
+def ptx_op_counts(ptx: str) -> dict[str, int]:
+    """Static counts of the :data:`PTX_OPS` instructions in ``ptx`` (predicated ones included), plus
+    ``vector_global``: global loads and stores of 2 or 4 elements (``.v2`` / ``.v4``).
+
+    >>> counts = ptx_op_counts("@%p1 ld.global.b32 {%r1}, [%rd1];\\n st.global.v4.b32 [%rd2], {%r1, %r2, %r3, %r4};")
+    >>> {k: n for k, n in counts.items() if n}
+    {'ld.global': 1, 'st.global': 1, 'vector_global': 1}
+    """
+    ops = re.findall(r"^\s*(?:@!?%p\w+\s+)?([a-z]+\.[a-z]+)((?:\.\w+)*)", ptx, flags=re.MULTILINE)
+    counts = {name: sum(1 for op, _ in ops if op == name) for name in PTX_OPS}
+    counts["vector_global"] = sum(
+        1 for op, mods in ops if op in ("ld.global", "st.global") and re.search(r"\.v[24]\b", mods)
+    )
+    return counts
+
+
 def compile_for_hopper(ir_text: str, num_warps: int) -> dict:
     """Compile Triton IR for sm_90a with Triton; ptxas's report of the PTX it emits."""
     os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # a cached kernel would report no compile time
@@ -137,6 +157,7 @@ def compile_for_hopper(ir_text: str, num_warps: int) -> dict:
         "stack_frame": stack,
         "triton_compile_s": round(seconds, 1),
         "ptx_lines": compiled.asm["ptx"].count("\n"),
+        "ptx_ops": ptx_op_counts(compiled.asm["ptx"]),
         "triton": triton.__version__,
     }
 

@@ -5,6 +5,8 @@ import runpy
 import shlex
 from pathlib import Path
 
+import pytest
+
 from e3j import _sweep
 from e3j._sweep import add_parser
 
@@ -60,3 +62,82 @@ def test_triton_resources_captures_the_ir_of_every_pallas_gpu_kernel():
     for name, (text, warps) in captured.items():
         assert f"tt.func public @e3j_{NAMES[name]}(" in text, name
         assert 1 <= warps <= 4
+
+
+def test_tp_fwd_diag_times_each_backend_three_ways(tmp_path, capsys):
+    # benchmarks/device.sh's `diag` step, at a CPU's sizes on the reference backend
+    import json
+
+    from e3j._bench import tensor_product_bytes
+    from e3j_core import Irreps, tensor_product_coo
+
+    script = runpy.run_path(str(ROOT / "benchmarks/tp_fwd_diag.py"))
+    out = tmp_path / "diag.json"
+    argv = ["--backends", "reference", "--lmax", "1", "--channels", "4", "--batch", "8", "--copy-bytes", "4096"]
+    assert script["main"]([*argv, "--runs", "2", "--stream", "2", "--bwd", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [c["bytes"] for c in result["copy"]] == [4096]
+    assert [(r["direction"], r["impl"]) for r in result["rows"]] == [("fwd", "reference"), ("bwd", "reference")]
+    irreps = Irreps.spherical_harmonics(1)
+    coo = tensor_product_coo(irreps, irreps, filter=irreps)
+    for r in result["rows"]:
+        want = tensor_product_bytes(coo, 8, 4, y_channels=False, itemsize=4, backward=r["direction"] == "bwd")
+        assert r["bytes"] == want
+        for k in ("quiet", "stream", "beside_python"):
+            assert r[f"{k}_s"] > 0 and r[f"{k}_GBps"] * 1e9 * r[f"{k}_s"] == pytest.approx(want)
+    assert "TP bwd reference" in capsys.readouterr().out
+
+
+def test_triton_resources_counts_ptx_memory_instructions():
+    script = runpy.run_path(str(ROOT / "benchmarks/triton_resources.py"))
+    ptx = """
+    ld.param.u64 %rd1, [param_0];
+    @%p1 ld.global.b32 { %r1 }, [ %rd1 + 0 ];
+    @!%p2 ld.global.v4.b32 { %r2, %r3, %r4, %r5 }, [ %rd1 + 16 ];
+    st.shared.b32 [ %r6 ], %r1;
+    bar.sync 0;
+    ld.shared.b32 %r7, [ %r6 ];
+    st.local.b32 [ %rd3 ], %r7;
+    st.global.v2.b32 [ %rd2 + 0 ], { %r7, %r1 };
+    st.global.b32 [ %rd2 + 8 ], %r7;
+    // ld.global in a comment is not counted
+    """
+    assert script["ptx_op_counts"](ptx) == {
+        "ld.global": 2,
+        "st.global": 2,
+        "ld.shared": 1,
+        "st.shared": 1,
+        "ld.local": 0,
+        "st.local": 1,
+        "bar.sync": 1,
+        "vector_global": 2,
+    }
+
+
+def test_tp_fwd_diag_reads_kernel_times_off_the_device_planes():
+    from types import SimpleNamespace as NS
+
+    script = runpy.run_path(str(ROOT / "benchmarks/tp_fwd_diag.py"))
+
+    def events(*pairs):
+        return [NS(name=name, duration_ns=ns) for name, ns in pairs]
+
+    host = NS(name="/host:CPU", lines=[NS(name="python", events=events(("dispatch", 9e9)))])
+    gpu = NS(
+        name="/device:GPU:0",
+        lines=[
+            NS(
+                name="Stream #13",
+                events=events(("e3j_tensor_product", 4e5), ("e3j_tensor_product", 2e5), ("memset", 1e3)),
+            ),
+            NS(name="XLA Ops", events=events(("custom-call", 7e5))),
+        ],
+    )
+    got = script["summarize_device_planes"]([host, gpu], top=2)
+    assert [(e["line"], e["name"], e["count"]) for e in got] == [
+        ("XLA Ops", "custom-call", 1),  # ranked by total time
+        ("Stream #13", "e3j_tensor_product", 2),
+    ]
+    assert [e["mean_s"] for e in got] == pytest.approx([7e-4, 3e-4])
+    assert {e["plane"] for e in got} == {"/device:GPU:0"}
+    assert script["summarize_device_planes"]([host]) == []

@@ -8,6 +8,7 @@ the datasheet figure for known accelerators).
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -20,7 +21,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import backends as _backends
-from ._bench import convolution_bytes, copy_bandwidth, datasheet_bandwidth, tensor_product_bytes, time_call
+from ._bench import (
+    convolution_bytes,
+    copy_bandwidth,
+    datasheet_bandwidth,
+    default_copy_bytes,
+    tensor_product_bytes,
+    time_call,
+)
 
 
 @dataclass(frozen=True)
@@ -259,14 +267,15 @@ def run(args) -> dict:
     todo = list(cases(args.ops, args.directions, args.lmax, args.channels, args.sizes, args.degree, args.elements))
     device = jax.devices()[0]
     kind = getattr(device, "device_kind", device.platform)
-    copy_s, copy_bw = copy_bandwidth(args.copy_bytes, runs=args.runs)
+    copy_bytes = default_copy_bytes(device) if args.copy_bytes is None else args.copy_bytes
+    copy_s, copy_bw = copy_bandwidth(copy_bytes, runs=args.runs)
     rows = []
     result = {
         "command": "python -m e3j " + " ".join(sys.argv[1:] if args.argv is None else args.argv),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": {"platform": device.platform, "kind": kind, "host": platform.machine(), "cores": os.cpu_count()},
         "versions": {"jax": jax.__version__, **_versions(impls)},
-        "copy": {"bytes": args.copy_bytes, "seconds": copy_s, "GBps": copy_bw / 1e9},
+        "copy": {"bytes": copy_bytes, "seconds": copy_s, "GBps": copy_bw / 1e9},
         "datasheet_GBps": (datasheet_bandwidth(kind) or 0) / 1e9 or None,
         "method": f"mean of the fastest 20% of {args.runs} runs, gc disabled; bytes of inputs + outputs "
         "(backward: primals, output cotangents, input cotangents)",
@@ -285,7 +294,9 @@ def run(args) -> dict:
                 row = {**asdict(case), "impl": impl}
                 try:
                     fn, fargs, nbytes = build(case, impl)
-                    seconds = time_call(compiled.get((case, impl), fn), *fargs, runs=args.runs)
+                    exe = compiled.get((case, impl), fn)
+                    with compiled.timing():
+                        seconds = time_call(exe, *fargs, runs=args.runs)
                     row.update(
                         seconds=seconds,
                         bytes=nbytes,
@@ -306,12 +317,53 @@ def run(args) -> dict:
     return result
 
 
-def _compile(key: tuple[Case, str]):
-    try:
-        fn, shapes, _ = build(*key, abstract=True)
-        return fn.lower(*shapes).compile()
-    except Exception:  # e.g. e3nn's messages beyond memory: met again, and reported, when measured
-        return None
+def _lower(key: tuple[Case, str]):
+    """The lowered program of ``key`` on abstract operands (Python: tracing, Pallas' kernel lowering)."""
+    fn, shapes, _ = build(*key, abstract=True)
+    return fn.lower(*shapes)
+
+
+class _Quiet:
+    """Keeps Python-heavy work of other threads out of a timing.
+
+    Lowering a Pallas kernel is Python that holds the GIL for seconds (Mosaic GPU's lmax-3 kernels: tens
+    of seconds). A timed call gives the GIL up while it waits for the device and gets it back one switch
+    interval (``sys.getswitchinterval()``, 5 ms) after a lowering thread took it: a 0.4-ms kernel timed
+    as ~5.4 ms on the H200. Lowerings run one at a time (they share the GIL anyway; one at a time, the
+    first kernels are ready first) and wait while a timing is announced or running; a timing waits for
+    the lowering under way. Compilation proper (XLA, Triton, ptxas) releases the GIL and runs on.
+    """
+
+    def __init__(self):
+        import threading
+
+        self._cond = threading.Condition()
+        self._timing = 0
+        self._lowering = 0
+
+    @contextlib.contextmanager
+    def lowering(self):
+        with self._cond:
+            self._cond.wait_for(lambda: self._timing == 0 and self._lowering == 0)
+            self._lowering += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._lowering -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def timing(self):
+        with self._cond:
+            self._timing += 1
+            self._cond.wait_for(lambda: self._lowering == 0)
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._timing -= 1
+                self._cond.notify_all()
 
 
 class Precompiled:
@@ -321,13 +373,29 @@ class Precompiled:
     host compiles the kernels in parallel while the first ones are already being timed, instead of
     compiling one before each measurement; a sweep cut short by a time limit still has its first
     rows. Operands are abstract: nothing is allocated on the device. ``jobs <= 1`` compiles nothing.
+
+    Lowering (Python, GIL-bound) never overlaps a timing: time inside :meth:`timing`.
     """
 
-    def __init__(self, keys: list[tuple[Case, str]], jobs: int):
+    def __init__(self, keys: list[tuple[Case, str]], jobs: int, *, lower=_lower):
         from concurrent.futures import ThreadPoolExecutor
 
+        self._quiet = _Quiet()
+        self._lower = lower
         self._pool = ThreadPoolExecutor(jobs) if jobs > 1 else None
-        self._futures = {key: self._pool.submit(_compile, key) for key in keys} if self._pool else {}
+        self._futures = {key: self._pool.submit(self._compile, key) for key in keys} if self._pool else {}
+
+    def _compile(self, key: tuple[Case, str]):
+        try:
+            with self._quiet.lowering():
+                lowered = self._lower(key)
+            return lowered.compile()
+        except Exception:  # e.g. e3nn's messages beyond memory: met again, and reported, when measured
+            return None
+
+    def timing(self):
+        """Context in which no worker thread lowers (holds the GIL): wrap each ``time_call`` in it."""
+        return self._quiet.timing()
 
     def get(self, key: tuple[Case, str], default):
         """The compiled executable of ``key`` (waiting for it), or ``default`` if it did not compile."""
@@ -443,13 +511,15 @@ def table1(result: dict) -> str:
 def main(args) -> int:
     if args.elements is not None and args.sizes is not None:
         raise SystemExit("e3j bench: give --sizes or --elements, not both")
+    if args.copy_bytes is not None and args.copy_bytes < 1:
+        raise SystemExit(f"e3j bench: --copy-bytes must be >= 1, got {args.copy_bytes}")
     if args.quick:
         args.lmax = args.lmax or [1, 2]
         args.channels = args.channels or [16]
         args.sizes = args.sizes or [256]
         args.degree = min(args.degree, 8)
         args.runs = min(args.runs, 10)
-        args.copy_bytes = min(args.copy_bytes, 2**22)
+        args.copy_bytes = min(2**22 if args.copy_bytes is None else args.copy_bytes, 2**22)
     args.lmax = args.lmax or [1, 2, 3]
     args.channels = args.channels or [32, 64, 128]
     args.sizes = args.sizes or [4096]
@@ -492,7 +562,12 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--degree", type=int, default=45, help="neighbours per node in the convolution graph")
     p.add_argument("--runs", type=int, default=100)
-    p.add_argument("--copy-bytes", type=int, default=2**28)
+    p.add_argument(
+        "--copy-bytes",
+        type=int,
+        default=None,
+        help="size of the baseline copy's source (default: 1 GiB on an accelerator, 64 MiB on a CPU)",
+    )
     p.add_argument("--backends", nargs="+", default=None, help="implementations (backend names or 'e3nn')")
     p.add_argument("--no-e3nn", action="store_true")
     p.add_argument("--quick", action="store_true", help="small sizes and few runs: a smoke test")
