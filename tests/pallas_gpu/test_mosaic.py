@@ -245,19 +245,19 @@ def test_convolution_under_linear_tma_stores(kernels, no_races, linear_tma_store
 
 
 def test_strict_stores_see_a_store_past_an_axis():
-    """A ``[8, 4]`` block stored into a ``[4, 4]`` row fails under :func:`strict_tma_stores` (the check can fail)."""
+    """A ``[32, 4]`` block stored into a ``[16, 4]`` row fails under :func:`strict_tma_stores` (the check can fail)."""
 
     def spill(z_gmem, z_smem):
-        z_smem[...] = plgpu.layout_cast(jnp.zeros((8, 4), jnp.float32), plgpu.Layout.WG_STRIDED((8, 4), vec_size=1))
+        z_smem[...] = plgpu.layout_cast(jnp.zeros((32, 4), jnp.float32), plgpu.Layout.WG_STRIDED((32, 4), vec_size=1))
         plgpu.commit_smem()
-        plgpu.copy_smem_to_gmem(z_smem, z_gmem.at[0, pl.ds(0, 8), :])  # rows 4-7 are past the axis
+        plgpu.copy_smem_to_gmem(z_smem, z_gmem.at[0, pl.ds(0, 32), :])  # rows 16-31 are past the axis
         plgpu.wait_smem_to_gmem(0)
 
     gpu_interpret.reset_gpu_interpret_mode_state()
     kernel = plgpu.kernel(
         spill,
-        out_type=jax.ShapeDtypeStruct((2, 4, 4), jnp.float32),
-        scratch_types=[plgpu.SMEM((8, 4), jnp.float32)],
+        out_type=jax.ShapeDtypeStruct((2, 16, 4), jnp.float32),
+        scratch_types=[plgpu.SMEM((32, 4), jnp.float32)],
         interpret=RACES,
     )
     try:
