@@ -5,6 +5,8 @@ machine with a GPU); the CPU test session deselects the ``gpu`` marker, and with
 is skipped with that reason.
 """
 
+import re
+
 import jax
 import numpy as np
 import pytest
@@ -24,7 +26,7 @@ from kernel_cases import (
 )
 
 import e3j
-from e3j.backends import available_backends, get_backend, kernels_of
+from e3j.backends import OpRequest, available_backends, get_backend, kernels_of, select_backend
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,31 +36,76 @@ pytestmark = [
 GPU_BACKENDS = [b.name for b in available_backends() if "cuda" in b.platforms and b.name != "reference"]
 
 
+#: How each GPU backend's convolution forward shows in a lowered module: its kernel's custom call.
+KERNEL_CALLS = {
+    "pallas_mosaic": r"custom_call @mosaic_gpu_v2\(.*e3j_mosaic_convolution",  # the name is in the serialized module
+    "pallas_gpu": r'custom_call @__gpu\$xla\.gpu\.triton\(.*name = "e3j_convolution"',
+    "cuda": r"custom_call @e3j_conv_fwd\(",  # e3j-cuda's FFI target
+}
+
+
 @pytest.fixture(params=GPU_BACKENDS)
 def backend(request):
     return request.param
 
 
+def _refuses_dtype(name: str, coo, channels: int, y_channels: bool, dtype: str) -> None:
+    """Each kernel of backend ``name``, whose descriptor does not declare ``dtype``, refuses it with a
+    ``TypeError`` naming the kernel, the dtypes it supports and the one it got (on two rows, one edge each way)."""
+    declared = get_backend(name).dtypes
+    assert dtype not in declared
+    kernels = kernels_of(get_backend(name))
+    rng = np.random.default_rng(0)
+
+    def rand(*shape):
+        return rng.normal(size=shape).astype(dtype)
+
+    graph = e3j.Graph.from_edges(np.array([0, 1]), np.array([1, 0]), 2)
+    x, dz = rand(2, coo.dim_x, channels), rand(2, coo.dim_out, channels)
+    y = rand(2, coo.dim_y, channels) if y_channels else rand(2, coo.dim_y)
+    s = rand(2, coo.num_paths, channels)
+    calls = {
+        "tensor_product": lambda: kernels.tensor_product(coo, x, y, y_channels=y_channels),
+        "tensor_product_bwd": lambda: kernels.tensor_product_bwd(coo, x, y, dz, outs=("x", "y"), y_channels=y_channels),
+        "convolution": lambda: kernels.convolution(coo, x, y, s, graph, y_channels=y_channels),
+        "convolution_bwd": lambda: kernels.convolution_bwd(
+            coo, x, y, s, dz, graph, outs=("x", "y", "s"), y_channels=y_channels
+        ),
+    }
+    for op, call in calls.items():
+        with pytest.raises(TypeError, match=rf"^{op}: .*support {re.escape(', '.join(declared))}, got {dtype}\b"):
+            call()
+
+
+def _check_or_refused(name: str, case: Case, *checks) -> None:
+    """``checks`` on ``case`` where backend ``name`` declares its dtype; else its kernels must refuse it."""
+    if case.dtype in get_backend(name).dtypes:
+        for check in checks:
+            check(kernels_of(get_backend(name)), case)
+    else:
+        _refuses_dtype(name, case.coo, case.channels, case.y_channels, case.dtype)
+
+
 @pytest.mark.parametrize("case", TP_CASES, ids=str)
 def test_tensor_product(backend, case):
-    check_tensor_product(kernels_of(get_backend(backend)), case)
+    _check_or_refused(backend, case, check_tensor_product)
 
 
 @pytest.mark.parametrize("case", CONV_CASES, ids=str)
 def test_convolution(backend, case):
-    check_convolution(kernels_of(get_backend(backend)), case)
+    _check_or_refused(backend, case, check_convolution)
 
 
 @pytest.mark.parametrize("case", ODD_CHANNEL_CASES, ids=str)
 def test_odd_channel_counts(backend, case):
-    check_tensor_product(kernels_of(get_backend(backend)), case)
-    check_convolution(kernels_of(get_backend(backend)), case)
+    _check_or_refused(backend, case, check_tensor_product, check_convolution)
 
 
 @pytest.mark.parametrize("case", HIGH_L_CASES, ids=str)
 def test_high_degree_tables(backend, case):
-    check_tensor_product(kernels_of(get_backend(backend)), case)
-    check_convolution(kernels_of(get_backend(backend)), case)
+    # the backend's kernels themselves, whatever its max_l (pallas_mosaic's 3 sends such tables to
+    # pallas_gpu only when e3j selects the backend)
+    _check_or_refused(backend, case, check_tensor_product, check_convolution)
 
 
 @pytest.mark.parametrize(
@@ -69,7 +116,10 @@ def test_high_degree_tables(backend, case):
     ids=str,
 )
 def test_launch_limits(name, case):
-    check_launch_case(kernels_of(get_backend(name)), case)
+    if case.dtype in get_backend(name).dtypes:
+        check_launch_case(kernels_of(get_backend(name)), case)
+    else:
+        _refuses_dtype(name, case.coo, case.channels, case.y_channels, case.dtype)
 
 
 def test_bitwise_deterministic(backend):
@@ -82,9 +132,14 @@ def test_gradients_through_primitives(backend):
 
 
 def test_gpu_selects_a_kernel_backend_without_warning(recwarn):
-    coo, graph, x, y, s, _ = conv_operands(Case(2, 128, 30, False))
+    """e3j picks a kernel backend on this GPU (pallas_mosaic on Hopper, else pallas_gpu or cuda) and the
+    lowered convolution calls that backend's kernel."""
+    case = Case(2, 128, 30, False)
+    coo, graph, x, y, s, _ = conv_operands(case)
     conv = e3j.Convolution(coo.irreps_x, coo.irreps_y, coo.irreps_out)
+    chosen = select_backend(OpRequest("convolution", "cuda", case.dtype, case.channels, case.lmax), None).name
     text = jax.jit(lambda x, y, s: conv(x, y, s, graph)).lower(x, y, s).as_text()
     assert not [w for w in recwarn if "falls back" in str(w.message)]
-    assert "e3j_convolution" in text or "e3j_cuda" in text
+    assert chosen in KERNEL_CALLS, f"e3j chose {chosen!r}, not one of the GPU kernel backends {sorted(KERNEL_CALLS)}"
+    assert re.search(KERNEL_CALLS[chosen], text), f"the lowered convolution does not call {chosen}'s kernel"
     np.testing.assert_allclose(conv(x, y, s, graph), conv(x, y, s, graph, backend="reference"), rtol=1e-4, atol=1e-4)

@@ -15,7 +15,9 @@ import pytest
 from e3j_pallas_gpu import _mosaic, mosaic_convolution, mosaic_tensor_product
 from e3j_pallas_gpu import backend as descriptors
 from e3j_pallas_gpu._mosaic import Lanes
+from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
 from jax._src.pallas.mosaic_gpu.interpret import interpret_pallas_call as gpu_interpret
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.sharding import AbstractDevice, AbstractMesh
 from kernel_cases import (
@@ -33,7 +35,79 @@ import e3j
 from e3j.backends import Backend, Kernels, OpRequest
 from e3j.reference import convolution as ref_conv
 
-RACES = plgpu.InterpretGPUParams(detect_races=True)
+#: Shared memory and outputs start as NaN (a value read before it is written, or an output row never
+#: stored, shows as NaN), and the race detector is on.
+RACES = plgpu.InterpretGPUParams(detect_races=True, uninitialized_memory="nan")
+
+
+@pytest.fixture(autouse=True)
+def strict_tma_stores(monkeypatch):
+    """A TMA store that reaches out of its array fails, instead of being clipped to it.
+
+    The interpreter clips a store's window to the array axis by axis, but Mosaic lowers a store whose
+    gmem window is contiguous (a block of whole rows: every C < 128) to a linear bulk copy
+    (``cp.async.bulk``) bounded only by the end of the whole array: its rows past an axis's end land in
+    the next node's or edge's rows. Padding rows stored that way gave wrong ``dy`` and ``ds`` on the
+    first H200 run while the interpreter passed; here such a store raises.
+    """
+    monkeypatch.setattr(gpu_callbacks.AsyncCopySmemToGmemTask, "clips_out_of_bounds_destination", False)
+
+
+def _linear_window(rng: tuple, shape: tuple[int, ...]) -> tuple[int, int, bool]:
+    """Flat offset and size of a store's gmem window, and whether Mosaic sees it as contiguous.
+
+    Mosaic's test (``check_contiguous_slice`` in ``mosaic/gpu/launch_context.py``): from the last axis
+    inwards, every window axis longer than 1 has the stride of the window axes after it; axis lengths
+    are not compared with the array's, so a window longer than its axis still counts as contiguous.
+    """
+    start = [r if isinstance(r, int) else r.start for r in rng]
+    size = [1 if isinstance(r, int) else r.stop - r.start for r in rng]
+    strides = [int(np.prod(shape[i + 1 :])) for i in range(len(shape))]
+    expected, contiguous = 1, True
+    for d, stride in zip(reversed(size), reversed(strides), strict=True):
+        contiguous &= d == 1 or stride == expected
+        expected *= d
+    return sum(a * st for a, st in zip(start, strides, strict=True)), int(np.prod(size)), contiguous
+
+
+@pytest.fixture
+def linear_tma_stores(monkeypatch):
+    """TMA stores as Mosaic lowers them on the GPU: a contiguous window is one linear bulk copy.
+
+    Pallas's ``copy_smem_to_gmem`` lowers with ``OOBFillMode.UNDEFINED``, and Mosaic then emits
+    ``cp.async.bulk.global.shared::cta`` for a contiguous window, its size clamped only at the end of
+    the whole array: rows past an axis's end land in the next rows. Other windows are stored as the
+    interpreter does (strictly, see :func:`strict_tma_stores`).
+    """
+    task = gpu_callbacks.AsyncCopySmemToGmemTask
+    interpreted = task.__call__
+
+    def linear(self, tma_thread_id):
+        memory = gpu_callbacks._get_shared_memory()
+        shape = tuple(memory.buffer_shape_and_dtype(self.dst_allocation_key).shape)
+        offset, count, contiguous = _linear_window(self.dst_access.range, shape)
+        steps = [r.step for r in self.dst_access.range if isinstance(r, slice)]
+        if not contiguous or self.dst_access.permutation is not None or any(st not in (None, 1) for st in steps):
+            return interpreted(self, tma_thread_id)
+        self.pre_read(tma_thread_id, memory)
+        val, _, _ = memory.get_buffer_content(
+            self.src_allocation_key, self.src_access, self.thread, logging_info=self.logging_info
+        )
+        self.post_read(tma_thread_id, memory)
+        flat, width = np.asarray(val).reshape(-1), shape[-1]
+        p, end = offset, min(offset + count, int(np.prod(shape)))
+        while p < end:  # one store per run along the last axis
+            *lead, col = (int(i) for i in np.unravel_index(p, shape))
+            n = min(width - col, end - p)
+            access = type(self.dst_access)((*lead, slice(col, col + n, 1)))
+            memory.store_buffer_content(
+                self.dst_allocation_key, access, flat[p - offset : p - offset + n], self.thread,
+                logging_info=self.logging_info,
+            )  # fmt: skip
+            p += n
+        self.post_write(tma_thread_id, memory)
+
+    monkeypatch.setattr(task, "__call__", linear)
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +225,46 @@ def test_race_detector_sees_the_race_the_kernels_avoid():
     jax.block_until_ready(kernel(jnp.ones((rows, 2, lanes), jnp.float32)))
     assert gpu_interpret.get_races().races_found
     gpu_interpret.reset_gpu_interpret_mode_state()
+
+
+# The H200's failing float32 cases (tests/gpu, first run): with the stores of D' > D rows the kernels had
+# (width < 32), dx and m were right and dy/ds wrong, here as there (the padding rows land, as NaN, in the
+# next edge's rows). C = 3: 32 nodes of 4 lanes; C = 16 at lmax 3: 23 paths moved as 24 rows.
+@pytest.mark.parametrize(
+    "case",
+    [
+        Case(1, 3, 6, True),
+        pytest.param(Case(2, 1, 5, False), marks=pytest.mark.slow),
+        pytest.param(Case(3, 16, 8, True), marks=pytest.mark.slow),
+        pytest.param(Case(6, 4, 3, True, table="l6"), marks=pytest.mark.slow),
+    ],
+    ids=str,
+)
+def test_convolution_under_linear_tma_stores(kernels, no_races, linear_tma_stores, case):
+    check_convolution(kernels, case)
+
+
+def test_strict_stores_see_a_store_past_an_axis():
+    """A ``[32, 4]`` block stored into a ``[16, 4]`` row fails under :func:`strict_tma_stores` (the check can fail)."""
+
+    def spill(z_gmem, z_smem):
+        z_smem[...] = plgpu.layout_cast(jnp.zeros((32, 4), jnp.float32), plgpu.Layout.WG_STRIDED((32, 4), vec_size=1))
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(z_smem, z_gmem.at[0, pl.ds(0, 32), :])  # rows 16-31 are past the axis
+        plgpu.wait_smem_to_gmem(0)
+
+    gpu_interpret.reset_gpu_interpret_mode_state()
+    kernel = plgpu.kernel(
+        spill,
+        out_type=jax.ShapeDtypeStruct((2, 16, 4), jnp.float32),
+        scratch_types=[plgpu.SMEM((32, 4), jnp.float32)],
+        interpret=RACES,
+    )
+    try:
+        with pytest.raises(Exception, match="Out-of-bounds store"):
+            jax.block_until_ready(kernel())
+    finally:
+        gpu_interpret.reset_gpu_interpret_mode_state()
 
 
 def test_float64_is_refused_with_a_clear_error():

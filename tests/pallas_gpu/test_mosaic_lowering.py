@@ -33,6 +33,34 @@ if not descriptors._mosaic_bindings_installed():
     )
 
 
+@pytest.fixture(autouse=True)
+def stores_in_bounds(monkeypatch):
+    """Every TMA store Mosaic lowers writes inside its gmem array along every axis.
+
+    Mosaic skips its bounds check for TMA copies (the TMA clips a tiled copy per axis), but it lowers
+    a store whose window is contiguous to a linear ``cp.async.bulk`` clamped only at the array's end:
+    a window past an axis writes into the next rows (the H200's wrong ``dy``/``ds``, docs/mosaic_gpu.md).
+    Here ``utils.parse_indices`` runs with the check on each store's window, and a window longer than
+    its axis fails too (a dynamic start is not checked: the kernels guard those stores).
+    """
+    from jax.experimental.mosaic.gpu import launch_context, utils
+    from jaxlib.mlir import ir
+
+    copy = launch_context.LaunchContext.async_copy
+
+    def checked(self, *, src_ref, dst_ref, gmem_slice=(), **kwargs):
+        dst = ir.MemRefType(dst_ref.type)
+        if dst.memory_space is None:  # a gmem destination: a store
+            shape = tuple(dst.shape)
+            _, lengths, _ = utils.parse_indices(gmem_slice, shape, check_oob=True)
+            assert all(n <= b for n, b in zip(lengths, shape, strict=True)), (
+                f"a TMA store's window {lengths} reaches past its array {shape}"
+            )
+        return copy(self, src_ref=src_ref, dst_ref=dst_ref, gmem_slice=gmem_slice, **kwargs)
+
+    monkeypatch.setattr(launch_context.LaunchContext, "async_copy", checked)
+
+
 def _lower_cuda(kind: str, fn, *args) -> str:
     mesh = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice(device_kind=kind, num_cores=None, platform="cuda"))
     shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
@@ -70,6 +98,25 @@ def test_convolution_lowers_to_mosaic_gpu(kind, case):
     for outs in (("x", "y", "s"), ("x",), ("y", "s"), ("s",)):
         bwd = functools.partial(mosaic_convolution.convolution_bwd, coo, outs=outs, y_channels=yc)
         assert MOSAIC_CALL in _lower_cuda(kind, bwd, x, y, s, dm, graph)
+
+
+def test_a_store_past_an_axis_fails_to_lower():
+    """The check of :func:`stores_in_bounds` sees a ``[32, 4]`` block stored into a ``[16, 4]`` row."""
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def spill(z_gmem, z_smem):
+        z_smem[...] = plgpu.layout_cast(jnp.zeros((32, 4), jnp.float32), plgpu.Layout.WG_STRIDED((32, 4), vec_size=1))
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(z_smem, z_gmem.at[0, pl.ds(0, 32), :])
+        plgpu.wait_smem_to_gmem(0)
+
+    kernel = plgpu.kernel(
+        spill, out_type=jax.ShapeDtypeStruct((2, 16, 4), jnp.float32), scratch_types=[plgpu.SMEM((32, 4), jnp.float32)]
+    )
+    with pytest.raises(Exception, match=r"out of bounds|reaches past its array"):
+        _lower_cuda("NVIDIA H200", kernel)
 
 
 def test_lmax3_forward_lowers_to_mosaic_gpu():

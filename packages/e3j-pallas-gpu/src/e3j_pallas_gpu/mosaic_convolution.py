@@ -64,10 +64,10 @@ def _rows(ref):
 
 
 def _feature_rows(ref, lanes: Lanes):
-    """The feature rows of a gmem operand ``[M, D, C]`` one TMA transfer moves into a ``[D', width]`` block.
+    """The feature rows of a gmem operand ``[M, D, C]`` one TMA load moves into a ``[D', width]`` block.
 
     ``D' >= D`` (:meth:`Lanes.block_rows`): rows past ``D`` lie out of bounds, so the TMA fills them
-    with zeros (loads) or drops them (stores).
+    with zeros. Loads only: stores move exactly ``D`` rows (:func:`_store_block`).
     """
     return pl.ds(0, lanes.block_rows(ref.shape[1]))
 
@@ -105,11 +105,25 @@ def _stage(copies, barrier) -> None:
         plgpu.copy_gmem_to_smem(src, dst, barrier)
 
 
-def _store(copies) -> None:
-    """TMA stores ``(smem, gmem_slice)`` of blocks the warpgroup wrote (waited for by the caller)."""
-    plgpu.commit_smem()  # the warpgroup's writes are visible to the TMA
-    for src, dst in copies:
-        plgpu.copy_smem_to_gmem(src, dst)
+def _store_block(block, gmem, index, cols, inside=None) -> None:
+    """TMA store of one tile row's ``[D', width]`` shared-memory block to ``gmem[index, :D, cols]``.
+
+    Exactly the operand's ``D`` feature rows are stored, never the ``D' - D`` padding rows: Mosaic
+    lowers a store whose gmem window is contiguous (every ``C < 128``: the block spans whole rows) to a
+    linear bulk copy (``cp.async.bulk``), bounded by the end of the whole array, not by each axis, so
+    a ``D'``-row window would write its padding rows over the first rows of node or edge
+    ``index + 1`` (wrong ``dy``/``ds`` on the first H200 run). ``inside`` (a traced bool): whether
+    ``index`` names a row of ``gmem``; no store otherwise (no store relies on being clipped). The
+    caller makes the warpgroup's writes visible first (``commit_smem``) and waits for the store.
+    """
+
+    def store():
+        plgpu.copy_smem_to_gmem(block.at[pl.ds(0, gmem.shape[1])], gmem.at[index, :, cols])
+
+    if inside is None:
+        store()
+    else:
+        pl.when(inside)(store)
 
 
 def convolution_kernel(
@@ -181,7 +195,9 @@ def convolution_kernel(
     acc = jax.lax.fori_loop(0, walk.steps, step, (zeros(dtype, tile),) * len(i3))
     for i0, v in enumerate(acc):
         m_smem[:, i0, :] = v.astype(dtype)
-    _store([(m_smem.at[r], m_gmem.at[n, _feature_rows(m_gmem, lanes), cols]) for r, n in enumerate(walk.nodes)])
+    plgpu.commit_smem()  # the warpgroup's writes are visible to the TMA
+    for r, n in enumerate(walk.nodes):
+        _store_block(m_smem.at[r], m_gmem, n, cols, n < num_nodes)
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -315,7 +331,7 @@ def convolution_bwd_kernel(
             @pl.when(valid)  # a row past its interval stores nothing (no two rows write one edge)
             def _():
                 for n, ref in stored:
-                    plgpu.copy_smem_to_gmem(ref.at[r], gmem[n].at[e, _feature_rows(gmem[n], lanes), cols])
+                    _store_block(ref.at[r], gmem[n], e, cols)
 
         @pl.when(walk.steps > 0)
         def _():
@@ -381,10 +397,9 @@ def convolution_bwd_kernel(
         if want_x:
             for i, v in enumerate(dx):
                 dx_smem[:, i, :] = v.astype(dtype)
-            dx_gmem = gmem["dx"]
-            _store(
-                [(dx_smem.at[r], dx_gmem.at[n, _feature_rows(dx_gmem, lanes), cols]) for r, n in enumerate(walk.nodes)]
-            )
+            plgpu.commit_smem()  # the warpgroup's writes are visible to the TMA
+            for r, n in enumerate(walk.nodes):
+                _store_block(dx_smem.at[r], gmem["dx"], n, cols, n < num_nodes)
         plgpu.wait_smem_to_gmem(0)
 
     if want_y or want_s:
@@ -394,13 +409,15 @@ def convolution_bwd_kernel(
             for _, ref in stored:
                 for i in range(ref.shape[1]):
                     ref[:, i, :] = zeros(dtype, tile)
+            plgpu.commit_smem()  # the zeroed blocks are visible to the TMA
 
             def clear(k, carry):
                 e = order_gmem[k]
                 if want_y and y_scalars:
                     for i in range(dim_y):
                         gmem["dy"][c, e, i] = jnp.zeros((), dtype)
-                _store([(ref.at[0], gmem[n].at[e, _feature_rows(gmem[n], lanes), cols]) for n, ref in stored])
+                for n, ref in stored:
+                    _store_block(ref.at[0], gmem[n], e, cols)
                 return carry
 
             jax.lax.fori_loop(num_valid_gmem[0], num_edges, clear, 0)
