@@ -7,6 +7,7 @@ import os
 
 def pytest_runtest_logreport(report):
     path = os.environ.get("E3J_FAILURES_FILE")
-    if path and report.failed and os.environ.get("PYTEST_XDIST_WORKER", "gw") != "":
+    # under pytest-xdist the controller sees each worker's report again (with ``node`` set): written once
+    if path and report.failed and getattr(report, "node", None) is None:
         with open(path, "a") as fh:
             fh.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext[-4000:]}\n")
