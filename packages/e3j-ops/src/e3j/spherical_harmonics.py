@@ -50,11 +50,13 @@ def spherical_harmonics(
         # double where: the gradient of sqrt is never evaluated at 0
         x = jnp.where(nonzero, x / jnp.sqrt(jnp.where(nonzero, r2, 1)), 0)
     degree = int(polys.exponents.max(initial=0))
-    powers = [jnp.ones_like(x)]
-    for _ in range(degree):
-        powers.append(powers[-1] * x)
-    powers = jnp.stack(powers, axis=-2)  # [..., degree+1, 3]
-    e = polys.exponents
-    mono = powers[..., e[:, 0], 0] * powers[..., e[:, 1], 1] * powers[..., e[:, 2], 2]
+    # the monomials from static slices: indexing with the exponent arrays instead is a gather, whose
+    # gradient is a scatter-add, ~2x slower forward and backward on a CPU
+    powers = [[None] * (degree + 1) for _ in range(3)]  # powers[axis][k] = x[..., axis] ** k
+    for axis in range(3):
+        powers[axis][0] = jnp.ones_like(x[..., 0])
+        for k in range(1, degree + 1):
+            powers[axis][k] = x[..., axis] if k == 1 else powers[axis][k - 1] * x[..., axis]
+    mono = jnp.stack([powers[0][a] * powers[1][b] * powers[2][c] for a, b, c in polys.exponents.tolist()], axis=-1)
     # full float32 on GPUs and TPUs too (their default precision would round the monomials to TF32/bf16)
     return jnp.matmul(mono, jnp.asarray(polys.coefficients.T, dtype), precision=jax.lax.Precision.HIGHEST)

@@ -1,0 +1,67 @@
+"""``e3j.spherical_harmonics`` against ``e3nn_jax.spherical_harmonics`` on this machine, in one run.
+
+Random edge vectors ``[E, 3]`` (float32, ``normalize=True``), irreps ``0e + 1o + ... + lmax``; the value
+and the gradient of ``sum(sin(Y))`` with respect to the vectors (what a force computation runs), all
+jitted, timed in ``--rounds`` interleaved rounds (best round's mean of its fastest 20 % of calls).
+
+    python benchmarks/spherical_harmonics_vs_e3nn.py [--edges 54000] [--lmax 3] [--runs 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import e3nn_jax as e3nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import e3j
+from e3j._bench import time_call
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--edges", type=int, default=54_000)
+    parser.add_argument("--lmax", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args(argv)
+    irreps = " + ".join(f"{l}{'e' if l % 2 == 0 else 'o'}" for l in range(args.lmax + 1))
+    v = jnp.asarray(np.random.default_rng(0).normal(size=(args.edges, 3)), jnp.float32)
+
+    def ours(v):
+        return e3j.spherical_harmonics(irreps, v, True)
+
+    def theirs(v):
+        return e3nn.spherical_harmonics(irreps, v, True).array
+
+    def grad(f):
+        return jax.grad(lambda v: jnp.sum(jnp.sin(f(v))))
+
+    err = float(jnp.abs(ours(v) - theirs(v)).max())
+    fns = {"e3j": ours, "e3nn": theirs, "e3j_grad": grad(ours), "e3nn_grad": grad(theirs)}
+    fns = {k: jax.jit(f) for k, f in fns.items()}
+    for f in fns.values():
+        jax.block_until_ready(f(v))
+    best = {}
+    for _ in range(args.rounds):
+        for name, f in fns.items():
+            t = time_call(f, v, runs=max(1, args.runs // args.rounds), warmup=0)
+            best[name] = min(best.get(name, float("inf")), t)
+    row = {
+        "edges": args.edges,
+        "irreps": irreps,
+        "max_abs_diff": err,
+        **{k: round(t * 1e3, 3) for k, t in best.items()},
+    }
+    row["e3nn_over_e3j"] = round(best["e3nn"] / best["e3j"], 2)
+    row["e3nn_over_e3j_grad"] = round(best["e3nn_grad"] / best["e3j_grad"], 2)
+    print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
