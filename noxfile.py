@@ -28,6 +28,8 @@ JAX = "jax==0.11.2"  # the primary JAX (the GPU machine image's)
 TEST_REQUIREMENTS = [
     "pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", "flax>=0.10", "matplotlib>=3.8", "hatchling>=1.21",
     "ase>=3.25", "optax>=0.2", "tqdm>=4", JAX,
+    # tests/integration/test_gpu_failure_log.py runs tests/gpu/conftest.py's hook under `-n 2`, as device.sh does
+    "pytest-xdist>=3",
 ]  # fmt: skip
 # the other ends of the range the kernel packages declare (jax>=0.11.1,<0.13): `nox -s tests_jax`
 JAX_RANGE = ["0.11.1", "0.12.0.1"]

@@ -1,10 +1,13 @@
 # Shared by benchmarks/device.sh (GPU) and benchmarks/tpu.sh (TPU); sourced, not run. It sets $OUT
-# (the caller's default if unset), log(), snapshot_results() / pack() (the new results files so far
-# into $OUT/results.tgz) and run_e2e (the end-to-end benchmarks of e3j-models).
+# (the caller's default if unset), log(), device_slug(), snapshot_results() / pack() (the new results
+# files so far into $OUT/results.tgz) and run_e2e (the end-to-end benchmarks of e3j-models).
 OUT=${OUT:-/tmp/e3j-device-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 log() { echo "== $*" | tee -a "$OUT/log.txt"; }
+# the device's name in results files (nvidia-h200, tpu-v5-lite, cpu): e3j's rule, as paper_sizes.py and
+# scaling_l.py name theirs; needs e3j installed
+device_slug() { python3 -c "from e3j._bench import device_slug; print(device_slug())"; }
 
 # results land in this copy's benchmarks/results (so the recorded commands name the committed paths);
 # unpack results.tgz in the checkout, then: python benchmarks/readme_tables.py --write (renders docs/benchmarks.md)
@@ -29,7 +32,7 @@ run_e2e() {
   fi
   local backends kind
   backends=${E3J_E2E_BACKENDS:-$(python3 -c "import jax, e3j; p = jax.devices()[0].platform; print(*[b.name for b in e3j.available_backends() if p in b.platforms and b.auto and b.name != 'reference'] or ['reference'])")}
-  kind=$(python3 -c "import jax; print(jax.devices()[0].device_kind.lower().replace(' ', '-'))")
+  kind=$(device_slug) || return 1
   log "backends: $backends e3nn ($kind)"
   local sizes out="benchmarks/results/$kind-e2e.json"
   if [ -n "${E3J_DEVICE_REHEARSAL:-}" ]; then

@@ -24,7 +24,7 @@
 # packages): the same steps, with small benchmark sizes.
 set -uo pipefail
 OUT=${OUT:-/tmp/e3j-device-out}
-source "$(dirname "$0")/_device_common.sh"  # log, snapshot_results, pack, run_e2e
+source "$(dirname "$0")/_device_common.sh"  # log, device_slug, snapshot_results, pack, run_e2e
 
 if compgen -G ".whl/*.whl" >/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -53,8 +53,8 @@ log "info"
 python3 -m e3j info 2>&1 | tee "$OUT/info.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv >> "$OUT/info.txt" 2>&1
 snapshot_results
-# results files are named after the device, as paper_sizes.py and e2e.py name theirs
-KIND=$(python3 -c "import jax; print(''.join(c if c.isalnum() else '-' for c in jax.devices()[0].device_kind.lower()))")
+# results files are named after the device, as paper_sizes.py and run_e2e name theirs
+KIND=$(device_slug) || exit 1
 if [ -n "${E3J_DEVICE_E2E:-}" ]; then
   E3J_DEVICE_STEPS=e2e
 fi

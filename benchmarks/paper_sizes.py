@@ -35,14 +35,6 @@ SUITES = {
 }
 
 
-def _device_slug() -> str:
-    import jax
-
-    d = jax.devices()[0]
-    kind = getattr(d, "device_kind", d.platform)
-    return "".join(ch if ch.isalnum() else "-" for ch in kind.lower()).strip("-")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="benchmarks/results")
@@ -55,7 +47,12 @@ def main(argv=None) -> int:
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
     out = Path(args.out)
-    slug = "DEVICE" if args.dry_run else _device_slug()
+    if args.dry_run:
+        slug = "DEVICE"
+    else:
+        from e3j._bench import device_slug
+
+        slug = device_slug()
     if not args.dry_run:
         out.mkdir(parents=True, exist_ok=True)
     failed = 0

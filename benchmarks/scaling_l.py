@@ -15,20 +15,9 @@ on every kernel backend.
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 from pathlib import Path
-
-
-def machine_name() -> str:
-    """``cpu``, or the accelerator's kind in lower case with dashes (``nvidia-h200``, ``tpu-v5-lite``)."""
-    import jax
-
-    device = jax.devices()[0]
-    if device.platform == "cpu":
-        return "cpu"
-    return re.sub(r"[^a-z0-9]+", "-", device.device_kind.lower()).strip("-")
 
 
 def main(argv=None) -> int:
@@ -40,7 +29,9 @@ def main(argv=None) -> int:
     p.add_argument("--backends", nargs="+", default=None, help="implementations (default: every usable one + e3nn)")
     p.add_argument("--out", default="benchmarks/results", help="directory for <machine>-scaling-l.{json,md}")
     args = p.parse_args(argv)
-    stem = Path(args.out) / f"{machine_name()}-scaling-l"
+    from e3j._bench import device_slug  # cpu, nvidia-h200, tpu-v5-lite
+
+    stem = Path(args.out) / f"{device_slug()}-scaling-l"
     cmd = [sys.executable, "-m", "e3j", "bench", "--ops", "tensor_product", "--directions", "fwd", "bwd"]
     cmd += ["--lmax", *map(str, args.lmax), "--channels", str(args.channels), "--sizes", str(args.batch)]
     cmd += ["--runs", str(args.runs), "--json", f"{stem}.json", "--markdown", f"{stem}.md", "--no-progress"]

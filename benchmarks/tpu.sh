@@ -15,7 +15,7 @@
 # with pallas_tpu in Pallas's TPU interpreter (pallas_tpu_interpret) and small sizes.
 set -uo pipefail
 OUT=${OUT:-/tmp/e3j-tpu-out}
-source "$(dirname "$0")/_device_common.sh"  # log, snapshot_results, pack, run_e2e
+source "$(dirname "$0")/_device_common.sh"  # log, device_slug, snapshot_results, pack, run_e2e
 REHEARSAL=${E3J_DEVICE_REHEARSAL:-}
 
 log "install"

@@ -1,8 +1,11 @@
 """The accelerator benchmark script builds valid ``python -m e3j bench`` command lines."""
 
 import argparse
+import os
 import runpy
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,6 +50,26 @@ def test_paper_sizes_backends_pass_through(capsys):
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))
     assert parser.parse_args(shlex.split(cmd)[3:]).backends == ["pallas_tpu", "reference"]
+
+
+def test_device_scripts_name_results_by_e3j_device_slug(tmp_path):
+    # device.sh and tpu.sh name their results files with _device_common.sh's device_slug (e3j's rule);
+    # this machine is a CPU: "cpu", the name of the committed cpu-e2e.json
+    env = {**os.environ, "OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "packages" / p / "src") for p in ("e3j-core", "e3j-ops")])
+    run = subprocess.run(
+        ["bash", "-c", 'source benchmarks/_device_common.sh && device_slug && echo "$(device_slug)-e2e.json"'],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["cpu", "cpu-e2e.json"]
+    # nothing else under benchmarks/ spells a slug of its own
+    for path in [*ROOT.glob("benchmarks/*.sh"), *ROOT.glob("benchmarks/*.py")]:
+        assert "device_kind.lower" not in path.read_text(), f"{path.name}: use e3j._bench.device_slug"
 
 
 NAMES = {"tp_fwd": "tensor_product", "tp_bwd": "tensor_product_bwd", "conv_fwd": "convolution"}

@@ -9,7 +9,7 @@ import pytest
 import e3j
 from e3j import _plot, _sweep
 from e3j.__main__ import main
-from e3j._bench import convolution_bytes, datasheet_bandwidth, tensor_product_bytes, time_call
+from e3j._bench import convolution_bytes, datasheet_bandwidth, device_slug, tensor_product_bytes, time_call
 from e3j._sweep import implementations
 from e3j_core import tensor_product_coo
 
@@ -20,6 +20,36 @@ def coo():
     c = tensor_product_coo("0e + 1o", "0e + 1o", filter="0e + 1o")
     assert (c.dim_x, c.dim_y, c.dim_out, c.num_paths) == (4, 4, 8, 4)
     return c
+
+
+@pytest.mark.parametrize(
+    ("kind", "slug"),
+    [
+        ("NVIDIA H200", "nvidia-h200"),  # the committed benchmarks/results/nvidia-h200-* names
+        ("TPU v5 lite", "tpu-v5-lite"),  # tpu.sh: tpu-v5-lite-table1.json, tpu-v5-lite-e2e.json
+        ("NVIDIA H100 80GB HBM3", "nvidia-h100-80gb-hbm3"),
+        ("NVIDIA A100-SXM4-80GB", "nvidia-a100-sxm4-80gb"),
+        ("cpu", "cpu"),  # the committed cpu-e2e.json, cpu-scaling-l.json
+        (" TPU v6e (8 chips) ", "tpu-v6e-8-chips"),  # runs of other characters: one dash, none at the ends
+    ],
+)
+def test_device_slug(kind, slug):
+    assert device_slug(kind) == slug
+
+
+def test_device_slug_of_this_machine():
+    import jax
+
+    if jax.devices()[0].platform != "cpu":
+        pytest.skip("checks the CPU's slug; on an accelerator the kinds above are the check")
+    assert device_slug() == "cpu"
+
+
+def test_device_slug_rejects_bad_kinds():
+    with pytest.raises(ValueError, match=r"kind must contain a letter or digit.*' - '"):
+        device_slug(" - ")
+    with pytest.raises(TypeError, match=r"kind must be a str.*int"):
+        device_slug(3)
 
 
 def test_tensor_product_bytes_by_hand(coo):

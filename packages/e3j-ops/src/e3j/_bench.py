@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import gc
 import math
+import re
 import time
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
-__all__ = ["copy_bandwidth", "default_copy_bytes", "nbytes", "throughput", "time_call"]
+__all__ = ["copy_bandwidth", "default_copy_bytes", "device_slug", "nbytes", "throughput", "time_call"]
 
 
 def nbytes(*trees) -> int:
@@ -98,6 +99,30 @@ def copy_bandwidth(num_bytes: int, *, runs: int = 100, dtype=jnp.float32, device
     copy = jax.jit(lambda a: a + jnp.asarray(1, dtype))
     seconds = time_call(copy, src, runs=runs)
     return seconds, throughput(2 * n * jnp.dtype(dtype).itemsize, seconds)
+
+
+def device_slug(kind: str | None = None) -> str:
+    """The slug of a device kind that names results files (``benchmarks/results/<slug>-<suite>.json``).
+
+    Lower case, each run of characters other than ``a-z0-9`` one dash, none at either end. Without
+    ``kind``: the ``device_kind`` of ``jax.devices()[0]`` (its platform where it has none; a CPU's is
+    ``cpu``). The one rule for benchmarks/*.py and the device scripts, which call
+    ``python3 -c "from e3j._bench import device_slug; print(device_slug())"``.
+
+    >>> device_slug("NVIDIA H200")
+    'nvidia-h200'
+    >>> device_slug("TPU v5 lite")
+    'tpu-v5-lite'
+    """
+    if kind is None:
+        device = jax.devices()[0]
+        kind = getattr(device, "device_kind", None) or device.platform
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be a str (a device_kind), got {type(kind).__name__}")
+    slug = re.sub(r"[^a-z0-9]+", "-", kind.lower()).strip("-")
+    if not slug:
+        raise ValueError(f"kind must contain a letter or digit to name files by, got {kind!r}")
+    return slug
 
 
 # -- byte accounting (the paper's metric) ----------------------------------------------------------

@@ -38,6 +38,8 @@ def num_warps(elements: int) -> int:
     return max(1, min(4, elements // 32))
 
 
+# Twin of e3j_pallas_tpu._rows.pad_rows, on purpose: kernel packages depend on e3j-core (numpy only)
+# and jax, never on e3j or on each other (docs/design.md), so a jax helper has no shared home.
 def pad_rows(a: jnp.ndarray | None, rows: int) -> jnp.ndarray | None:
     """``a`` padded with zero rows along axis 0 to ``rows`` (no copy when already that long)."""
     if a is None or a.shape[0] == rows:

@@ -153,6 +153,8 @@ def mosaic_unsupported(req) -> str | None:
     return None
 
 
+# Twin of e3j_pallas_tpu.backend._hosted, on purpose: kernel packages depend on e3j-core and jax only,
+# never on e3j or on each other (docs/design.md).
 def _behind_callback(kernel):
     """An interpreted kernel as its own jitted program behind a ``pure_callback``: Mosaic's GPU
     interpreter threads ordered I/O effects, which e3j's (effect-free) primitive lowerings cannot carry."""

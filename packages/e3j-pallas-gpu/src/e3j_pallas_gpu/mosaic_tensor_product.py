@@ -39,6 +39,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from e3j_core import CooTable, TensorProductCoo
 
+from ._blocks import pad_rows
 from ._mosaic import Lanes, check_dtype, flush, interpret_params, pad_channels, stage, zeros
 
 __all__ = ["tensor_product", "tensor_product_bwd"]
@@ -65,9 +66,7 @@ class _Tile(NamedTuple):
             return None
         if channels:
             a = pad_channels(a, self.channels)
-        if a.shape[0] != self.batch:
-            a = jnp.pad(a, [(0, self.batch - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
-        return a
+        return pad_rows(a, self.batch)
 
     def unpad(self, a: jax.Array, batch: int, channels: int) -> jax.Array:
         return a[:batch, ..., :channels] if a.shape[0] != batch or a.shape[-1] != channels else a

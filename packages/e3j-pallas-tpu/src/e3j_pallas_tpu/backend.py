@@ -19,6 +19,8 @@ JAX_REQUIREMENT = str(declared_range("e3j-pallas-tpu", "jax") or "")
 UNROLL_RECORDS = 400
 
 
+# Twin of e3j_pallas_gpu.backend._behind_callback, on purpose: kernel packages depend on e3j-core and
+# jax only, never on e3j or on each other (docs/design.md).
 def _hosted(kernel):
     """Run an interpreted kernel as its own jitted program behind a ``pure_callback``.
 
