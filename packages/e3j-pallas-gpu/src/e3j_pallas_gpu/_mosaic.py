@@ -88,7 +88,17 @@ def pad_channels(a: jax.Array | None, channels: int) -> jax.Array | None:
 
 def zeros(dtype, shape: tuple[int, ...] = (LANES,)) -> jax.Array:
     """A zero tile in the strided warpgroup layout (a loop carry's layout must not change)."""
-    return plgpu.layout_cast(jnp.zeros(shape, dtype), plgpu.Layout.WG_STRIDED(shape, vec_size=1))
+    return strided(jnp.zeros(shape, dtype))
+
+
+def strided(v: jax.Array) -> jax.Array:
+    """``v`` pinned to the strided warpgroup layout.
+
+    Pinning every row load lets Mosaic's layout inference settle all layouts by propagation alone;
+    unpinned loads leave it a search that assigns one variable at a time and re-reduces the whole
+    constraint system after each (quadratic in the kernel's op count: most of the lowering time).
+    """
+    return plgpu.layout_cast(v, plgpu.Layout.WG_STRIDED(v.shape, vec_size=1))
 
 
 def stage(copies) -> None:

@@ -40,7 +40,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from e3j_core import CooTable, TensorProductCoo
 
 from ._blocks import pad_rows
-from ._mosaic import Lanes, check_dtype, flush, interpret_params, pad_channels, stage, zeros
+from ._mosaic import Lanes, check_dtype, flush, interpret_params, pad_channels, stage, strided, zeros
 
 __all__ = ["tensor_product", "tensor_product_bwd"]
 
@@ -74,7 +74,7 @@ class _Tile(NamedTuple):
 
 def _rows(ref):
     """Feature row ``i`` of a ``[rows, D, lanes]`` shared-memory block, as a ``[rows, lanes]`` value."""
-    return functools.cache(lambda i: ref[:, i, :])
+    return functools.cache(lambda i: strided(ref[:, i, :]))
 
 
 def _store_rows(table: CooTable, rows: dict, ref) -> None:
