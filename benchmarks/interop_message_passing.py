@@ -17,7 +17,10 @@ activation of a pre-activation operand, computed in the program as in a model): 
 ``hidden @ kernel_g`` and its convolution on already-split operands ("factored bare"); these are
 differentiated with respect to the kernel too. All variants
 are timed in ``--rounds`` interleaved rounds (the CPU may be shared); each time is the best round's
-mean of its fastest 20 % of calls.
+mean of its fastest 20 % of calls. The factored call's conversion share (a few per cent, near the
+run-to-run noise of separate timings) is also measured in ``--pairs`` alternating calls of the
+factored call and its bare groups: the median over the pairs of ``1 - bare / factored``, and its
+quartiles.
 
     python benchmarks/interop_message_passing.py --nodes 1000 3000 --runs 20
 """
@@ -28,6 +31,7 @@ import argparse
 import contextlib
 import json
 import sys
+import time
 
 import e3nn_jax as e3nn
 import jax
@@ -67,6 +71,28 @@ def interleaved(fns: dict, runs: int, rounds: int) -> dict:
     return best
 
 
+def paired_share(a, b, pairs: int) -> dict:
+    """``1 - t_b / t_a`` (the share of ``a`` that ``b`` does not do) from ``pairs`` alternating single
+    calls of ``a = (f, operands)`` and ``b``: median and quartiles over the pairs. Load that lasts
+    longer than one pair falls on both calls alike, so the share is steadier than that of two
+    separately timed minima."""
+    (fa, oa), (fb, ob) = a, b
+    for f, ops in (a, b):
+        jax.block_until_ready(f(*ops))
+    shares = []
+    for i in range(pairs):
+        # alternate which goes first: a fixed order would charge one call with the other's after-effects
+        order = ((fa, oa), (fb, ob)) if i % 2 == 0 else ((fb, ob), (fa, oa))
+        t = {}
+        for f, ops in order:
+            t0 = time.perf_counter()
+            jax.block_until_ready(f(*ops))
+            t[f] = time.perf_counter() - t0
+        shares.append(1 - t[fb] / t[fa])
+    q1, median, q3 = (round(float(v), 4) for v in np.percentile(shares, [25, 50, 75]))
+    return {"median": median, "q1": q1, "q3": q3}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 3000])
@@ -77,6 +103,7 @@ def main(argv=None) -> int:
     parser.add_argument("--hidden", type=int, default=64, help="width of the radial MLP's last hidden layer")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds (runs split among them)")
+    parser.add_argument("--pairs", type=int, default=60, help="alternating call pairs for the conversion share")
     parser.add_argument("--backend", default=None, help="e3j backend (default: selected per platform)")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
@@ -193,6 +220,10 @@ def measure(n: int, args) -> dict:
     jitted["layouts"] = (jax.jit(layouts), (x.array, w, outs))
     jitted["graph_build"] = (jax.jit(lambda s, r: e3j.Graph.from_edges(s, r, num_nodes)), (senders, receivers))
     times = interleaved(jitted, args.runs, args.rounds)
+    paired = {
+        kind: paired_share(jitted[f"e3j_factored_graph_{kind}"], jitted[f"e3j_factored_bare_{kind}"], args.pairs)
+        for kind in ("fwd", "fwd_bwd")
+    }
 
     def path_channels(m):
         return sum(g.coo.num_paths * g.channels for g in m.plan.groups)
@@ -237,6 +268,8 @@ def measure(n: int, args) -> dict:
         "factored_layout_share_fwd_bwd": round(
             1 - times["e3j_factored_bare_fwd_bwd"] / times["e3j_factored_graph_fwd_bwd"], 3
         ),
+        # the same from paired calls (1 - bare / factored per pair): median and quartiles
+        "factored_conversions_paired": {**paired, "pairs": args.pairs},
     }
     print(json.dumps(row), flush=True)
     return row
