@@ -164,3 +164,25 @@ def test_tp_fwd_diag_reads_kernel_times_off_the_device_planes():
     assert [e["mean_s"] for e in got] == pytest.approx([7e-4, 3e-4])
     assert {e["plane"] for e in got} == {"/device:GPU:0"}
     assert script["summarize_device_planes"]([host]) == []
+
+
+def test_interop_benchmark_paired_share_measures_the_difference():
+    # benchmarks/interop_message_passing.py's conversion share from alternating pairs of calls:
+    # a call that waits 20 ms against one that waits 10 ms is half made of what the other does not do
+    import time
+
+    script = runpy.run_path(str(ROOT / "benchmarks/interop_message_passing.py"))
+
+    def wait(seconds):
+        def f(a):
+            time.sleep(seconds)
+            return a
+
+        return f
+
+    share = script["paired_share"]((wait(0.02), (1.0,)), (wait(0.01), (1.0,)), 20)
+    assert set(share) == {"median", "q1", "q3"}
+    assert share["q1"] <= share["median"] <= share["q3"]
+    assert 0.3 < share["median"] < 0.6, share
+    same = script["paired_share"]((wait(0.01), (1.0,)), (wait(0.01), (1.0,)), 20)
+    assert abs(same["median"]) < 0.2, same
