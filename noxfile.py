@@ -201,7 +201,7 @@ def gpu_compile(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def mosaic_lowering(session: nox.Session) -> None:
-    """Every Mosaic GPU kernel lowered for ``cuda`` (H100/H200 device kinds), without a GPU (~11 min).
+    """Every Mosaic GPU kernel lowered for ``cuda`` (H100/H200 device kinds), without a GPU (~3 min + install).
 
     Mosaic GPU's lowering rules come with JAX's CUDA plugin (~4.4 GB, installs without a GPU).
     """
