@@ -25,6 +25,7 @@ Operations (all static irreps are :class:`e3j.Irreps`):
 
 from __future__ import annotations
 
+import itertools
 import math
 from functools import cache
 from typing import Protocol
@@ -101,21 +102,19 @@ class E3jOps:
         for k in range(2, spec.correlation + 1):
             prev_irreps = spec.irreps_in if k == 2 else spec.power_irreps[k - 3]
             terms.append(self.tensor_product(prev_irreps, spec.irreps_in, spec.power_filter(k), terms[-1], x))
-        irreps_of = [spec.irreps_in, *spec.power_irreps]
         num_nodes, channels = x.shape[0], x.shape[-1]
+        # each term split once into its (mul, ir) blocks: a split's backward is one concatenation,
+        # where separate row slices cost a pad and an add of the whole term each (XLA's CPU)
+        blocks_of: dict = {}  # irrep -> [N, mul, dim, C] blocks, in B_1 … B_ν row order
+        for irreps_k, term in zip([spec.irreps_in, *spec.power_irreps], terms):
+            bounds = list(itertools.accumulate(mul * ir.dim for mul, ir in irreps_k))[:-1]
+            for (mul, ir), block in zip(irreps_k, jnp.split(term, bounds, axis=1)):
+                if mul:
+                    blocks_of.setdefault(ir, []).append(block.reshape(num_nodes, mul, ir.dim, channels))
         out_blocks = []
         for ir, n in spec.copies_per_irrep():
-            # one slice per block of copies, not one per copy: the backward of many row slices (a pad
-            # and an add of the whole term each) made this 2.6x slower (cuni_mace, 2,440 nodes, CPU)
-            parts = []
-            for irreps_k, term in zip(irreps_of, terms):
-                start = 0
-                for mul, ir_k in irreps_k:
-                    if ir_k == ir:
-                        block = term[:, start : start + mul * ir.dim, :]
-                        parts.append(block.reshape(num_nodes, mul, ir.dim, channels))
-                    start += mul * ir_k.dim
-            stacked = jnp.concatenate(parts, axis=1)  # [N, n, dim, C], copies in B_1 … B_ν row order
+            parts = blocks_of[ir]
+            stacked = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)  # [N, n, dim, C]
             w = weights[str(ir)].astype(x.dtype)[species]  # [N, n, C]
             out_blocks.append(jnp.einsum("nkdc,nkc->ndc", stacked, w) / math.sqrt(n))
         return jnp.concatenate(out_blocks, axis=1)

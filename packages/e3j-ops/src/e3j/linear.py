@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import jax
@@ -64,23 +65,41 @@ class Linear:
         expected = self.weight_shapes()
         if set(params) != set(expected):
             raise ValueError(f"params must have keys {sorted(expected)}, got {sorted(params)}")
+        for ir in self._rows_out:
+            if ir in self._rows_in and params[str(ir)].shape != expected[str(ir)]:
+                raise ValueError(f"params['{ir}'] must have shape {expected[str(ir)]}, got {params[str(ir)].shape}")
+        # Rows move by static slices: one split of x into its (mul, ir) blocks and one concatenation of
+        # the output blocks. Index arrays (a gather in, a scatter out) made the backward a scatter-add
+        # and the forward a scatter, both slow on XLA's CPU; split's transpose is a concatenation.
+        batch = x.shape[0]
+        bounds = list(itertools.accumulate(mul * ir.dim for mul, ir in self.irreps_in))[:-1]
+        parts_in: dict[Irrep, list[jax.Array]] = {}
+        for (mul, ir), part in zip(self.irreps_in, jnp.split(x, bounds, axis=1)):
+            if mul:
+                parts_in.setdefault(ir, []).append(part.reshape(batch, mul, ir.dim, self.channels_in))
         blocks = {}
         for ir in self._rows_out:
-            if ir not in self._rows_in:
+            if ir not in parts_in:
                 continue
-            w = params[str(ir)]
-            if w.shape != expected[str(ir)]:
-                raise ValueError(f"params['{ir}'] must have shape {expected[str(ir)]}, got {w.shape}")
-            rows_in = self._rows_in[ir]
-            xin = x[:, jnp.asarray(rows_in).reshape(-1), :].reshape(x.shape[0], len(rows_in), ir.dim, -1)
-            scale = 1.0 / math.sqrt(len(rows_in) * self.channels_in)
-            blocks[ir] = jnp.einsum("buic,uvcd->bvid", xin, w.astype(dtype)) * scale
-        out = jnp.zeros((x.shape[0], self.irreps_out.dim, self.channels_out), dtype)
-        for ir, out_rows in self._rows_out.items():
+            parts = parts_in[ir]
+            xin = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
+            scale = 1.0 / math.sqrt(len(self._rows_in[ir]) * self.channels_in)
+            blocks[ir] = jnp.einsum("buic,uvcd->bvid", xin, params[str(ir)].astype(dtype)) * scale
+        out_parts, used = [], dict.fromkeys(blocks, 0)  # copies of each irrep already placed
+        for mul, ir in self.irreps_out:
+            if not mul:
+                continue
             if ir in blocks:
-                idx = jnp.asarray(out_rows).reshape(-1)
-                out = out.at[:, idx, :].set(blocks[ir].reshape(x.shape[0], -1, self.channels_out))
-        return out
+                block = blocks[ir]
+                if mul != block.shape[1]:
+                    block = block[:, used[ir] : used[ir] + mul]
+                used[ir] += mul
+                out_parts.append(block.reshape(batch, mul * ir.dim, self.channels_out))
+            else:
+                out_parts.append(jnp.zeros((batch, mul * ir.dim, self.channels_out), dtype))
+        if not out_parts:
+            return jnp.zeros((batch, 0, self.channels_out), dtype)
+        return out_parts[0] if len(out_parts) == 1 else jnp.concatenate(out_parts, axis=1)
 
 
 def _rows_by_irrep(irreps: Irreps) -> dict[Irrep, list[list[int]]]:
