@@ -241,3 +241,15 @@ def test_layout_bad_shapes():
         e3j.from_mul_ir(jnp.zeros((2, 13)), "0e + 1o", 3)
     with pytest.raises(ValueError, match=r"x must be \[\.\.\., 12\]"):
         e3j.from_mul_ir(jnp.zeros(()), "0e + 1o", 3)
+
+
+def test_irrep_blocks_are_the_rows_of_each_block():
+    irreps = e3j.Irreps("2x0e + 1o + 0x2e + 3x1e")
+    x = jnp.arange(4 * irreps.dim * 3.0).reshape(4, irreps.dim, 3)
+    blocks = e3j.irrep_blocks(x, irreps)
+    assert len(blocks) == 4
+    for (mul, ir), sl, block in zip(irreps, irreps.slices(), blocks):
+        assert block.shape == (4, mul, ir.dim, 3)
+        np.testing.assert_array_equal(block.reshape(4, -1, 3), x[:, sl, :])
+    with pytest.raises(ValueError, match=r"x must be \[\.\.\., D=14, C\]"):
+        e3j.irrep_blocks(jnp.ones((4, 15, 3)), irreps)

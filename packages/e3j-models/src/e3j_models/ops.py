@@ -25,7 +25,6 @@ Operations (all static irreps are :class:`e3j.Irreps`):
 
 from __future__ import annotations
 
-import itertools
 import math
 from functools import cache
 from typing import Protocol
@@ -102,15 +101,13 @@ class E3jOps:
         for k in range(2, spec.correlation + 1):
             prev_irreps = spec.irreps_in if k == 2 else spec.power_irreps[k - 3]
             terms.append(self.tensor_product(prev_irreps, spec.irreps_in, spec.power_filter(k), terms[-1], x))
-        num_nodes, channels = x.shape[0], x.shape[-1]
         # each term split once into its (mul, ir) blocks: a split's backward is one concatenation,
         # where separate row slices cost a pad and an add of the whole term each (XLA's CPU)
         blocks_of: dict = {}  # irrep -> [N, mul, dim, C] blocks, in B_1 … B_ν row order
         for irreps_k, term in zip([spec.irreps_in, *spec.power_irreps], terms):
-            bounds = list(itertools.accumulate(mul * ir.dim for mul, ir in irreps_k))[:-1]
-            for (mul, ir), block in zip(irreps_k, jnp.split(term, bounds, axis=1)):
+            for (mul, ir), block in zip(irreps_k, e3j.irrep_blocks(term, irreps_k)):
                 if mul:
-                    blocks_of.setdefault(ir, []).append(block.reshape(num_nodes, mul, ir.dim, channels))
+                    blocks_of.setdefault(ir, []).append(block)
         out_blocks = []
         for ir, n in spec.copies_per_irrep():
             parts = blocks_of[ir]

@@ -22,7 +22,7 @@ from .convolution import Convolution
 from .distributed import PartitionedGraph, convolution_sharded, partition_graph
 from .factored import FactoredWeights
 from .graph import Graph
-from .layout import from_mul_ir, mul_ir_irreps, to_mul_ir
+from .layout import from_mul_ir, irrep_blocks, mul_ir_irreps, to_mul_ir
 from .linear import Linear
 from .mul_ir import MulIrConvolution, MulIrTensorProduct
 from .spherical_harmonics import spherical_harmonics
@@ -47,6 +47,7 @@ __all__ = [
     "clebsch_gordan",
     "convolution_sharded",
     "from_mul_ir",
+    "irrep_blocks",
     "mul_ir_irreps",
     "partition_graph",
     "spherical_harmonics",

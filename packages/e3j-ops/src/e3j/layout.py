@@ -15,12 +15,14 @@ For irreps ``I = m1 x ir1 + m2 x ir2 + ...`` and ``C`` channels, the e3nn irreps
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 
 from e3j_core import Irreps
 
-__all__ = ["from_mul_ir", "mul_ir_irreps", "to_mul_ir"]
+__all__ = ["from_mul_ir", "irrep_blocks", "mul_ir_irreps", "to_mul_ir"]
 
 
 def mul_ir_irreps(irreps, channels: int) -> Irreps:
@@ -58,3 +60,21 @@ def from_mul_ir(x: jax.Array, irreps, channels: int) -> jax.Array:
         parts.append(block.reshape(*x.shape[:-1], mul * ir.dim, channels))
         start += size
     return jnp.concatenate(parts, axis=-2) if parts else jnp.zeros((*x.shape[:-1], 0, channels), x.dtype)
+
+
+def irrep_blocks(x: jax.Array, irreps) -> list[jax.Array]:
+    """``[..., D, C] -> [[..., mul, dim, C], ...]``: one array per block ``mul x ir`` of ``irreps``.
+
+    One split of the row axis, not one slice per block: a split's backward is one concatenation,
+    where each slice's is a pad and an add of the whole array (on XLA's CPU, a pass per block).
+
+    >>> import jax.numpy as jnp
+    >>> [b.shape for b in irrep_blocks(jnp.ones((4, 5, 3)), "2x0e + 1o + 0x2e")]
+    [(4, 2, 1, 3), (4, 1, 3, 3), (4, 0, 5, 3)]
+    """
+    irreps = Irreps(irreps)
+    if x.ndim < 2 or x.shape[-2] != irreps.dim:
+        raise ValueError(f"x must be [..., D={irreps.dim}, C] for {irreps}, got {x.shape}")
+    bounds = list(itertools.accumulate(mul * ir.dim for mul, ir in irreps))[:-1]
+    parts = jnp.split(x, bounds, axis=-2) if len(irreps) else []
+    return [p.reshape(*x.shape[:-2], mul, ir.dim, x.shape[-1]) for (mul, ir), p in zip(irreps, parts)]

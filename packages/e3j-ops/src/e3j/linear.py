@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import jax
@@ -11,6 +10,7 @@ import jax.numpy as jnp
 from e3j_core import Irrep, Irreps
 
 from ._checks import check_rank, float_dtype
+from .layout import irrep_blocks
 
 __all__ = ["Linear"]
 
@@ -72,11 +72,10 @@ class Linear:
         # the output blocks. Index arrays (a gather in, a scatter out) made the backward a scatter-add
         # and the forward a scatter, both slow on XLA's CPU; split's transpose is a concatenation.
         batch = x.shape[0]
-        bounds = list(itertools.accumulate(mul * ir.dim for mul, ir in self.irreps_in))[:-1]
         parts_in: dict[Irrep, list[jax.Array]] = {}
-        for (mul, ir), part in zip(self.irreps_in, jnp.split(x, bounds, axis=1)):
+        for (mul, ir), part in zip(self.irreps_in, irrep_blocks(x, self.irreps_in)):
             if mul:
-                parts_in.setdefault(ir, []).append(part.reshape(batch, mul, ir.dim, self.channels_in))
+                parts_in.setdefault(ir, []).append(part)
         blocks = {}
         for ir in self._rows_out:
             if ir not in parts_in:
