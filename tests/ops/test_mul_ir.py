@@ -169,3 +169,40 @@ def test_grouped_operands_are_the_blocks_of_each_multiplicity():
         conv.grouped([xs[0], xs[0]], y, conv.split_weights(w), GRAPH)
     with pytest.raises(ValueError, match=r"ss\[0\] must be"):
         conv.grouped(xs, y, conv.split_weights(w)[::-1], GRAPH)
+
+
+@pytest.mark.parametrize(
+    "irreps_x, irreps_y, filter_, self_connection",
+    [
+        ("64x0e + 32x1o + 16x2e", "0e + 1o + 2e + 3o", "0e + 1o + 2e", None),
+        ("4x0e + 2x1o + 4x2e", "0e + 1o", None, "0e + 1o"),
+    ],
+)
+def test_join_derivatives_are_slices_and_transposes(irreps_x, irreps_y, filter_, self_connection):
+    plan = e3j.MulIrConvolution(irreps_x, irreps_y, filter_, self_connection=self_connection).plan
+    outs = [random((5, g.coo.dim_out, g.channels), 20 + i) for i, g in enumerate(plan.groups)]
+    # e3nn's copies from e3j's rows, entry by entry (the plan's gather index, not its blocks)
+    flats = jnp.concatenate([o.reshape(5, -1) for o in outs], axis=1)
+    expected = flats[:, _raw_index(plan)]
+    np.testing.assert_array_equal(plan.join_out(outs), expected)
+    ct = random(expected.shape, 30)
+    grads = jax.grad(lambda o: jnp.vdot(plan.join_out(o), ct))(outs)
+    (expected_grad,) = jax.vjp(lambda f: f[:, _raw_index(plan)], flats)[1](ct)
+    np.testing.assert_array_equal(jnp.concatenate([g.reshape(5, -1) for g in grads], axis=1), expected_grad)
+    # the backward is the blocks' transposes, never a gather's transpose (a scatter, ~20x slower)
+    assert "scatter" not in jax.jit(jax.grad(lambda o: jnp.vdot(plan.join_out(o), ct))).lower(outs).as_text()
+    tangents = [random(o.shape, 40 + i) for i, o in enumerate(outs)]
+    _, tangent = jax.jvp(plan.join_out, (outs,), (tangents,))
+    np.testing.assert_array_equal(tangent, plan.join_out(tangents))
+
+
+def _raw_index(plan) -> np.ndarray:
+    """For each of e3nn's output columns, its entry in the groups' outputs flattened and concatenated."""
+    offsets = np.cumsum([0] + [g.coo.dim_out * g.channels for g in plan.groups])
+    index = np.empty(plan.irreps_out.dim, np.int64)
+    for col, g, row, dim in plan.out_blocks:
+        C = plan.groups[g].channels
+        for c in range(C):
+            for k in range(dim):
+                index[col + c * dim + k] = offsets[g] + (row + k) * C + c
+    return index
