@@ -63,13 +63,15 @@ def _rows(ref):
     return functools.cache(lambda i: ref[:, i, :])
 
 
-def _feature_rows(ref, lanes: Lanes):
-    """The feature rows of a gmem operand ``[M, D, C]`` one TMA load moves into a ``[D', width]`` block.
+def _load_block(gmem, index, cols, block):
+    """TMA load ``(gmem window, smem window)`` of ``gmem[index, :D, cols]`` into a ``[D', width]`` block.
 
-    ``D' >= D`` (:meth:`Lanes.block_rows`): rows past ``D`` lie out of bounds, so the TMA fills them
-    with zeros. Loads only: stores move exactly ``D`` rows (:func:`_store_block`).
+    Exactly the operand's ``D`` feature rows move, into the block's first ``D`` rows (their start
+    stays 128-byte aligned; :meth:`Lanes.block_rows`); the ``D' - D`` padding rows are never read. A
+    ``D'``-row window would reach past the ``D`` axis, which JAX >= 0.12 refuses when the slice is
+    built. ``index`` may be out of bounds (an edge past the last): the TMA loads zeros for it.
     """
-    return pl.ds(0, lanes.block_rows(ref.shape[1]))
+    return gmem.at[index, :, cols], block.at[pl.ds(0, gmem.shape[1])]
 
 
 class _Walk:
@@ -161,7 +163,7 @@ def convolution_kernel(
             e, a, _ = walk.edge(r, t)
             for src, dst, key in operands:
                 row = a if key == "a" else e
-                copies.append((src.at[row, _feature_rows(src, lanes), cols], dst.at[slot, r]))
+                copies.append(_load_block(src, row, cols, dst.at[slot, r]))
         _stage(copies, barriers.at[slot])
 
     @pl.when(walk.steps > 0)
@@ -312,7 +314,7 @@ def convolution_bwd_kernel(
         if need["x"]:
             x_gmem = gmem["x"]
             _stage(
-                [(x_gmem.at[n, _feature_rows(x_gmem, lanes), cols], x_smem.at[r]) for r, n in enumerate(walk.nodes)],
+                [_load_block(x_gmem, n, cols, x_smem.at[r]) for r, n in enumerate(walk.nodes)],
                 x_barrier,
             )
             plgpu.barrier_wait(x_barrier)
@@ -324,7 +326,7 @@ def convolution_bwd_kernel(
                 e, b, _ = walk.edge(r, t)
                 for name, dst, key in staged:
                     src = gmem[name]
-                    copies.append((src.at[b if key == "b" else e, _feature_rows(src, lanes), cols], dst.at[slot, r]))
+                    copies.append(_load_block(src, b if key == "b" else e, cols, dst.at[slot, r]))
             _stage(copies, barriers.at[slot])
 
         def store_edge_row(r, e, _, valid):
