@@ -37,6 +37,7 @@ output-row order, so ``i3`` is non-decreasing in ``i0``.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -555,7 +556,7 @@ def select_paths(coo: TensorProductCoo, order: Iterable[int]) -> TensorProductCo
     if not isinstance(coo, TensorProductCoo):
         raise TypeError(f"coo must be a TensorProductCoo, got {type(coo).__name__}")
     try:
-        order = tuple(int(i) for i in order)
+        order = tuple(operator.index(i) for i in order)  # int() would truncate 1.5 to 1
     except (TypeError, ValueError) as err:
         raise ValueError(f"order must be a sequence of path indices, got {order!r}") from err
     if not order:
