@@ -104,9 +104,10 @@ def _check_call(params: object, batch: object) -> None:
         raise TypeError(f"params must be the dict Potential.init returns, got {type(params).__name__}")
     # positions wider than params promote (f64 positions, f32 params compute in f64); the reverse
     # reached e3j's ops as mixed operands and failed there, naming none of these arguments
-    floats = {jnp.result_type(a) for a in jax.tree.leaves(params) if jnp.issubdtype(jnp.result_type(a), jnp.floating)}
+    # dtypes read off the leaves (jnp.result_type per leaf cost ~7 us each, eagerly)
+    dtypes = {getattr(a, "dtype", None) for a in jax.tree.leaves(params)} - {None}
     positions = jnp.result_type(batch.positions)
-    wider = sorted(str(d) for d in floats if d.itemsize > positions.itemsize)
+    wider = sorted(str(d) for d in dtypes if jnp.issubdtype(d, jnp.floating) and d.itemsize > positions.itemsize)
     if wider:
         raise TypeError(
             f"batch.positions are {positions} but params are {', '.join(wider)}: cast the positions up or the "
