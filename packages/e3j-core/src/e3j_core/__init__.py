@@ -24,7 +24,7 @@ from .coo import (
     unpack_records,
 )
 from .dependencies import IncompatibleDependency, check_dependency, declared_range
-from .irreps import Irrep, Irreps, MulIrrep
+from .irreps import Irrep, Irreps, MulIrrep, as_irreps
 from .spherical_harmonics import (
     NORMALIZATIONS,
     SphericalHarmonicPolynomials,
@@ -57,6 +57,7 @@ __all__ = [
     "TensorProductCoo",
     "__version__",
     "angles_to_matrix",
+    "as_irreps",
     "change_basis_real_to_complex",
     "check_dependency",
     "clebsch_gordan",

@@ -37,6 +37,7 @@ output-row order, so ``i3`` is non-decreasing in ``i0``.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -45,7 +46,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .clebsch_gordan import clebsch_gordan
-from .irreps import IntoIrreps, Irrep, Irreps, _is_irrep_like, _is_mul_irrep_like
+from .irreps import IntoIrreps, Irrep, Irreps, _is_irrep_like, _is_mul_irrep_like, as_irreps
 
 __all__ = [
     "COO_FORMAT_VERSION",
@@ -487,13 +488,16 @@ class TensorProductCoo:
         return isinstance(other, TensorProductCoo) and other._key() == self._key()
 
 
-def normalize_filter(filter: IntoIrreps | Iterable | None) -> tuple[Irrep, ...] | None:
+def normalize_filter(filter: IntoIrreps | Iterable | None, name: str = "filter") -> tuple[Irrep, ...] | None:
     """The sorted distinct irreps a ``filter=`` argument names (multiplicities ignored), or ``None``.
 
     Takes what ``e3nn_jax.tensor_product``'s ``filter_ir_out`` takes: irreps (a string, e3j's or
-    e3nn-jax's ``Irreps``), one irrep, or an iterable of irreps.
+    e3nn-jax's ``Irreps``, a list of ``(mul, irrep)`` pairs), one irrep, or an iterable of irreps.
+    ``name`` is the argument's name in the error (e.g. ``"filter_ir_out"``, ``"self_connection"``).
 
     >>> normalize_filter("1o + 2x0e + 1o")
+    (0e, 1o)
+    >>> normalize_filter([(2, (0, 1)), (1, (1, -1))])
     (0e, 1o)
     """
     if filter is None:
@@ -502,9 +506,12 @@ def normalize_filter(filter: IntoIrreps | Iterable | None) -> tuple[Irrep, ...] 
         if isinstance(filter, (str, Irreps, Irrep)) or _is_irrep_like(filter) or _is_mul_irrep_like(filter):
             irreps = [ir for _, ir in Irreps(filter)]
         else:  # an iterable of irreps (e3nn-jax's Irreps is one of MulIrreps)
-            irreps = [Irrep(ir) for ir in filter]
+            try:
+                irreps = [Irrep(ir) for ir in filter]
+            except (TypeError, ValueError):  # not irreps: (mul, irrep) pairs, as Irreps takes them
+                irreps = [ir for _, ir in Irreps(filter)]
     except (TypeError, ValueError) as err:
-        raise ValueError(f"filter: cannot interpret {filter!r} as irreps ({err})") from None
+        raise ValueError(f"{name}: cannot interpret {filter!r} as irreps ({err})") from None
     return tuple(sorted(set(irreps)))
 
 
@@ -522,14 +529,7 @@ def tensor_product_coo(
     irreps it names, as ``e3nn_jax.tensor_product(..., filter_ir_out=filter)``; names that no path
     can produce are ignored as in e3nn, but a filter (or inputs) leaving no path at all is an error.
     """
-    try:
-        irreps_x = Irreps(irreps_x)
-    except ValueError as err:
-        raise ValueError(f"irreps_x: {err}") from None
-    try:
-        irreps_y = Irreps(irreps_y)
-    except ValueError as err:
-        raise ValueError(f"irreps_y: {err}") from None
+    irreps_x, irreps_y = as_irreps(irreps_x, "irreps_x"), as_irreps(irreps_y, "irreps_y")
     if normalization not in TP_NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {TP_NORMALIZATIONS}, got {normalization!r}")
     if not isinstance(regroup_output, bool):
@@ -556,7 +556,7 @@ def select_paths(coo: TensorProductCoo, order: Iterable[int]) -> TensorProductCo
     if not isinstance(coo, TensorProductCoo):
         raise TypeError(f"coo must be a TensorProductCoo, got {type(coo).__name__}")
     try:
-        order = tuple(int(i) for i in order)
+        order = tuple(operator.index(i) for i in order)  # int() would truncate 1.5 to 1
     except (TypeError, ValueError) as err:
         raise ValueError(f"order must be a sequence of path indices, got {order!r}") from err
     if not order:

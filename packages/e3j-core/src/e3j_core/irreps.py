@@ -22,7 +22,7 @@ from typing import NamedTuple, Union
 
 import numpy as np
 
-__all__ = ["IntoIrrep", "IntoIrreps", "Irrep", "Irreps", "MulIrrep"]
+__all__ = ["IntoIrrep", "IntoIrreps", "Irrep", "Irreps", "MulIrrep", "as_irreps"]
 
 _IRREP_RE = re.compile(r"^(\d+)([eoy])$")
 _PARITY = {"e": 1, "o": -1}
@@ -431,6 +431,28 @@ class Irreps(tuple):
 
 
 IntoIrreps = Union[Irreps, str, Irrep, MulIrrep, Iterable, None]
+
+
+def as_irreps(irreps: IntoIrreps, name: str) -> Irreps:
+    """``Irreps(irreps)`` for the argument called ``name``: the error names it.
+
+    Takes every form :class:`Irreps` takes (a string, e3j's or e3nn-jax's ``Irreps``, an irrep, a list
+    of ``(mul, irrep)`` pairs or of irreps). ``None`` is refused here (``Irreps(None)`` is the empty
+    sum, but an argument left ``None`` is a mistake, not a request for no irreps).
+
+    >>> as_irreps([(2, (0, 1)), (1, "1o")], "irreps_in")
+    2x0e+1x1o
+    >>> as_irreps("2z", "irreps_in")
+    Traceback (most recent call last):
+    ...
+    ValueError: irreps_in: invalid irrep '2z': expected a degree and a parity, like '0e', '1o' or '2y' (in irreps '2z')
+    """
+    if irreps is None:
+        raise ValueError(f"{name} must be irreps (a string like '2x0e + 1o', or Irreps), got None")
+    try:
+        return Irreps(irreps)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name}: {err}") from None
 
 
 def _is_irrep_like(obj: object) -> bool:

@@ -140,8 +140,16 @@ def wigner_D(l: int, R: np.ndarray) -> np.ndarray:
     return wigner_D_from_log_coordinates(l, matrix_to_log_coordinates(R))
 
 
+def _angles(name: str, a: object) -> np.ndarray:
+    """Real angles as float64; ``np.asarray(None, float64)`` would be a silent NaN."""
+    array = np.asarray(a)
+    if not (np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)):
+        raise ValueError(f"{name} must be real numbers (radians), got {a!r}")
+    return array.astype(np.float64)
+
+
 def _axis_rotation(axis: int, angle: np.ndarray) -> np.ndarray:
-    angle = np.asarray(angle, dtype=np.float64)
+    angle = _angles("angle", angle)
     c, s = np.cos(angle), np.sin(angle)
     out = np.zeros(angle.shape + (3, 3))
     i, j = [(1, 2), (2, 0), (0, 1)][axis]
@@ -170,14 +178,14 @@ def matrix_z(angle: np.ndarray) -> np.ndarray:
 
 def angles_to_matrix(alpha: np.ndarray, beta: np.ndarray, gamma: np.ndarray) -> np.ndarray:
     """``Y(α) X(β) Y(γ)`` (e3nn-jax's Euler convention), ``[..., 3, 3]``."""
-    alpha, beta, gamma = np.broadcast_arrays(alpha, beta, gamma)
+    alpha, beta, gamma = np.broadcast_arrays(_angles("alpha", alpha), _angles("beta", beta), _angles("gamma", gamma))
     return matrix_y(alpha) @ matrix_x(beta) @ matrix_y(gamma)
 
 
 def wigner_D_from_angles(l: int, alpha: np.ndarray, beta: np.ndarray, gamma: np.ndarray) -> np.ndarray:
     """``D^l(Y(α) X(β) Y(γ)) = expm(α J_y) expm(β J_x) expm(γ J_y)``."""
     J = _generators(_check_l(l))
-    alpha, beta, gamma = (np.asarray(a, dtype=np.float64) for a in np.broadcast_arrays(alpha, beta, gamma))
+    alpha, beta, gamma = np.broadcast_arrays(_angles("alpha", alpha), _angles("beta", beta), _angles("gamma", gamma))
     return (
         _expm_antisymmetric(alpha[..., None, None] * J[1])
         @ _expm_antisymmetric(beta[..., None, None] * J[0])

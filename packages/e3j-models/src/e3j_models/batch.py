@@ -62,18 +62,23 @@ def make_batch(
     if positions.ndim != 2 or positions.shape[1] != 3 or not np.issubdtype(positions.dtype, np.floating):
         raise ValueError(f"positions must be a float [N, 3] array, got {positions.dtype} {positions.shape}")
     n = positions.shape[0]
-    species = np.asarray(species)
-    if species.shape != (n,) or not np.issubdtype(species.dtype, np.integer):
+    species = _host_indices("species", species)
+    if species.shape != (n,):
         raise ValueError(f"species must be an int [N={n}] array, got {species.dtype} {species.shape}")
-    senders, receivers = np.asarray(senders, np.int64), np.asarray(receivers, np.int64)
+    if (species < 0).any():
+        raise ValueError(f"species must be model species indices >= 0, got {species.min()}")
+    senders, receivers = _host_indices("senders", senders), _host_indices("receivers", receivers)
     e = senders.shape[0]
-    node_graph = np.zeros(n, np.int32) if node_graph is None else np.asarray(node_graph)
+    node_graph = np.zeros(n, np.int32) if node_graph is None else _host_indices("node_graph", node_graph)
     if node_graph.shape != (n,):
         raise ValueError(f"node_graph must be int [N={n}], got {node_graph.shape}")
     if num_graphs is None:
         num_graphs = (
             int(node_graph.max(initial=0)) + 1 if cell is None else int(np.shape(cell)[0]) if np.ndim(cell) == 3 else 1
         )
+    if n and (node_graph.min() < 0 or node_graph.max() >= num_graphs):
+        raise ValueError(f"node_graph must be in [0, num_graphs={num_graphs}), got values in "
+                         f"[{node_graph.min()}, {node_graph.max()}]")  # fmt: skip
     cell = np.zeros((num_graphs, 3, 3), positions.dtype) if cell is None else np.asarray(cell, positions.dtype)
     if cell.ndim == 2:
         cell = cell[None]
@@ -106,3 +111,13 @@ def edge_vectors(positions: jax.Array, cell: jax.Array, batch: GraphBatch) -> ja
     vectors = positions[g.senders] - positions[g.receivers] + offset
     unit = jnp.zeros_like(vectors).at[:, 0].set(1)
     return jnp.where(g.edge_mask[:, None], vectors, unit)
+
+
+def _host_indices(name: str, a) -> np.ndarray:
+    """``a`` as a host int64 array; floats are refused (a cast would truncate them silently)."""
+    a = np.asarray(a)
+    if a.size == 0 and not np.issubdtype(a.dtype, np.integer):
+        return a.astype(np.int64)  # np.asarray([]) is float64: an empty list of indices is fine
+    if not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{name} must be an int array, got {a.dtype} {a.shape}")
+    return a.astype(np.int64)

@@ -13,6 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from ._checks import check_positive_int, check_rank, index_array
+
 __all__ = ["SpeciesEmbedding"]
 
 
@@ -24,5 +26,9 @@ class SpeciesEmbedding(nn.Module):
 
     @nn.compact
     def __call__(self, species: jax.Array) -> jax.Array:
+        check_positive_int("num_species", self.num_species)
+        check_positive_int("channels", self.channels)
+        species = index_array("species", species)
+        check_rank("species", species, (1,), "[N]")
         table = self.param("table", nn.initializers.normal(1.0), (self.num_species, self.channels), jnp.float32)
         return table[species][:, None, :]

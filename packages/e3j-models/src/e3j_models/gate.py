@@ -20,6 +20,9 @@ import jax
 import jax.numpy as jnp
 
 from e3j import Irrep, Irreps
+from e3j_core import as_irreps
+
+from ._checks import check_array
 
 __all__ = ["gate", "gate_irreps_in"]
 
@@ -32,16 +35,17 @@ def _gated_count(irreps: Irreps) -> int:
 
 def gate_irreps_in(irreps_out) -> Irreps:
     """The irreps :func:`gate` takes to produce ``irreps_out`` (sorted, merged)."""
-    irreps_out = Irreps(irreps_out).regroup()
+    irreps_out = as_irreps(irreps_out, "irreps_out").regroup()
     gates = _gated_count(irreps_out)
     return (Irreps([(gates, _SCALAR_E)]) + irreps_out).regroup() if gates else irreps_out
 
 
 def gate(x: jax.Array, irreps_out) -> jax.Array:
     """``x [N, D_in, C]`` (irreps :func:`gate_irreps_in`) -> ``[N, D_out, C]`` (``irreps_out``, regrouped)."""
-    irreps_out = Irreps(irreps_out).regroup()
+    irreps_out = as_irreps(irreps_out, "irreps_out").regroup()
     irreps_in = gate_irreps_in(irreps_out)
-    if x.ndim != 3 or x.shape[1] != irreps_in.dim:
+    check_array("x", x)
+    if jnp.ndim(x) != 3 or x.shape[1] != irreps_in.dim:
         raise ValueError(f"x must be [N, {irreps_in.dim}, C] for gate input irreps {irreps_in}, got {x.shape}")
     n_even = irreps_out.count(_SCALAR_E)
     gates_at = n_even  # the gates follow the 0e scalars inside the 0e block

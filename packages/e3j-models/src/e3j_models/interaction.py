@@ -19,8 +19,10 @@ import jax
 import jax.numpy as jnp
 
 from e3j import Graph, Irreps
-from e3j_core import tensor_product_coo
+from e3j_core import as_irreps, tensor_product_coo
+from e3j_core.coo import normalize_filter
 
+from ._checks import check_rank
 from .batch import GraphBatch, edge_vectors
 from .linear import EquivariantLinear
 from .ops import Ops, get_ops
@@ -38,6 +40,7 @@ class RadialMLP(nn.Module):
 
     @nn.compact
     def __call__(self, radial: jax.Array) -> jax.Array:
+        check_rank("radial", radial, (2,), "[E, num_basis]")
         h = radial
         for width in self.hidden:
             h = jax.nn.silu(nn.Dense(width, use_bias=False)(h))
@@ -63,12 +66,15 @@ class Interaction(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array, sh: jax.Array, radial: jax.Array, graph: Graph) -> jax.Array:
-        coo = tensor_product_coo(self.irreps_in, self.irreps_sh, self.filter)
+        irreps_in, irreps_sh = as_irreps(self.irreps_in, "irreps_in"), as_irreps(self.irreps_sh, "irreps_sh")
+        filter = Irreps(normalize_filter(self.filter, "filter"))  # any irreps form; multiplicities ignored
+        coo = tensor_product_coo(irreps_in, irreps_sh, filter)
+        check_rank("radial", radial, (2,), "[E, num_basis]")
+        if isinstance(graph, Graph) and jnp.shape(radial)[0] != graph.num_edges:
+            raise ValueError(f"radial must be [E={graph.num_edges}, num_basis] (one row per edge), got {radial.shape}")
         h = EquivariantLinear(self.irreps_in, self.irreps_in, self.channels, self.backend, name="linear_up")(x)
         s = RadialMLP(tuple(self.radial_hidden), coo.num_paths, self.channels, name="radial")(radial)
-        m = get_ops(self.backend).convolution(
-            Irreps(self.irreps_in), Irreps(self.irreps_sh), Irreps(self.filter), h, sh, s.astype(h.dtype), graph
-        )
+        m = get_ops(self.backend).convolution(irreps_in, irreps_sh, filter, h, sh, s.astype(h.dtype), graph)
         m = m / self.avg_num_neighbors
         return EquivariantLinear(str(coo.irreps_out), self.irreps_out, self.channels, self.backend, name="linear_down")(
             m

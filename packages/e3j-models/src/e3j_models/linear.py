@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 import e3j
 
+from ._checks import check_rank
 from .ops import get_ops
 
 __all__ = ["EquivariantLinear"]
@@ -32,6 +33,7 @@ class EquivariantLinear(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        check_rank("x", x, (3,), "[B, D_in, C_in]")
         shapes = e3j.Linear(
             self.irreps_in, self.irreps_out, channels_in=int(x.shape[-1]), channels_out=self.channels_out
         ).weight_shapes()

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import check_positive_int
 from .batch import GraphBatch, make_batch
 
 __all__ = ["batch_structures", "bucket_size", "neighbour_list"]
@@ -75,6 +76,11 @@ def neighbour_list(positions, cutoff: float, cell=None, pbc=False) -> tuple[np.n
 
 def bucket_size(n: int, headroom: float = 0.1, multiple: int = 8) -> int:
     """The smallest size on the grid ``multiple · ceil((1 + headroom)^k)`` that holds ``n·(1 + headroom)``."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"n must be an int >= 0, got {n!r}")
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not headroom >= 0:
+        raise ValueError(f"headroom must be a number >= 0, got {headroom!r}")
+    check_positive_int("multiple", multiple)
     target = n * (1.0 + headroom)
     if headroom <= 0:
         return int(multiple * math.ceil(target / multiple))

@@ -19,6 +19,7 @@ cell (zero volume) get NaN stress.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -53,12 +54,14 @@ class Potential:
 
     def init(self, key: jax.Array, batch: GraphBatch, dtype=None) -> dict[str, Any]:
         """Random parameters, floating leaves in ``dtype`` (default: the positions' dtype)."""
+        _check_batch(batch)
         dtype = batch.positions.dtype if dtype is None else dtype
         params = jax.jit(self.module.init)(key, batch.positions, batch.cell, batch)
         return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
 
     def node_energies(self, params, batch: GraphBatch) -> jax.Array:
         """``[N]``, zero on padding nodes."""
+        _check_call(params, batch)
         e = self.module.apply(params, batch.positions, batch.cell, batch)
         return jnp.where(batch.node_mask, e, 0)
 
@@ -75,6 +78,7 @@ class Potential:
         return jnp.sum(per_graph), per_graph
 
     def __call__(self, params, batch: GraphBatch, *, forces: bool = True, stress: bool = False) -> dict[str, jax.Array]:
+        _check_call(params, batch)
         strain = jnp.zeros((batch.num_graphs, 3, 3), batch.positions.dtype)
         if not (forces or stress):
             return {"energy": self._energy_of(params, batch.positions, strain, batch)[1]}
@@ -86,3 +90,26 @@ class Potential:
             volume = jnp.abs(jnp.linalg.det(batch.cell))
             out["stress"] = jnp.where(volume[:, None, None] > 0, grads[1] / volume[:, None, None], jnp.nan)
         return out
+
+
+def _check_batch(batch: object) -> None:
+    if not isinstance(batch, GraphBatch):
+        raise TypeError(f"batch must be an e3j_models.GraphBatch (see make_batch), got {type(batch).__name__}")
+
+
+def _check_call(params: object, batch: object) -> None:
+    """The batch's type and the dtype its positions share with the parameters (static: free under jit)."""
+    _check_batch(batch)
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params must be the dict Potential.init returns, got {type(params).__name__}")
+    # positions wider than params promote (f64 positions, f32 params compute in f64); the reverse
+    # reached e3j's ops as mixed operands and failed there, naming none of these arguments
+    # dtypes read off the leaves (jnp.result_type per leaf cost ~7 us each, eagerly)
+    dtypes = {getattr(a, "dtype", None) for a in jax.tree.leaves(params)} - {None}
+    positions = jnp.result_type(batch.positions)
+    wider = sorted(str(d) for d in dtypes if jnp.issubdtype(d, jnp.floating) and d.itemsize > positions.itemsize)
+    if wider:
+        raise TypeError(
+            f"batch.positions are {positions} but params are {', '.join(wider)}: cast the positions up or the "
+            "params down (Potential.init(..., dtype=...))"
+        )

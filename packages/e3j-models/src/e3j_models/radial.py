@@ -19,7 +19,19 @@ import math
 import jax
 import jax.numpy as jnp
 
+from ._checks import check_array, check_positive_int, float_dtype, positive_float
+
 __all__ = ["bessel_basis", "polynomial_envelope", "radial_embedding"]
+
+
+def _check(r, cutoff, num_basis=None, p=None) -> None:
+    # static arguments and abstract shapes/dtypes only: free under jit
+    float_dtype("r", r)
+    positive_float("cutoff", cutoff)
+    if num_basis is not None:
+        check_positive_int("num_basis", num_basis)
+    if p is not None:
+        check_positive_int("p", p, " (p = 0 makes the envelope identically 0)")
 
 
 def _sin_multiples(theta: jax.Array, n: int) -> jax.Array:
@@ -39,11 +51,13 @@ def _sin_multiples(theta: jax.Array, n: int) -> jax.Array:
 
 def bessel_basis(r: jax.Array, num_basis: int, cutoff: float) -> jax.Array:
     """``[...] -> [..., num_basis]``; ``r`` must be > 0 where it is used (mask the rest)."""
+    _check(r, cutoff, num_basis=num_basis)
     return _sin_multiples((math.pi / cutoff) * r, num_basis) * (math.sqrt(2.0 / cutoff) / r)[..., None]
 
 
 def polynomial_envelope(r: jax.Array, cutoff: float, p: int = 6) -> jax.Array:
     """``[...] -> [...]``: 1 at ``r = 0``, smoothly 0 at and beyond ``cutoff``."""
+    _check(r, cutoff, p=p)
     x = r / cutoff
     env = 1.0 - (p + 1) * (p + 2) / 2 * x**p + p * (p + 2) * x ** (p + 1) - p * (p + 1) / 2 * x ** (p + 2)
     return jnp.where(x < 1.0, env, 0.0)
@@ -53,6 +67,13 @@ def radial_embedding(
     r: jax.Array, num_basis: int, cutoff: float, p: int = 6, mask: jax.Array | None = None
 ) -> jax.Array:
     """``bessel_basis · polynomial_envelope``: ``r [E] -> [E, num_basis]``; rows where ``mask`` is False are 0."""
+    _check(r, cutoff, num_basis=num_basis, p=p)
+    if mask is not None:
+        check_array("mask", mask)
+        if jnp.result_type(mask) != jnp.bool_ or jnp.shape(mask) != jnp.shape(r):
+            raise ValueError(
+                f"mask must be a bool array shaped like r {jnp.shape(r)}, got {jnp.result_type(mask)} {jnp.shape(mask)}"
+            )
     valid = r > 0 if mask is None else mask & (r > 0)
     safe = jnp.where(valid, r, cutoff)  # so that neither value nor gradient is NaN on masked rows
     # the per-edge factors multiply once, before broadcasting over the basis: one [E, n] product

@@ -30,7 +30,9 @@ import jax
 import jax.numpy as jnp
 
 from e3j import Irrep, Irreps
-from e3j_core import tensor_product_coo
+from e3j_core import as_irreps, tensor_product_coo
+
+from ._checks import check_positive_int, check_rank, index_array
 
 __all__ = ["SymmetricContraction", "SymmetricContractionSpec"]
 
@@ -44,7 +46,7 @@ class SymmetricContractionSpec:
     correlation: int
 
     def __init__(self, irreps_in, irreps_out, correlation: int) -> None:
-        irreps_in, irreps_out = Irreps(irreps_in), Irreps(irreps_out)
+        irreps_in, irreps_out = as_irreps(irreps_in, "irreps_in"), as_irreps(irreps_out, "irreps_out")
         if isinstance(correlation, bool) or not isinstance(correlation, int) or correlation < 1:
             raise ValueError(f"correlation must be an int >= 1, got {correlation!r}")
         if any(mul != 1 for mul, _ in irreps_out) or len({ir for _, ir in irreps_out}) != len(irreps_out):
@@ -116,6 +118,9 @@ class SymmetricContraction(nn.Module):
         from .ops import get_ops
 
         spec = SymmetricContractionSpec(self.irreps_in, self.irreps_out, self.correlation)
+        check_positive_int("num_species", self.num_species)
+        check_rank("x", x, (3,), f"[N, D={spec.irreps_in.dim}, C]")
+        species = index_array("species", species, (jnp.shape(x)[0],), f"[N={jnp.shape(x)[0]}] like x")
         shapes = spec.weight_shapes(self.num_species, int(x.shape[-1]))
         weights = {
             name: self.param(name, nn.initializers.normal(1.0), shape, jnp.float32) for name, shape in shapes.items()

@@ -145,7 +145,8 @@ class Plan:
             parts = []
             for _, g, row, dim in self.out_blocks:
                 block = outs[g][..., row : row + dim, :]
-                parts.append(jnp.swapaxes(block, -1, -2).reshape(*block.shape[:-2], -1))
+                # sizes spelled out, not -1: a batch of 0 rows is valid and -1 cannot be inferred from 0 elements
+                parts.append(jnp.swapaxes(block, -1, -2).reshape(*block.shape[:-2], dim * block.shape[-1]))
             return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
         flats = [to_mul_ir(o, g.coo.irreps_out) for o, g in zip(outs, self.groups)]
         return self.out(flats[0] if len(flats) == 1 else jnp.concatenate(flats, axis=-1))

@@ -93,6 +93,9 @@ def check_weights(name: str, w, num_edges: int, num_weights: int, layout: str) -
             )
         if w.bias is not None and jnp.shape(w.bias) != (num_weights,):
             raise ValueError(f"{name}: FactoredWeights.bias must be [{num_weights}] or None, got {jnp.shape(w.bias)}")
+    elif w is None or isinstance(w, (list, tuple)):
+        raise TypeError(f"{name} must be an array [E={num_edges}, num_weights={num_weights}] or FactoredWeights, "
+                        f"got {type(w).__name__}")  # fmt: skip
     elif jnp.ndim(w) != 2 or jnp.shape(w) != (num_edges, num_weights):
         raise ValueError(
             f"{name} must be [E={num_edges}, num_weights={num_weights}] ({layout}) or FactoredWeights, "

@@ -20,19 +20,24 @@ import itertools
 import jax
 import jax.numpy as jnp
 
-from e3j_core import Irreps
+from e3j_core import Irreps, as_irreps
+
+from ._checks import check_array, check_positive_int
 
 __all__ = ["from_mul_ir", "irrep_blocks", "mul_ir_irreps", "to_mul_ir"]
 
 
 def mul_ir_irreps(irreps, channels: int) -> Irreps:
     """The e3nn irreps of the flat layout of ``irreps`` with ``channels`` channels."""
-    return Irreps([(mul * channels, ir) for mul, ir in Irreps(irreps)])
+    check_positive_int("channels", channels)
+    return Irreps([(mul * channels, ir) for mul, ir in as_irreps(irreps, "irreps")])
 
 
 def to_mul_ir(x: jax.Array, irreps) -> jax.Array:
     """``[..., D, C] -> [..., C·D]`` in e3nn's ``mul_ir`` layout."""
-    irreps = Irreps(irreps)
+    irreps = as_irreps(irreps, "irreps")
+    check_array("x", x)
+    x = jnp.asarray(x)
     if x.ndim < 2 or x.shape[-2] != irreps.dim:
         raise ValueError(f"x must be [..., D={irreps.dim}, C] for {irreps}, got {x.shape}")
     channels = x.shape[-1]
@@ -48,7 +53,10 @@ def to_mul_ir(x: jax.Array, irreps) -> jax.Array:
 
 def from_mul_ir(x: jax.Array, irreps, channels: int) -> jax.Array:
     """``[..., C·D] -> [..., D, C]``, the inverse of :func:`to_mul_ir`."""
-    irreps = Irreps(irreps)
+    irreps = as_irreps(irreps, "irreps")
+    check_positive_int("channels", channels)
+    check_array("x", x)
+    x = jnp.asarray(x)
     if x.ndim < 1 or x.shape[-1] != irreps.dim * channels:
         raise ValueError(f"x must be [..., {irreps.dim * channels}] for {irreps} x {channels} channels, got {x.shape}")
     parts = []
@@ -72,7 +80,9 @@ def irrep_blocks(x: jax.Array, irreps) -> list[jax.Array]:
     >>> [b.shape for b in irrep_blocks(jnp.ones((4, 5, 3)), "2x0e + 1o + 0x2e")]
     [(4, 2, 1, 3), (4, 1, 3, 3), (4, 0, 5, 3)]
     """
-    irreps = Irreps(irreps)
+    irreps = as_irreps(irreps, "irreps")
+    check_array("x", x)
+    x = jnp.asarray(x)
     if x.ndim < 2 or x.shape[-2] != irreps.dim:
         raise ValueError(f"x must be [..., D={irreps.dim}, C] for {irreps}, got {x.shape}")
     bounds = list(itertools.accumulate(mul * ir.dim for mul, ir in irreps))[:-1]

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
 
-from e3j_core import Irrep, Irreps
+from e3j_core import Irrep, Irreps, as_irreps
 
-from ._checks import check_rank, float_dtype
+from ._checks import check_positive_int, check_rank, float_dtype
 from .layout import irrep_blocks
 
 __all__ = ["Linear"]
@@ -34,11 +35,10 @@ class Linear:
     """
 
     def __init__(self, irreps_in, irreps_out, *, channels_in: int, channels_out: int) -> None:
-        self.irreps_in = Irreps(irreps_in)
-        self.irreps_out = Irreps(irreps_out)
-        for name, c in (("channels_in", channels_in), ("channels_out", channels_out)):
-            if isinstance(c, bool) or not isinstance(c, int) or c <= 0:
-                raise ValueError(f"{name} must be an int > 0, got {c!r}")
+        self.irreps_in = as_irreps(irreps_in, "irreps_in")
+        self.irreps_out = as_irreps(irreps_out, "irreps_out")
+        check_positive_int("channels_in", channels_in)
+        check_positive_int("channels_out", channels_out)
         self.channels_in, self.channels_out = channels_in, channels_out
         self._rows_in = _rows_by_irrep(self.irreps_in)
         self._rows_out = _rows_by_irrep(self.irreps_out)
@@ -63,11 +63,14 @@ class Linear:
                 f"x must be [B, {self.irreps_in.dim}, {self.channels_in}] for {self.irreps_in}, got {x.shape}"
             )
         expected = self.weight_shapes()
+        if not isinstance(params, Mapping):
+            raise TypeError(f"params must be a dict of arrays (see Linear.init), got {type(params).__name__}")
         if set(params) != set(expected):
             raise ValueError(f"params must have keys {sorted(expected)}, got {sorted(params)}")
-        for ir in self._rows_out:
-            if ir in self._rows_in and params[str(ir)].shape != expected[str(ir)]:
-                raise ValueError(f"params['{ir}'] must have shape {expected[str(ir)]}, got {params[str(ir)].shape}")
+        for name, shape in expected.items():
+            float_dtype(f"params['{name}']", params[name])  # weights cast to x's dtype below, never from ints
+            if jnp.shape(params[name]) != shape:
+                raise ValueError(f"params['{name}'] must have shape {shape}, got {jnp.shape(params[name])}")
         # Rows move by static slices: one split of x into its (mul, ir) blocks and one concatenation of
         # the output blocks. Index arrays (a gather in, a scatter out) made the backward a scatter-add
         # and the forward a scatter, both slow on XLA's CPU; split's transpose is a concatenation.

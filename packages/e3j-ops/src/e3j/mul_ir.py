@@ -38,7 +38,7 @@ from collections.abc import Iterable
 import jax
 import jax.numpy as jnp
 
-from e3j_core import Irreps
+from e3j_core import Irreps, as_irreps
 from e3j_core.coo import normalize_filter
 
 from ._checks import check_rank, check_same_dtype
@@ -49,13 +49,6 @@ from .graph import Graph
 from .tensor_product import TensorProduct
 
 __all__ = ["MulIrConvolution", "MulIrTensorProduct"]
-
-
-def _irreps(name: str, irreps) -> Irreps:
-    try:
-        return Irreps(irreps)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{name}: {err}") from None
 
 
 def _check_grouping(grouping: str) -> None:
@@ -98,10 +91,10 @@ class MulIrConvolution:
         if self_connection is not None and normalization != "component":
             raise ValueError(f"self_connection needs normalization='component' (x ⊗ 1 = x), got {normalization!r}")
         self.plan: Plan = plan(
-            _irreps("irreps_x", irreps_x),
-            _irreps("irreps_y", irreps_y),
+            as_irreps(irreps_x, "irreps_x"),
+            as_irreps(irreps_y, "irreps_y"),
             normalize_filter(filter),
-            normalize_filter(self_connection),
+            normalize_filter(self_connection, "self_connection"),
             normalization,
             True,
             grouping,
@@ -234,8 +227,8 @@ class MulIrTensorProduct:
     ) -> None:
         _check_grouping(grouping)
         self.plan: Plan = plan(
-            _irreps("irreps_x", irreps_x),
-            _irreps("irreps_y", irreps_y),
+            as_irreps(irreps_x, "irreps_x"),
+            as_irreps(irreps_y, "irreps_y"),
             normalize_filter(filter),
             None,
             normalization,

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from e3j_core import Irreps, spherical_harmonic_polynomials
+from e3j_core import NORMALIZATIONS, Irreps, spherical_harmonic_polynomials
 
 from ._checks import float_dtype
 
@@ -34,7 +34,13 @@ def spherical_harmonics(
     >>> spherical_harmonics("0e + 1o", jnp.array([0.0, 2.0, 0.0], jnp.float32), normalize=True)
     Array([1.       , 0.       , 1.7320508, 0.       ], dtype=float32)
     """
-    polys = spherical_harmonic_polynomials(irreps_out, "component" if normalization is None else normalization)
+    normalization = "component" if normalization is None else normalization
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    try:
+        polys = spherical_harmonic_polynomials(irreps_out, normalization)
+    except ValueError as err:
+        raise ValueError(f"irreps_out: {err}") from None
     dtype = float_dtype("input", input)
     x = jnp.asarray(input, dtype)
     if x.ndim == 0 or x.shape[-1] != 3:

@@ -8,9 +8,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from e3j_core import Irreps
+from e3j_core import Irreps, as_irreps
 
-from .._checks import check_rank, float_dtype
+from .._checks import check_positive_int, check_rank, float_dtype
 
 __all__ = ["Linear"]
 
@@ -70,7 +70,7 @@ class Linear(nn.Module):
             index = jnp.asarray(index_or_x)
             if not jnp.issubdtype(index.dtype, jnp.integer):
                 raise TypeError(f"index must be an integer array, got dtype {index.dtype}")
-        irreps_in = Irreps(self.irreps_in)
+        irreps_in = as_irreps(self.irreps_in, "irreps_in")
         check_rank("x", x, tuple(range(2, 10)), f"[..., D_in={irreps_in.dim}, C_in]")
         dtype = float_dtype("x", x)
         if x.shape[-2] != irreps_in.dim:
@@ -83,13 +83,14 @@ class Linear(nn.Module):
         if not isinstance(self.biases, bool):
             raise TypeError(f"biases must be a bool, got {self.biases!r}")
         c_in, c_out = x.shape[-1], self.channels_out
-        if isinstance(c_out, bool) or not isinstance(c_out, int) or c_out <= 0:
-            raise ValueError(f"channels_out must be an int > 0, got {c_out!r}")
-        path_norm = _parse(self.path_normalization, "path_normalization")
-        grad_norm = _parse(self.gradient_normalization, "gradient_normalization")
+        check_positive_int("channels_out", c_out)
+        if self.num_indexed_weights is not None:
+            check_positive_int("num_indexed_weights", self.num_indexed_weights, " or None")
+        path_norm = _parse(self.path_normalization, "path_normalization", "element")
+        grad_norm = _parse(self.gradient_normalization, "gradient_normalization", "path")
 
         blocks_in = _blocks(irreps_in, regroup=True)  # (ir, rows of each copy), e3nn's regrouped input
-        irreps_out = Irreps(self.irreps_out).simplify()
+        irreps_out = as_irreps(self.irreps_out, "irreps_out").simplify()
         if not self.force_irreps_out:
             irreps_out = irreps_out.filter(keep=[ir for ir, _ in blocks_in])
         blocks_out = _blocks(irreps_out, regroup=False)
@@ -141,11 +142,15 @@ class Linear(nn.Module):
         return jnp.concatenate(outs, axis=-2)
 
 
-def _parse(value, name: str) -> float:
+def _parse(value, name: str, default: str) -> float:
+    if value is None:  # e3nn-jax's None: its configured default, which is ours
+        value = default
     if isinstance(value, str):
         if value not in _NORMALIZATION:
             raise ValueError(f"{name} must be 'element', 'path' or a float, got {value!r}")
         return _NORMALIZATION[value]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be 'element', 'path' or a float, got {value!r}")
     return float(value)
 
 

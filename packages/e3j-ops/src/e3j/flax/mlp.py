@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special as jsp
 
+from .._checks import check_positive_int, check_rank, float_dtype
 from ..factored import FactoredWeights
 
 __all__ = ["MultiLayerPerceptron"]
@@ -51,6 +52,8 @@ class MultiLayerPerceptron(nn.Module):
     def __call__(self, x):
         if len(self.list_neurons) == 0:
             raise ValueError("list_neurons must name at least one layer")
+        for n in self.list_neurons:
+            check_positive_int("list_neurons", n, f" per layer (its width): {tuple(self.list_neurons)}")
         last_act = self.act if self.output_activation is True else self.output_activation or None
         if self.output_activation is not True and self.output_activation is not False:
             if not callable(self.output_activation):
@@ -69,6 +72,8 @@ class MultiLayerPerceptron(nn.Module):
             if not x.irreps.is_scalar():
                 raise ValueError(f"x: the MLP takes scalars (0e) only, got irreps {x.irreps}")
             wrap, x = type(x), x.array
+        check_rank("x", x, tuple(range(1, 33)), "[..., features]")
+        float_dtype("x", x)
         act = None if self.act is None else _normalize(self.act)
         last_act = None if last_act is None else _normalize(last_act)
 

@@ -44,6 +44,8 @@ def message_passing_operands(
     if not same(node_feats.irreps, irreps_node) or node_feats.ndim != 2:
         raise ValueError(f"node_feats must be an IrrepsArray [N, {irreps_node}], got {node_feats.irreps} "
                          f"of shape {node_feats.shape}")  # fmt: skip
+    if edge_attrs is None or isinstance(edge_attrs, (list, tuple)):
+        raise TypeError(f"edge_attrs must be an e3nn.IrrepsArray or an array, got {type(edge_attrs).__name__}")
     if isinstance(edge_attrs, e3nn.IrrepsArray):
         if not same(edge_attrs.irreps, irreps_edge):
             raise ValueError(f"edge_attrs must have irreps {irreps_edge}, got {edge_attrs.irreps}")

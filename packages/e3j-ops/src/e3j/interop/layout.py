@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import e3nn_jax as e3nn
 import jax
+import jax.numpy as jnp
 
-from e3j_core import Irreps
+from e3j_core import Irreps, as_irreps
 
 from .._mul_ir_plan import channels_of, split_channels
 from ..layout import from_mul_ir, mul_ir_irreps, to_mul_ir
@@ -44,8 +45,9 @@ def from_irreps_array(x: e3nn.IrrepsArray, channels: int | None = None) -> tuple
 
 def to_irreps_array(x: jax.Array, irreps) -> e3nn.IrrepsArray:
     """``[..., D, C]`` with e3j irreps ``irreps`` -> e3nn's ``IrrepsArray`` of ``mul_ir_irreps(irreps, C)``."""
-    irreps = Irreps(irreps)
-    return e3nn.IrrepsArray(to_e3nn_irreps(mul_ir_irreps(irreps, x.shape[-1])), to_mul_ir(x, irreps))
+    irreps = as_irreps(irreps, "irreps")
+    flat = to_mul_ir(x, irreps)  # checks x
+    return e3nn.IrrepsArray(to_e3nn_irreps(mul_ir_irreps(irreps, jnp.shape(x)[-1])), flat)
 
 
 def to_e3nn_irreps(irreps) -> e3nn.Irreps:

@@ -30,7 +30,8 @@ from __future__ import annotations
 import e3nn_jax as e3nn
 import jax
 
-from e3j_core import Irreps
+from e3j_core import as_irreps
+from e3j_core.coo import TP_NORMALIZATIONS, normalize_filter
 
 from ..factored import FactoredWeights
 from ..graph import Graph
@@ -74,23 +75,19 @@ class MessagePassing:
     ) -> None:
         if irrep_normalization is None:
             irrep_normalization = e3nn.config("irrep_normalization")
+        if irrep_normalization not in TP_NORMALIZATIONS:
+            raise ValueError(f"irrep_normalization must be one of {TP_NORMALIZATIONS}, got {irrep_normalization!r}")
         if self_connection is not None and irrep_normalization != "component":
             raise ValueError(
                 f"self_connection needs irrep_normalization='component' (x ⊗ 1 = x), got {irrep_normalization!r}"
             )
-        try:
-            self.irreps_node = Irreps(irreps_node)
-        except ValueError as err:
-            raise ValueError(f"irreps_node: {err}") from None
-        try:
-            self.irreps_edge = Irreps(irreps_edge)
-        except ValueError as err:
-            raise ValueError(f"irreps_edge: {err}") from None
+        self.irreps_node = as_irreps(irreps_node, "irreps_node")
+        self.irreps_edge = as_irreps(irreps_edge, "irreps_edge")
         self.convolution = MulIrConvolution(
             self.irreps_node,
             self.irreps_edge,
-            filter_ir_out,
-            self_connection=self_connection,
+            normalize_filter(filter_ir_out, "filter_ir_out"),  # errors name e3nn's argument
+            self_connection=normalize_filter(self_connection, "self_connection"),
             normalization=irrep_normalization,
             grouping=grouping,
         )
@@ -152,6 +149,8 @@ def message_passing(
     ``graph=``:class:`e3j.Graph`. Returns ``IrrepsArray [N, irreps_out]`` (the ``output_size`` is
     ``N``).
     """
+    if not isinstance(node_feats, e3nn.IrrepsArray):
+        raise TypeError(f"node_feats must be an e3nn.IrrepsArray, got {type(node_feats).__name__}")
     edge_irreps = edge_attrs.irreps if isinstance(edge_attrs, e3nn.IrrepsArray) else None
     if edge_irreps is None:
         raise TypeError(

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import e3nn_jax as e3nn
 import jax
 
-from e3j_core import Irreps
+from e3j_core import Irreps, as_irreps
 
 from ..spherical_harmonics import spherical_harmonics as _sh
 from .layout import to_e3nn_irreps
@@ -49,9 +49,9 @@ def spherical_harmonics(
         if vec_p is None:
             raise ValueError("irreps_out given as degrees needs input as an IrrepsArray (1o or 1e), as in e3nn-jax")
         ls = [irreps_out] if isinstance(irreps_out, int) else list(irreps_out)
-        irreps = Irreps([(1, (l, vec_p**l)) for l in ls])
+        irreps = as_irreps([(1, (l, vec_p**l)) for l in ls], "irreps_out")
     else:
-        irreps = Irreps(irreps_out)
+        irreps = as_irreps(irreps_out, "irreps_out")
         if vec_p is not None and any(ir.p != vec_p for _, ir in irreps if ir.l % 2):
             raise ValueError(
                 f"input (1{'e' if vec_p == 1 else 'o'}) and irreps_out ({irreps}) have incompatible parities"

@@ -8,6 +8,7 @@ import e3nn_jax as e3nn
 import jax.numpy as jnp
 
 from e3j_core import Irreps
+from e3j_core.coo import TP_NORMALIZATIONS, normalize_filter
 
 from ..mul_ir import MulIrTensorProduct
 from .layout import to_e3nn_irreps
@@ -41,15 +42,28 @@ def tensor_product(
     >>> z.irreps, bool(jnp.allclose(z.array, e3nn.tensor_product(x, y, filter_ir_out="0e + 1o").array))
     (8x0e+8x1o, True)
     """
+    for name, value in (("input1", input1), ("input2", input2)):
+        if value is None:
+            raise TypeError(f"{name} must be an e3nn.IrrepsArray (or an array of scalars), got None")
     input1, input2 = e3nn.as_irreps_array(input1), e3nn.as_irreps_array(input2)
+    filter_ir_out = normalize_filter(filter_ir_out, "filter_ir_out")  # any irreps form, e3j's included
     dtype = jnp.result_type(input1.array, input2.array)
     if not jnp.issubdtype(dtype, jnp.floating):
         dtype = jnp.ones(()).dtype
     if irrep_normalization is None:
         irrep_normalization = e3nn.config("irrep_normalization")
+    if irrep_normalization not in TP_NORMALIZATIONS:
+        raise ValueError(f"irrep_normalization must be one of {TP_NORMALIZATIONS}, got {irrep_normalization!r}")
     irreps_x, irreps_y = Irreps(input1.irreps), Irreps(input2.irreps)
-    leading = jnp.broadcast_shapes(input1.shape[:-1], input2.shape[:-1])
-    expected = e3nn.tensor_product(input1.irreps, input2.irreps, filter_ir_out=filter_ir_out,
+    try:
+        leading = jnp.broadcast_shapes(input1.shape[:-1], input2.shape[:-1])
+    except ValueError:
+        raise ValueError(
+            "input1 and input2 must have leading shapes that broadcast, "
+            f"got {input1.shape[:-1]} and {input2.shape[:-1]}"
+        ) from None
+    e3nn_filter = None if filter_ir_out is None else [e3nn.Irrep(ir.l, ir.p) for ir in filter_ir_out]
+    expected = e3nn.tensor_product(input1.irreps, input2.irreps, filter_ir_out=e3nn_filter,
                                    regroup_output=regroup_output)  # fmt: skip
     if expected.dim == 0 or irreps_x.dim == 0 or irreps_y.dim == 0:
         return e3nn.IrrepsArray(expected, jnp.zeros((*leading, expected.dim), dtype))
@@ -64,4 +78,5 @@ def tensor_product(
     batch = math.prod(leading)
     x = jnp.broadcast_to(input1.array.astype(dtype), (*leading, irreps_x.dim)).reshape(batch, irreps_x.dim)
     y = jnp.broadcast_to(input2.array.astype(dtype), (*leading, irreps_y.dim)).reshape(batch, irreps_y.dim)
-    return e3nn.IrrepsArray(to_e3nn_irreps(tp.irreps_out), tp(x, y, backend=backend).reshape(*leading, -1))
+    out = tp(x, y, backend=backend).reshape(*leading, tp.irreps_out.dim)
+    return e3nn.IrrepsArray(to_e3nn_irreps(tp.irreps_out), out)

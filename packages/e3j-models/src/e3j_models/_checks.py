@@ -1,0 +1,36 @@
+"""Argument validation shared by e3j-models' public functions and modules (private).
+
+The array rules are e3j's (one rule for both packages); what only models need is here.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from e3j._checks import check_array, check_positive_int, check_rank, float_dtype
+
+__all__ = ["check_array", "check_positive_int", "check_rank", "float_dtype", "index_array", "positive_float"]
+
+
+def index_array(name: str, a, shape: tuple[int, ...] | None = None, layout: str = "") -> jax.Array:
+    """``a`` as an integer array (of ``shape`` when given); a float or a list of indices is an error.
+
+    Values are not checked: under ``jit`` they are not known (out-of-range indices clamp, as in JAX).
+    """
+    if isinstance(a, (list, tuple)):
+        raise TypeError(f"{name} must be an integer array, got {type(a).__name__}")
+    check_array(name, a)
+    a = jnp.asarray(a)
+    if not jnp.issubdtype(a.dtype, jnp.integer):
+        raise TypeError(f"{name} must be an integer array, got dtype {a.dtype}")
+    if shape is not None and a.shape != shape:
+        raise ValueError(f"{name} must have shape {layout or list(shape)}, got shape {a.shape}")
+    return a
+
+
+def positive_float(name: str, value: object) -> float:
+    """A static length or scale: a Python/numpy real number > 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    return float(value)

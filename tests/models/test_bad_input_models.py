@@ -1,0 +1,328 @@
+"""e3j-models' public functions and modules on bad input, and every irreps form they take.
+
+Each bad call raises a named exception whose message names the argument; each irreps argument
+takes a string, e3j's or e3nn-jax's ``Irreps``, or ``(mul, (l, p))`` pairs, with equal results.
+"""
+
+from __future__ import annotations
+
+import e3nn_jax as e3nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import e3j
+import e3j_models as M
+
+f32, f64 = jnp.float32, jnp.float64
+KEY = jax.random.key(0)
+
+
+def ones(*shape, dtype=f64):
+    return jnp.ones(shape, dtype)
+
+
+def rand(*shape, seed=0):
+    return jnp.asarray(np.random.default_rng(seed).normal(size=shape))
+
+
+FORMS = {
+    "str": "0e + 1o",
+    "e3j": e3j.Irreps("0e + 1o"),
+    "e3nn": e3nn.Irreps("0e + 1o"),
+    "mul_ir_pairs": ((1, (0, 1)), (1, (1, -1))),
+}
+GRAPH = e3j.Graph.from_edges(np.array([0, 1, 2]), np.array([1, 2, 0]), num_nodes=3)
+
+
+def _apply(module, *args):
+    return module.apply(module.init(KEY, *args), *args)
+
+
+FORM_CALLS = {
+    "gate_irreps_in": lambda v: jnp.asarray(M.gate_irreps_in(v).ls),
+    "gate": lambda v: M.gate(rand(5, M.gate_irreps_in("0e + 1o").dim, 2), v),
+    "SymmetricContractionSpec": lambda v: jnp.asarray(M.SymmetricContractionSpec(v, v, 2).irreps_result.ls),
+    "SymmetricContraction": lambda v: _apply(M.SymmetricContraction(v, v, 2, 2), rand(5, 4, 3), jnp.arange(5) % 2),
+    "EquivariantLinear": lambda v: _apply(M.EquivariantLinear(v, v, 3), rand(5, 4, 2)),
+    "Interaction": lambda v: _apply(
+        M.Interaction(v, v, v, v, channels=2, radial_hidden=(4,)), rand(3, 4, 2), rand(3, 4, seed=1), rand(3, 5), GRAPH
+    ),
+}
+
+
+@pytest.mark.parametrize("call", list(FORM_CALLS))
+def test_every_irreps_form_gives_the_same_result(call):
+    results = {form: FORM_CALLS[call](value) for form, value in FORMS.items()}
+    reference = results.pop("str")
+    for form, result in results.items():
+        np.testing.assert_array_equal(result, reference, err_msg=f"{call} with irreps given as {form}")
+
+
+POS = np.random.default_rng(0).normal(size=(4, 3))
+SPECIES = [0, 0, 1, 1]
+CFG = M.mace_a((1, 8), num_channels=4, radial_mlp=(4,), l_max=1, num_layers=1, correlation=1, node_symmetry=1)
+POT = M.Potential(CFG)
+BATCH = M.make_batch(POS, SPECIES, [0, 1, 2, 3], [1, 2, 3, 0])
+PARAMS = POT.init(KEY, BATCH)  # float64, as the positions
+
+
+def _interaction(x=None, sh=None, radial=None, graph=GRAPH, **kw):
+    args = {"irreps_in": "0e + 1o", "irreps_sh": "0e + 1o", "filter": "0e + 1o", "irreps_out": "0e + 1o"}
+    module = M.Interaction(**{**args, **kw}, channels=2, radial_hidden=(4,))
+    x = rand(3, 4, 2) if x is None else x
+    sh = rand(3, 4) if sh is None else sh
+    radial = rand(3, 5) if radial is None else radial
+    return module.init_with_output(KEY, x, sh, radial, graph)[0]
+
+
+def _sc(x=None, species=None, **kw):
+    module = M.SymmetricContraction(
+        **{"irreps_in": "0e + 1o", "irreps_out": "0e + 1o", "correlation": 2, "num_species": 2, **kw}
+    )
+    x = rand(5, 4, 3) if x is None else x
+    species = jnp.arange(5) % 2 if species is None else species
+    return module.init_with_output(KEY, x, species)[0]
+
+
+def _embed(species, num_species=3):
+    return M.SpeciesEmbedding(num_species, 4).init_with_output(KEY, species)[0]
+
+
+BAD = {
+    # id: (call, exception, message fragment naming the argument)
+    # make_batch
+    "make_batch senders float": (
+        lambda: M.make_batch(POS, SPECIES, [0.5, 1.0], [1, 2]),
+        ValueError,
+        r"senders must be an int array, got float64",
+    ),
+    "make_batch receivers float": (
+        lambda: M.make_batch(POS, SPECIES, [0, 1], np.array([1.0, 2.0])),
+        ValueError,
+        r"receivers must be an int array",
+    ),
+    "make_batch species negative": (
+        lambda: M.make_batch(POS, [0, 0, -1, 1], [0], [1]),
+        ValueError,
+        r"species must be model species indices >= 0, got -1",
+    ),
+    "make_batch node_graph float": (
+        lambda: M.make_batch(POS, SPECIES, [0], [1], node_graph=[0.0, 0, 1, 1]),
+        ValueError,
+        r"node_graph must be an int array",
+    ),
+    "make_batch node_graph out of range": (
+        lambda: M.make_batch(POS, SPECIES, [0], [1], node_graph=[0, 0, 5, 1], num_graphs=2),
+        ValueError,
+        r"node_graph must be in \[0, num_graphs=2\), got values in \[0, 5\]",
+    ),
+    # radial
+    "bessel_basis r list": (lambda: M.bessel_basis([1.0, 2.0], 4, 5.0), TypeError, r"r must be an array, got list"),
+    "bessel_basis r int": (
+        lambda: M.bessel_basis(jnp.array([1, 2]), 4, 5.0),
+        TypeError,
+        r"r must be a floating-point array, got dtype int",
+    ),
+    "bessel_basis num_basis 0": (
+        lambda: M.bessel_basis(ones(3), 0, 5.0),
+        ValueError,
+        r"num_basis must be an int > 0, got 0",
+    ),
+    "bessel_basis num_basis 2.0": (
+        lambda: M.bessel_basis(ones(3), 2.0, 5.0),
+        ValueError,
+        r"num_basis must be an int > 0, got 2.0",
+    ),
+    "bessel_basis cutoff 0": (
+        lambda: M.bessel_basis(ones(3), 4, 0.0),
+        ValueError,
+        r"cutoff must be a number > 0, got 0.0",
+    ),
+    "radial_embedding cutoff -1": (
+        lambda: M.radial_embedding(ones(3), 4, -1.0),
+        ValueError,
+        r"cutoff must be a number > 0, got -1.0",
+    ),
+    "radial_embedding r None": (
+        lambda: M.radial_embedding(None, 4, 5.0),
+        TypeError,
+        r"r must be an array, got NoneType",
+    ),
+    "radial_embedding p 0": (
+        lambda: M.radial_embedding(ones(3), 4, 5.0, p=0),
+        ValueError,
+        r"p must be an int > 0 .*got 0",
+    ),
+    "radial_embedding mask int": (
+        lambda: M.radial_embedding(ones(3), 4, 5.0, mask=jnp.array([1, 0, 2])),
+        ValueError,
+        r"mask must be a bool array shaped like r \(3,\), got int",
+    ),
+    "radial_embedding mask shape": (
+        lambda: M.radial_embedding(ones(3), 4, 5.0, mask=jnp.array([True, False])),
+        ValueError,
+        r"mask must be a bool array shaped like r \(3,\), got bool \(2,\)",
+    ),
+    "polynomial_envelope p 2.5": (
+        lambda: M.polynomial_envelope(ones(3), 5.0, p=2.5),
+        ValueError,
+        r"p must be an int > 0 .*got 2.5",
+    ),
+    # gate, linear, symmetric contraction, embedding, interaction
+    "gate irreps_out": (lambda: M.gate(ones(5, 4, 2), "2z"), ValueError, r"irreps_out: invalid irrep '2z'"),
+    "gate_irreps_in irreps_out": (lambda: M.gate_irreps_in("1x"), ValueError, r"irreps_out: invalid irrep ''"),
+    "gate x list": (lambda: M.gate(np.ones((5, 5, 2)).tolist(), "0e + 1o"), TypeError, r"x must be an array, got list"),
+    "gate x None": (lambda: M.gate(None, "0e + 1o"), TypeError, r"x must be an array, got NoneType"),
+    "EquivariantLinear irreps_in": (
+        lambda: _apply(M.EquivariantLinear("2z", "0e", 3), ones(5, 4, 2)),
+        ValueError,
+        r"irreps_in: invalid irrep '2z'",
+    ),
+    "EquivariantLinear irreps_out": (
+        lambda: _apply(M.EquivariantLinear("0e + 1o", [(1, (0, 2))], 3), ones(5, 4, 2)),
+        ValueError,
+        r"irreps_out: Irrep parity",
+    ),
+    "EquivariantLinear x list": (
+        lambda: _apply(M.EquivariantLinear("0e + 1o", "0e", 3), np.ones((5, 4, 2)).tolist()),
+        TypeError,
+        r"x must be an array, got list",
+    ),
+    "EquivariantLinear x None": (
+        lambda: _apply(M.EquivariantLinear("0e + 1o", "0e", 3), None),
+        TypeError,
+        r"x must be an array, got NoneType",
+    ),
+    "SymmetricContractionSpec irreps_in": (
+        lambda: M.SymmetricContractionSpec("2z", "0e", 2),
+        ValueError,
+        r"irreps_in: invalid irrep '2z'",
+    ),
+    "SymmetricContractionSpec irreps_out": (
+        lambda: M.SymmetricContractionSpec("0e", "-1x0e", 2),
+        ValueError,
+        r"irreps_out: invalid multiplicity '-1'",
+    ),
+    "SymmetricContraction species float": (
+        lambda: _sc(species=jnp.array([0.0, 1, 0, 1, 0])),
+        TypeError,
+        r"species must be an integer array, got dtype float",
+    ),
+    "SymmetricContraction species list": (
+        lambda: _sc(species=[0, 1, 0, 1, 0]),
+        TypeError,
+        r"species must be an integer array, got list",
+    ),
+    "SymmetricContraction species shape": (
+        lambda: _sc(species=jnp.array([0, 1])),
+        ValueError,
+        r"species must have shape \[N=5\] like x, got shape \(2,\)",
+    ),
+    "SymmetricContraction x list": (
+        lambda: _sc(x=np.ones((5, 4, 3)).tolist()),
+        TypeError,
+        r"x must be an array, got list",
+    ),
+    "SymmetricContraction num_species 0": (
+        lambda: _sc(num_species=0),
+        ValueError,
+        r"num_species must be an int > 0, got 0",
+    ),
+    "SpeciesEmbedding species float": (
+        lambda: _embed(jnp.array([0.0, 1.0])),
+        TypeError,
+        r"species must be an integer array, got dtype float",
+    ),
+    "SpeciesEmbedding species list": (lambda: _embed([0, 1]), TypeError, r"species must be an integer array, got list"),
+    "SpeciesEmbedding species 2-D": (
+        lambda: _embed(jnp.array([[0, 1]])),
+        ValueError,
+        r"species must have shape \[N\], got shape \(1, 2\)",
+    ),
+    "SpeciesEmbedding num_species 0": (
+        lambda: _embed(jnp.array([0]), num_species=0),
+        ValueError,
+        r"num_species must be an int > 0, got 0",
+    ),
+    "Interaction irreps_sh": (lambda: _interaction(irreps_sh="2z"), ValueError, r"irreps_sh: invalid irrep '2z'"),
+    "Interaction irreps_in": (lambda: _interaction(irreps_in=None), ValueError, r"irreps_in must be irreps"),
+    "Interaction filter": (lambda: _interaction(filter="1x"), ValueError, r"filter: cannot interpret '1x'"),
+    "Interaction radial rows": (
+        lambda: _interaction(radial=rand(4, 5)),
+        ValueError,
+        r"radial must be \[E=3, num_basis\] \(one row per edge\), got \(4, 5\)",
+    ),
+    "Interaction radial rank": (
+        lambda: _interaction(radial=rand(3)),
+        ValueError,
+        r"radial must have shape \[E, num_basis\], got shape \(3,\)",
+    ),
+    "Interaction radial list": (
+        lambda: _interaction(radial=np.ones((3, 5)).tolist()),
+        TypeError,
+        r"radial must be an array, got list",
+    ),
+    "RadialMLP radial rank": (
+        lambda: _apply(M.RadialMLP((4,), 2, 3), rand(6)),
+        ValueError,
+        r"radial must have shape \[E, num_basis\]",
+    ),
+    # potential
+    "Potential batch None": (
+        lambda: POT(PARAMS, None),
+        TypeError,
+        r"batch must be an e3j_models.GraphBatch \(see make_batch\), got NoneType",
+    ),
+    "Potential batch tuple": (
+        lambda: POT(PARAMS, tuple(BATCH)),
+        TypeError,
+        r"batch must be an e3j_models.GraphBatch .*got tuple",
+    ),
+    "Potential.init batch dict": (
+        lambda: POT.init(KEY, BATCH._asdict()),
+        TypeError,
+        r"batch must be an e3j_models.GraphBatch .*got dict",
+    ),
+    "Potential params None": (
+        lambda: POT(None, BATCH),
+        TypeError,
+        r"params must be the dict Potential.init returns, got NoneType",
+    ),
+    "Potential.energy params list": (
+        lambda: POT.energy([PARAMS], BATCH),
+        TypeError,
+        r"params must be the dict Potential.init returns, got list",
+    ),
+    "Potential positions narrower than params": (
+        lambda: POT(PARAMS, BATCH._replace(positions=BATCH.positions.astype(f32))),
+        TypeError,
+        r"batch.positions are float32 but params are float64",
+    ),
+    # neighbours
+    "bucket_size n": (lambda: M.bucket_size(-1), ValueError, r"n must be an int >= 0, got -1"),
+    "bucket_size multiple": (lambda: M.bucket_size(10, multiple=0), ValueError, r"multiple must be an int > 0, got 0"),
+    "bucket_size headroom": (
+        lambda: M.bucket_size(10, headroom=-1.0),
+        ValueError,
+        r"headroom must be a number >= 0, got -1.0",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_input_names_the_argument(case):
+    call, exc, match = BAD[case]
+    with pytest.raises(exc, match=match):
+        call()
+
+
+def test_valid_edge_cases():
+    """What stays accepted: empty index lists, wider positions than params (promoted), 0 edges."""
+    assert M.make_batch(np.zeros((0, 3)), [], [], []).graph.num_nodes == 0
+    assert M.make_batch(POS, SPECIES, [], []).graph.num_edges == 0
+    params32 = jax.tree.map(lambda a: a.astype(f32) if jnp.issubdtype(a.dtype, jnp.floating) else a, PARAMS)
+    assert POT(params32, BATCH, forces=False)["energy"].dtype == f64
+    isolated = POT(PARAMS, M.make_batch(POS, SPECIES, [], []), forces=False)["energy"]
+    assert np.isfinite(isolated).all()
