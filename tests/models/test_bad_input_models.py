@@ -6,33 +6,15 @@ takes a string, e3j's or e3nn-jax's ``Irreps``, or ``(mul, (l, p))`` pairs, with
 
 from __future__ import annotations
 
-import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from bad_input import FORMS, KEY, f32, f64, ones, rand
 
 import e3j
 import e3j_models as M
 
-f32, f64 = jnp.float32, jnp.float64
-KEY = jax.random.key(0)
-
-
-def ones(*shape, dtype=f64):
-    return jnp.ones(shape, dtype)
-
-
-def rand(*shape, seed=0):
-    return jnp.asarray(np.random.default_rng(seed).normal(size=shape))
-
-
-FORMS = {
-    "str": "0e + 1o",
-    "e3j": e3j.Irreps("0e + 1o"),
-    "e3nn": e3nn.Irreps("0e + 1o"),
-    "mul_ir_pairs": ((1, (0, 1)), (1, (1, -1))),
-}
 GRAPH = e3j.Graph.from_edges(np.array([0, 1, 2]), np.array([1, 2, 0]), num_nodes=3)
 
 
