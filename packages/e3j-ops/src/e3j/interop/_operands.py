@@ -7,9 +7,19 @@ import jax
 import jax.numpy as jnp
 
 from e3j_core import Irreps
+from e3j_core.coo import TP_NORMALIZATIONS
 
 from ..factored import FactoredWeights, check_weights
 from ..graph import Graph
+
+
+def check_irrep_normalization(value: str | None) -> str:
+    """e3nn-jax's ``irrep_normalization=`` argument: ``None`` is its configured default."""
+    if value is None:
+        value = e3nn.config("irrep_normalization")
+    if value not in TP_NORMALIZATIONS:
+        raise ValueError(f"irrep_normalization must be one of {TP_NORMALIZATIONS}, got {value!r}")
+    return value
 
 
 def message_passing_operands(

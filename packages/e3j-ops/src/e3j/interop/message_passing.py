@@ -31,12 +31,12 @@ import e3nn_jax as e3nn
 import jax
 
 from e3j_core import as_irreps
-from e3j_core.coo import TP_NORMALIZATIONS, normalize_filter
+from e3j_core.coo import normalize_filter
 
 from ..factored import FactoredWeights
 from ..graph import Graph
 from ..mul_ir import MulIrConvolution
-from ._operands import message_passing_operands
+from ._operands import check_irrep_normalization, message_passing_operands
 from .layout import to_e3nn_irreps
 
 __all__ = ["MessagePassing", "message_passing"]
@@ -73,10 +73,7 @@ class MessagePassing:
         irrep_normalization: str | None = None,
         grouping: str = "multiplicity",
     ) -> None:
-        if irrep_normalization is None:
-            irrep_normalization = e3nn.config("irrep_normalization")
-        if irrep_normalization not in TP_NORMALIZATIONS:
-            raise ValueError(f"irrep_normalization must be one of {TP_NORMALIZATIONS}, got {irrep_normalization!r}")
+        irrep_normalization = check_irrep_normalization(irrep_normalization)
         if self_connection is not None and irrep_normalization != "component":
             raise ValueError(
                 f"self_connection needs irrep_normalization='component' (x ⊗ 1 = x), got {irrep_normalization!r}"

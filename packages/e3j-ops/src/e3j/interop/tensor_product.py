@@ -8,9 +8,10 @@ import e3nn_jax as e3nn
 import jax.numpy as jnp
 
 from e3j_core import Irreps
-from e3j_core.coo import TP_NORMALIZATIONS, normalize_filter
+from e3j_core.coo import normalize_filter
 
 from ..mul_ir import MulIrTensorProduct
+from ._operands import check_irrep_normalization
 from .layout import to_e3nn_irreps
 
 __all__ = ["tensor_product"]
@@ -50,10 +51,7 @@ def tensor_product(
     dtype = jnp.result_type(input1.array, input2.array)
     if not jnp.issubdtype(dtype, jnp.floating):
         dtype = jnp.ones(()).dtype
-    if irrep_normalization is None:
-        irrep_normalization = e3nn.config("irrep_normalization")
-    if irrep_normalization not in TP_NORMALIZATIONS:
-        raise ValueError(f"irrep_normalization must be one of {TP_NORMALIZATIONS}, got {irrep_normalization!r}")
+    irrep_normalization = check_irrep_normalization(irrep_normalization)
     irreps_x, irreps_y = Irreps(input1.irreps), Irreps(input2.irreps)
     try:
         leading = jnp.broadcast_shapes(input1.shape[:-1], input2.shape[:-1])
