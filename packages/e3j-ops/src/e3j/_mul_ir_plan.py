@@ -108,6 +108,22 @@ class Group:
         cols = take_columns(w, self.weights)
         return cols.reshape(*cols.shape[:-1], self.coo.num_paths, self.channels)
 
+    @property
+    def weight_columns(self) -> np.ndarray | None:
+        """The first column of each path's weights on e3nn's weight axis (its ``C`` weights are that
+        column and the next ``C - 1``), or ``None`` where a path's copies are not consecutive."""
+        w = self.weights
+        if w.index is not None:
+            index = w.index
+        elif w.runs is None:
+            index = np.arange(w.size_in)
+        else:
+            index = np.concatenate([np.arange(a, b) for a, b in w.runs])
+        per_path = index.reshape(self.coo.num_paths, self.channels)
+        if not np.array_equal(per_path, per_path[:, :1] + np.arange(self.channels)):
+            return None
+        return per_path[:, 0]
+
 
 @dataclass(frozen=True, eq=False)
 class Plan:
@@ -133,6 +149,36 @@ class Plan:
         """Whether a call gathers (rather than slices) weights or outputs: only for an ``y`` with a
         multiplicity above 1."""
         return self.out.index is not None or any(g.weights.index is not None for g in self.groups)
+
+    @property
+    def in_place(self) -> bool:
+        """Whether every path's weights and output copies are consecutive runs of e3nn's axes (always,
+        unless ``y`` has a multiplicity above 1): what the one-primitive convolution reads and writes."""
+        return self.out_blocks is not None and all(g.weight_columns is not None for g in self.groups)
+
+    def split_x(self, x: jax.Array) -> list[jax.Array]:
+        """Flat ``[.., Dx_flat]`` → one ``[.., Dx_g, C_g]`` per group."""
+        return [g.split_x(x) for g in self.groups]
+
+    def join_x(self, dxs: list[jax.Array]) -> jax.Array:
+        """The transpose of :meth:`split_x`: the groups' ``[.., Dx_g, C_g]`` → flat ``[.., Dx_flat]``
+        (columns no group reads, of zero-multiplicity or filtered-out blocks, are zero)."""
+        lead = jnp.shape(dxs[0])[:-2]
+        aval = jax.ShapeDtypeStruct((*lead, self.irreps_x.dim), dxs[0].dtype)
+        (dx,) = jax.linear_transpose(self.split_x, aval)(list(dxs))
+        return dx
+
+    def split_out(self, dm: jax.Array) -> list[jax.Array]:
+        """The transpose of :meth:`join_out`: flat ``[.., Dout_flat]`` → the groups' ``[.., Dout_g, C_g]``."""
+        lead = jnp.shape(dm)[:-1]
+        avals = [jax.ShapeDtypeStruct((*lead, g.coo.dim_out, g.channels), dm.dtype) for g in self.groups]
+        return list(jax.linear_transpose(lambda *o: self.join_out(list(o)), *avals)(dm))
+
+    def join_weights(self, dss: list[jax.Array]) -> jax.Array:
+        """The groups' ``[.., P_g, C_g]`` (per-path weights or their cotangents) → e3nn's ``[.., num_weights]``,
+        one concatenation of the paths in column order. Needs :attr:`in_place`."""
+        pieces = sorted((int(col), g, p) for g, gr in enumerate(self.groups) for p, col in enumerate(gr.weight_columns))
+        return jnp.concatenate([dss[g][..., p, :] for _, g, p in pieces], axis=-1)
 
     def join_out(self, outs: list[jax.Array]) -> jax.Array:
         """The groups' outputs ``[.., Dout_g, C_g]`` → e3nn's flat ``[.., Dout_flat]``.

@@ -196,6 +196,8 @@ def _load_reference() -> Kernels:
         tensor_product_bwd=tensor_product.tensor_product_bwd,
         convolution=convolution.convolution,
         convolution_bwd=convolution.convolution_bwd,
+        grouped_convolution=convolution.grouped_convolution,
+        grouped_convolution_bwd=convolution.grouped_convolution_bwd,
     )
 
 

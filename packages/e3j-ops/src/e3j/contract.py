@@ -11,6 +11,12 @@ Signatures (``coo`` is an :class:`e3j_core.TensorProductCoo`; keyword options ar
 - ``tensor_product_bwd(coo, x, y, dz, *, outs, y_channels) -> {"x": dx, "y": dy}`` (keys: ``outs``)
 - ``convolution(coo, x, y, s, graph, *, y_channels) -> m``
 - ``convolution_bwd(coo, x, y, s, dm, graph, *, outs, y_channels) -> {"x"|"y"|"s": ...}``
+- optional, both or neither: ``grouped_convolution(plan, x, y, s, graph) -> m`` and
+  ``grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs) -> {"x"|"y"|"s": ...}``: every group
+  of a mixed-multiplicity plan (:class:`e3j.MulIrConvolution`) in one call, on e3nn's flat layouts
+  (``x [N, Dx_flat]``, ``y [E, Dy]``, ``s [E, num_weights]`` in e3nn's weight order, ``m [N,
+  Dout_flat]``; see :mod:`e3j._primitives.grouped_convolution`). Without them each group runs
+  through ``convolution`` / ``convolution_bwd``, and e3j converts the layouts around the calls.
 
 Layouts (trailing channels): ``x [B|N, Dx, C]``; ``y [B|E, Dy, C]`` (``y_channels=True``) or
 ``[B|E, Dy]`` broadcast over channels; ``s [E, P, C]`` (one edge scalar per path and channel);
@@ -58,6 +64,7 @@ __all__ = [
     "Kernels",
     "TensorProductBwdKernel",
     "TensorProductKernel",
+    "checked",
     "needed",
     "run",
 ]
@@ -130,6 +137,9 @@ class Kernels:
     tensor_product_bwd: TensorProductBwdKernel | None = None
     convolution: ConvolutionKernel | None = None
     convolution_bwd: ConvolutionBwdKernel | None = None
+    #: optional: all groups of a mixed-multiplicity convolution in one call (see the module doc)
+    grouped_convolution: Callable[..., jax.Array] | None = None
+    grouped_convolution_bwd: Callable[..., Mapping[str, jax.Array]] | None = None
 
     def provides(self, op: str) -> bool:
         return getattr(self, op) is not None and getattr(self, op + "_bwd") is not None
@@ -184,7 +194,7 @@ def _call(op, kernels, backend_name, coo, operands, graph, outs, y_channels, res
         res = kernels.convolution_bwd(
             coo, args["x"], args["y"], args["s"], args["g"], graph, outs=outs, y_channels=y_channels
         )
-    return _checked(op, backend_name, forward, res, types)
+    return checked(op, backend_name, forward, res, types)
 
 
 def _empty(op: str, args: dict, graph) -> bool:
@@ -194,7 +204,9 @@ def _empty(op: str, args: dict, graph) -> bool:
     return min(rows) == 0
 
 
-def _checked(op, backend_name, forward, res, types) -> dict[str, jax.Array]:
+def checked(op: str, backend_name: str, forward: bool, res, types: Mapping) -> dict[str, jax.Array]:
+    """``res`` (a kernel's result) if it holds exactly the outputs ``types`` with their shapes and
+    dtypes; else ``TypeError`` naming the backend and the kernel."""
     kernel = op if forward else op + "_bwd"
     if not isinstance(res, Mapping) or set(res) != set(types):
         got = sorted(res) if isinstance(res, Mapping) else type(res).__name__

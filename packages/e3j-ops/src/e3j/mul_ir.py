@@ -10,10 +10,13 @@ layout, its copies in e3nn-jax's order (e3nn-jax is not needed).
 How: the blocks of ``x`` are grouped by multiplicity; each distinct multiplicity ``m`` is one
 uniform-channel :class:`Convolution` (``C = m``) holding only the paths whose ``x`` irrep has that
 multiplicity, so every path runs with its own channel count and every backend and kernel serves
-it unchanged. The groups' inputs, weights and outputs are put in place by static slices and
-concatenations. Those of an array of weights ``[E, num_weights]`` copy it once per call (e3nn's
-order gives each group several column runs); weights given as :class:`e3j.FactoredWeights`
-``hidden @ kernel`` are reordered through the kernel's columns instead (see ``docs/usage.md``).
+it unchanged. With an array of weights ``[E, num_weights]`` the convolution's groups run as one
+primitive on e3nn's layouts: each path reads its ``C`` weights where e3nn puts them (a path's copies
+are consecutive columns) and its cotangent is written there, so the array is never copied into the
+groups' layout; the reference runs all groups in one sweep over the edges, other backends group by
+group. Weights given as :class:`e3j.FactoredWeights` ``hidden @ kernel`` run group by group, each
+from its own product with the kernel's columns (see ``docs/usage.md``). Node features and outputs
+move by static slices and concatenations.
 ``grouping="gcd"`` instead runs one op with ``C`` = the gcd of the multiplicities (each block
 ``m x ir`` as ``m/C`` copies; many more paths of fewer channels), kept to compare against.
 
@@ -43,6 +46,8 @@ from e3j_core.coo import normalize_filter
 
 from ._checks import check_rank, check_same_dtype
 from ._mul_ir_plan import GROUPINGS, Plan, plan
+from ._primitives.grouped_convolution import GROUPED_CONVOLUTION, GroupedConvSpec
+from .backends import current_backend_request
 from .convolution import Convolution
 from .factored import FactoredWeights, check_weights
 from .graph import Graph
@@ -62,8 +67,8 @@ class MulIrConvolution:
     ``conv = MulIrConvolution(irreps_x, irreps_y, filter=None, *, self_connection=None)``;
     ``conv(x, y, w, graph)`` with node features ``x: [N, irreps_x.dim]`` (flat ``mul_ir``), edge
     attributes ``y: [E, irreps_y.dim]`` (e.g. spherical harmonics), weights
-    ``w: [E, conv.num_weights]`` (one per output copy, in output order; or :class:`e3j.FactoredWeights`
-    ``hidden @ kernel``, whose rearrangement into the groups costs no per-edge copy) and an
+    ``w: [E, conv.num_weights]`` (one per output copy, in output order, read in place; or
+    :class:`e3j.FactoredWeights` ``hidden @ kernel``, whose rearrangement costs no per-edge copy) and an
     :class:`e3j.Graph` returns ``[N, conv.irreps_out.dim]`` flat. ``self_connection`` (irreps, multiplicities ignored)
     also passes the copies of ``x`` with those irreps through as messages (``x ⊗ 1``), merged
     into the output: e3nn-jax's ``concatenate([x.filter(self_connection), x ⊗ y]).regroup()``.
@@ -147,7 +152,15 @@ class MulIrConvolution:
             raise ValueError(
                 f"y must be [E={e}, {self.irreps_y.dim}] for {self.irreps_y} and this graph, got {y.shape}"
             )
-        return self.join_out(self.grouped(self.split_x(x), y, self.split_weights(w), graph, backend=backend))
+        if isinstance(w, FactoredWeights) or not p.in_place:
+            return self.join_out(self.grouped(self.split_x(x), y, self.split_weights(w), graph, backend=backend))
+        # an array of weights: one primitive for all groups, reading them where e3nn puts them
+        if p.constant_row:  # the constant 0e column of the self connection
+            y = jnp.concatenate([jnp.ones((e, 1), y.dtype), y], axis=1)
+        leaves, tree = jax.tree.flatten(graph)
+        spec = GroupedConvSpec(p, graph_tree=tree)
+        request = current_backend_request(backend)
+        return GROUPED_CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": w}, leaves, ("m",), request)["m"]
 
     def split_x(self, x: jax.Array) -> list[jax.Array]:
         """Flat node features ``[.., irreps_x.dim]`` → one ``[.., D_g, C_g]`` per group."""

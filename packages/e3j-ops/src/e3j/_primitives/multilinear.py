@@ -78,12 +78,15 @@ class Multilinear:
         out_aval: ``(spec, slot, avals_by_slot, aux_avals) -> ShapedArray`` of ``contract_slot``.
         batch: ``(M_bind, spec, assignment, aux, dims, outs) -> (outputs, out_dims)`` or ``None`` to
             use the generic sequential fallback.
+        dispatch: ``(form, platform, requested, spec, operands, aux, outs) -> {slot: array}``, how one
+            ``M`` evaluation reaches the kernels; ``None``: :func:`dispatch` (one COO op).
     """
 
     name: str
     slots: tuple[str, ...]
     out_aval: Callable[..., Any]
     batch: Callable[..., Any] | None = None
+    dispatch: Callable[..., dict] | None = None
 
 
 class Primitives:
@@ -254,7 +257,7 @@ class Primitives:
     def _lowering_M(self, platform: str):
         def impl(*args, spec, q_slots, outs, n_aux, backend):
             Q, _, aux = self._split(args, q_slots, (), n_aux)
-            res = dispatch(self.form, platform, backend, spec, Q, aux, outs)
+            res = (self.form.dispatch or dispatch)(self.form, platform, backend, spec, Q, aux, outs)
             return [res[j] for j in outs]
 
         return mlir.lower_fun(impl, multiple_results=True)
@@ -267,7 +270,7 @@ class Primitives:
                 js = tuple(j for j in outs if j != k)
                 if not js:
                     continue
-                res = dispatch(self.form, platform, backend, spec, {**Q, k: Tk}, aux, js)
+                res = (self.form.dispatch or dispatch)(self.form, platform, backend, spec, {**Q, k: Tk}, aux, js)
                 for j in js:
                     acc[j] = res[j] if j not in acc else acc[j] + res[j]
             results = []

@@ -1,0 +1,139 @@
+"""One primitive for all groups of a mixed-multiplicity convolution, on e3nn's flat layouts.
+
+``Φ(x, y, s, m) = Σ_g Φ_g(x_g, y, s_g, m_g)``: the sum of the uniform-channel convolutions of a
+:class:`e3j._mul_ir_plan.Plan`, each reading its slice of the shared operands. Slots, all without a
+channel axis: ``x [N, Dx_flat]`` (e3nn's ``mul_ir`` node features), ``y [E, Dy]`` (edge attributes,
+with the self connection's constant column when the plan has one), ``s [E, num_weights]`` (e3nn's
+weight order: path ``p`` of group ``g`` reads columns ``weight_columns[p] .. + C_g``) and
+``m [N, Dout_flat]`` (e3nn's output layout). Since the weights are read where e3nn puts them and
+their cotangent written there, an ``[E, num_weights]`` array is never copied into the groups' layout.
+
+A backend whose kernels include ``grouped_convolution`` / ``grouped_convolution_bwd`` (the reference)
+runs all groups in one sweep over the edges when it serves every group; otherwise each group runs
+through that backend's ordinary convolution kernels on operands split here (the weights copied into
+``[E, P_g, C_g]``), and the results are joined: the same values, the old cost.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .. import contract
+from .._mul_ir_plan import Plan
+from ..backends import OpRequest, kernels_of, select_backend
+from .multilinear import Multilinear, Primitives, out_aval, slot_of
+
+SLOTS = ("x", "y", "s", "m")
+
+
+@dataclass(frozen=True)
+class GroupedConvSpec:
+    """Static description of one call: the plan (groups, layouts) and the graph's pytree structure."""
+
+    plan: Plan
+    graph_tree: Any = None
+
+    def dim(self, slot: str) -> int:
+        p = self.plan
+        return {"x": p.irreps_x.dim, "y": p.groups[0].coo.dim_y, "s": p.num_weights, "m": p.irreps_out.dim}[slot]
+
+
+def _out_aval(spec: GroupedConvSpec, slot: str, avals: dict, aux) -> jax.core.ShapedArray:
+    by_slot = {slot_of(k): a for k, a in avals.items()}
+    nodes = next(by_slot[k].shape[0] for k in ("x", "m") if k in by_slot)
+    edges = next(by_slot[k].shape[0] for k in ("y", "s") if k in by_slot)
+    dtype = next(iter(avals.values())).dtype
+    rows = nodes if slot in ("x", "m") else edges
+    return out_aval((rows, spec.dim(slot)), dtype, list(avals.values()))
+
+
+def _lmax(coo) -> int:
+    return max(ir.l for irreps in (coo.irreps_x, coo.irreps_y, coo.irreps_out) for _, ir in irreps)
+
+
+def _dispatch(form, platform: str, requested: str | None, spec: GroupedConvSpec, A: dict, aux, outs) -> dict:
+    """The ``M`` outputs ``outs``: every group's backend selected as a convolution of its own ``C``."""
+    plan = spec.plan
+    dtype = jnp.dtype(next(iter(A.values())).dtype)
+    backends = [
+        select_backend(OpRequest("convolution", platform, dtype.name, g.channels, _lmax(g.coo)), requested)
+        for g in plan.groups
+    ]
+    graph = jax.tree.unflatten(spec.graph_tree, aux)
+    avals = {k: jax.typeof(v) for k, v in A.items()}
+    aux_avals = tuple(jax.typeof(a) for a in aux)
+    types = {o: _out_aval(spec, o, avals, aux_avals) for o in outs}
+    kernels = [kernels_of(b) for b in backends]
+    one = len({b.name for b in backends}) == 1 and kernels[0].provides("grouped_convolution")
+    results = {}
+    for part in (("m",), tuple(o for o in ("x", "y", "s") if o in outs)):
+        part = tuple(o for o in part if o in outs)
+        if not part:
+            continue
+        if one:
+            results.update(_native(kernels[0], backends[0].name, plan, A, graph, part, types, dtype))
+        else:
+            results.update(_per_group(kernels, backends, plan, A, graph, part, types, dtype))
+    return results
+
+
+def _operands(A: dict, outs: tuple[str, ...], dtype) -> dict:
+    reads = contract.needed("convolution", outs)
+    args = {k: (jnp.asarray(A[k]).astype(dtype) if k in reads else None) for k in ("x", "y", "s")}
+    if outs != ("m",):
+        args["g"] = jnp.asarray(A["m"]).astype(dtype)
+    return args
+
+
+def _native(kernels, name: str, plan: Plan, A: dict, graph, outs, types, dtype) -> dict:
+    args = _operands(A, outs, dtype)
+    if min([a.shape[0] for a in args.values() if a is not None] + [graph.num_nodes, graph.num_edges]) == 0:
+        return {o: jnp.zeros(types[o].shape, types[o].dtype) for o in outs}
+    if outs == ("m",):
+        res = {"m": kernels.grouped_convolution(plan, args["x"], args["y"], args["s"], graph)}
+    else:
+        res = kernels.grouped_convolution_bwd(plan, args["x"], args["y"], args["s"], args["g"], graph, outs=outs)
+    return contract.checked("grouped_convolution", name, outs == ("m",), res, types)
+
+
+def _per_group(kernels, backends, plan: Plan, A: dict, graph, outs, types, dtype) -> dict:
+    """Each group through its backend's ordinary convolution kernels (under the kernel contract)."""
+    args = _operands(A, outs, dtype)
+    n = len(plan.groups)
+    xs = plan.split_x(args["x"]) if args["x"] is not None else [None] * n
+    ss = [g.split_weights(args["s"]) for g in plan.groups] if args["s"] is not None else [None] * n
+    gs = plan.split_out(args["g"]) if "g" in args else [None] * n
+    res = []
+    for g, k, b, xg, sg, gg in zip(plan.groups, kernels, backends, xs, ss, gs):
+        operands = {"x": xg, "y": args["y"], "s": sg, "m": gg}
+        channels = g.channels
+
+        def result_type(slot, g=g, channels=channels):
+            rows = graph.num_nodes if slot in ("x", "m") else graph.num_edges
+            dim = {"x": g.coo.dim_x, "y": g.coo.dim_y, "s": g.coo.num_paths, "m": g.coo.dim_out}[slot]
+            return jax.ShapeDtypeStruct((rows, dim) + (() if slot == "y" else (channels,)), dtype)
+
+        res.append(
+            contract.run("convolution", k, b.name, g.coo, operands, graph, outs, y_channels=False,
+                         result_type=result_type)
+        )  # fmt: skip
+    out = {}
+    if "m" in outs:
+        out["m"] = plan.join_out([r["m"] for r in res])
+    if "x" in outs:
+        out["x"] = plan.join_x([r["x"] for r in res])
+    if "y" in outs:
+        out["y"] = res[0]["y"]
+        for r in res[1:]:
+            out["y"] = out["y"] + r["y"]
+    if "s" in outs:
+        out["s"] = plan.join_weights([r["s"] for r in res])
+    return out
+
+
+GROUPED_CONVOLUTION = Primitives(Multilinear("grouped_convolution", SLOTS, _out_aval, dispatch=_dispatch))
+"""All groups of a :class:`e3j.MulIrConvolution` as one convolution on e3nn's layouts."""

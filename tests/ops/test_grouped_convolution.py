@@ -1,0 +1,121 @@
+"""The one-primitive mixed-multiplicity convolution (array weights read in e3nn's layout, in place).
+
+``e3j.MulIrConvolution`` with an ``[E, num_weights]`` array runs every group of its plan as one
+primitive on e3nn's flat layouts. Oracle: the e3nn-jax pattern it stands for, float64, through every
+order of differentiation the models use (forces, force training: grad of grad, forward mode), under
+``vmap``, with padding edges and with an empty graph; the reference's one-sweep kernels against the
+per-group path that a backend without grouped kernels takes.
+"""
+
+from __future__ import annotations
+
+import e3nn_jax as e3nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import e3j
+
+N, E = 6, 19
+RNG = np.random.default_rng(11)
+SENDERS = RNG.integers(0, N, E)
+RECEIVERS = RNG.integers(0, N, E)
+GRAPH = e3j.Graph.from_edges(SENDERS, RECEIVERS, N)
+IRREPS_X, IRREPS_Y, FILTER, KEEP = "4x0e + 2x1o + 1x2e + 2x1e", "0e + 1o + 2e", "0e + 1o + 2e", "0e + 1o"
+CONV = e3j.MulIrConvolution(IRREPS_X, IRREPS_Y, FILTER, self_connection=KEEP)
+
+
+def e3nn_pattern(x, y, w, senders=SENDERS, receivers=RECEIVERS):
+    m = e3nn.IrrepsArray(IRREPS_X, x)[senders]
+    tp = e3nn.tensor_product(m, e3nn.IrrepsArray(IRREPS_Y, y), filter_ir_out=FILTER)
+    m = e3nn.concatenate([m.filter(KEEP), tp]).regroup()
+    return e3nn.scatter_sum(m * w, dst=receivers, output_size=N).array
+
+
+def operands(seed=0):
+    k = jax.random.split(jax.random.key(seed), 3)
+    x = jax.random.normal(k[0], (N, e3nn.Irreps(IRREPS_X).dim), jnp.float64)
+    y = jax.random.normal(k[1], (E, e3nn.Irreps(IRREPS_Y).dim), jnp.float64)
+    w = jax.random.normal(k[2], (E, CONV.num_weights), jnp.float64)
+    return x, y, w
+
+
+def primitives(f, *args):
+    return [e.primitive.name for e in jax.make_jaxpr(f)(*args).eqns]
+
+
+def test_array_weights_run_one_primitive_without_a_copy_into_the_groups():
+    x, y, w = operands()
+    assert len(CONV.groups) == 3 and CONV.plan.in_place
+    names = primitives(lambda a, b, c: CONV(a, b, c, GRAPH), x, y, w)
+    assert names.count("e3j_grouped_convolution") == 1 and "e3j_convolution" not in names
+    # the weights reach the primitive as they are: no op outside it makes a group's [E, P_g, C_g]
+    jaxpr = jax.make_jaxpr(lambda a, b, c: CONV(a, b, c, GRAPH))(x, y, w)
+    shapes = {tuple(v.aval.shape) for e in jaxpr.eqns for v in e.outvars}
+    assert not shapes & {(E, g.coo.num_paths, g.channels) for g in CONV.plan.groups}
+    # FactoredWeights keep their per-group products (no per-edge array to read in place)
+    names = primitives(lambda a, b: CONV(a, b, e3j.FactoredWeights(jnp.ones((E, 3)), jnp.ones((3, CONV.num_weights))),
+                                         GRAPH), x, y)  # fmt: skip
+    assert names.count("e3j_convolution") == 3 and "e3j_grouped_convolution" not in names
+
+
+@pytest.mark.parametrize("backend", ["reference", "test", "pallas_gpu_interpret"])
+def test_value_gradients_and_second_order_equal_e3nn(backend):
+    """``test`` (reference kernels without the grouped ones) and the Pallas interpreter run the groups
+    one by one; the reference runs them in one sweep: every order of derivative equals e3nn-jax."""
+    if backend not in {b.name for b in e3j.available_backends()}:
+        pytest.skip(f"backend {backend} is not installed")
+    x, y, w = operands(1)
+    cot = jax.random.normal(jax.random.key(5), (N, CONV.irreps_out.dim), jnp.float64)
+    v = jax.random.normal(jax.random.key(6), x.shape, jnp.float64)
+
+    def ours(a, b, c):
+        return jnp.sum(jnp.tanh(CONV(a, b, c, GRAPH, backend=backend)) * cot)
+
+    def ref(a, b, c):
+        return jnp.sum(jnp.tanh(e3nn_pattern(a, b, c)) * cot)
+
+    np.testing.assert_allclose(jax.jit(lambda *a: CONV(*a, GRAPH, backend=backend))(x, y, w),
+                               e3nn_pattern(x, y, w), rtol=1e-12, atol=1e-12)  # fmt: skip
+    for f in (
+        lambda loss: jax.value_and_grad(loss, argnums=(0, 1, 2)),
+        # forces, then a loss on them differentiated with respect to everything (force training)
+        lambda loss: jax.grad(lambda a, b, c: jnp.sum(jax.grad(loss)(a, b, c) * v), argnums=(0, 1, 2)),
+        # forward mode
+        lambda loss: lambda a, b, c: jax.jvp(loss, (a, b, c), (v, jnp.sin(b), jnp.cos(c))),
+    ):
+        got, want = jax.jit(f(ours))(x, y, w), jax.jit(f(ref))(x, y, w)
+        for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-12)
+
+
+def test_the_per_group_path_is_what_a_backend_without_grouped_kernels_runs():
+    from e3j_test_backend import calls
+
+    x, y, w = operands(2)
+    calls.clear()
+    jax.jit(jax.grad(lambda c: jnp.sum(CONV(x, y, c, GRAPH, backend="test") ** 2)))(w)
+    # three groups, each a forward and a backward of the ordinary convolution kernels
+    assert calls.count("convolution") == 3 and calls.count("convolution_bwd") == 3
+
+
+def test_vmap_padding_edges_and_empty_graph():
+    x, y, w = operands(3)
+    xs = jnp.stack([x, 2 * x, -x])
+    got = jax.vmap(lambda a: CONV(a, y, w, GRAPH))(xs)
+    np.testing.assert_allclose(got, jnp.stack([e3nn_pattern(a, y, w) for a in xs]), rtol=1e-12, atol=1e-12)
+    # padding edges (mask False, indices out of range) contribute nothing, and get zero cotangents
+    pad = 5
+    mask = np.arange(E + pad) < E
+    padded = e3j.Graph.from_edges(np.r_[SENDERS, [N] * pad], np.r_[RECEIVERS, [N] * pad], N, edge_mask=mask)
+    yp = jnp.concatenate([y, jnp.full((pad, y.shape[1]), jnp.nan)])
+    wp = jnp.concatenate([w, jnp.full((pad, w.shape[1]), jnp.nan)])
+    np.testing.assert_allclose(CONV(x, yp, wp, padded), e3nn_pattern(x, y, w), rtol=1e-12, atol=1e-12)
+    dy, dw = jax.grad(lambda b, c: jnp.sum(CONV(x, b, c, padded)), argnums=(0, 1))(yp, wp)
+    assert not np.any(dy[E:]) and not np.any(dw[E:]) and np.all(np.isfinite(dw[:E]))
+    # no edges: zeros, and zero gradients
+    empty = e3j.Graph.from_edges(np.zeros(0, int), np.zeros(0, int), N)
+    y0, w0 = jnp.zeros((0, y.shape[1])), jnp.zeros((0, w.shape[1]))
+    assert not np.any(CONV(x, y0, w0, empty))
+    assert not np.any(jax.grad(lambda a: jnp.sum(CONV(a, y0, w0, empty)))(x))
