@@ -20,7 +20,11 @@ are timed in ``--rounds`` interleaved rounds (the CPU may be shared); each time 
 mean of its fastest 20 % of calls. The factored call's conversion share (a few per cent, near the
 run-to-run noise of separate timings) is also measured in ``--pairs`` alternating calls of the
 factored call and its bare groups: the median over the pairs of ``1 - bare / factored``, and its
-quartiles.
+quartiles; the same for the drop-in with an array of weights against its groups alone.
+
+With an array of weights the drop-in runs one primitive for all groups that reads the weights in
+e3nn's layout in place (``layouts`` times the conversions the per-group route pays instead: the
+route of ``FactoredWeights`` and of backends without grouped kernels).
 
     python benchmarks/interop_message_passing.py --nodes 1000 3000 --runs 20
 """
@@ -141,6 +145,9 @@ def measure(n: int, args) -> dict:
 
     graph = e3j.Graph.from_edges(senders, receivers, num_nodes)
     assert not mp.plan.gathers and not gcd.plan.gathers
+    platform = e3j.backends.device_platform(jax.devices()[0])
+    request = e3j.backends.OpRequest("convolution", platform, "float32", mp.plan.groups[0].channels, args.lmax)
+    selected = e3j.backends.select_backend(request, args.backend)
 
     def with_graph(m, irreps):
         def f(xa, ya, wa, g):
@@ -224,6 +231,10 @@ def measure(n: int, args) -> dict:
         kind: paired_share(jitted[f"e3j_factored_graph_{kind}"], jitted[f"e3j_factored_bare_{kind}"], args.pairs)
         for kind in ("fwd", "fwd_bwd")
     }
+    paired_array = {
+        kind: paired_share(jitted[f"e3j_graph_{kind}"], jitted[f"e3j_bare_{kind}"], args.pairs)
+        for kind in ("fwd", "fwd_bwd")
+    }
 
     def path_channels(m):
         return sum(g.coo.num_paths * g.channels for g in m.plan.groups)
@@ -231,7 +242,10 @@ def measure(n: int, args) -> dict:
     row = {
         "nodes": n,
         "edges": int(senders.shape[0]),
-        "backend": args.backend or "default",
+        # the backend e3j selected for the groups (a plugin of higher priority may displace the
+        # reference on a CPU), and whether it runs all groups in one call
+        "backend": selected.name,
+        "grouped_kernels": e3j.backends.kernels_of(selected).provides("grouped_convolution"),
         "irreps": args.irreps,
         "lmax": args.lmax,
         # (channels, paths) of each uniform-channel convolution a call runs
@@ -270,6 +284,8 @@ def measure(n: int, args) -> dict:
         ),
         # the same from paired calls (1 - bare / factored per pair): median and quartiles
         "factored_conversions_paired": {**paired, "pairs": args.pairs},
+        # and for an array of weights (1 - bare / drop-in with a prebuilt graph, per pair)
+        "array_conversions_paired": {**paired_array, "pairs": args.pairs},
     }
     print(json.dumps(row), flush=True)
     return row

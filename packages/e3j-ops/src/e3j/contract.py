@@ -65,6 +65,7 @@ __all__ = [
     "TensorProductBwdKernel",
     "TensorProductKernel",
     "checked",
+    "is_empty",
     "needed",
     "run",
 ]
@@ -181,7 +182,7 @@ def _call(op, kernels, backend_name, coo, operands, graph, outs, y_channels, res
     forward = outs == (_FORWARD[op],)
     if not forward:
         args["g"] = jnp.asarray(operands[_FORWARD[op]]).astype(dtype)
-    if _empty(op, args, graph):
+    if is_empty(args, graph):
         return {o: jnp.zeros(t.shape, t.dtype) for o, t in types.items()}
     if op == "tensor_product":
         if forward:
@@ -197,7 +198,9 @@ def _call(op, kernels, backend_name, coo, operands, graph, outs, y_channels, res
     return checked(op, backend_name, forward, res, types)
 
 
-def _empty(op: str, args: dict, graph) -> bool:
+def is_empty(args: Mapping, graph) -> bool:
+    """Whether a call has no rows to compute (an operand, the graph's nodes or its edges): answered
+    with zeros, never passed to a kernel."""
     rows = [a.shape[0] for a in args.values() if a is not None]
     if graph is not None:
         rows += [graph.num_nodes, graph.num_edges]

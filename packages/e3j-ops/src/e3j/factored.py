@@ -1,15 +1,16 @@
 """Per-edge weights given as the radial network's last matrix product: ``hidden @ kernel + bias``.
 
-A convolution on e3nn's flat layout (:class:`e3j.MulIrConvolution`, :mod:`e3j.interop`) needs its
-weights ``w [E, num_weights]`` rearranged into its groups' ``[E, P_g, C_g]``: e3nn orders the weight
-axis by output irrep first, so each group's columns are several runs of it. For an array that is one
-copy of ``[E, num_weights]`` per call, on a CPU about as costly as the convolution's forward. But the
-weights of NequIP and MACE are the output of a radial MLP whose last layer is linear
-(``output_activation=False``): ``w = hidden @ kernel``. Given in that form, the rearrangement is
-applied to the columns of ``kernel`` (``[H, num_weights]``, a few thousand numbers) and each group
-gets its weights from its own matrix product ``hidden @ kernel[:, columns_g]``: the same
-multiply-adds as ``hidden @ kernel``, and no per-edge copy. :class:`e3j.flax.MultiLayerPerceptron`
-returns its output in this form.
+A convolution on e3nn's flat layout (:class:`e3j.MulIrConvolution`, :mod:`e3j.interop`) runs one
+uniform-channel op per group of multiplicities, each reading its weights from ``w [E,
+num_weights]``: e3nn orders the weight axis by output irrep first, so each group's columns are
+several runs of it. An array is read in place (one primitive for all groups; on the reference
+backend ~14 % of value and gradient on a CPU, against ~3 % in this form). The weights of NequIP and
+MACE are the output of a radial MLP whose last layer is linear (``output_activation=False``):
+``w = hidden @ kernel``. Given in that form, the rearrangement is applied to the columns of
+``kernel`` (``[H, num_weights]``, a few thousand numbers) and each group gets its weights from its
+own matrix product ``hidden @ kernel[:, columns_g]``: the same multiply-adds as ``hidden @ kernel``,
+and the per-edge array never exists. :class:`e3j.flax.MultiLayerPerceptron` returns its output in
+this form.
 
 >>> import jax.numpy as jnp
 >>> w = FactoredWeights(jnp.ones((5, 3)), jnp.ones((3, 4)))

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from .. import contract
 from .._mul_ir_plan import Plan
 from ..backends import OpRequest, kernels_of, select_backend
-from .multilinear import Multilinear, Primitives, out_aval, slot_of
+from .multilinear import Multilinear, Primitives, coo_lmax, out_aval, slot_of
 
 SLOTS = ("x", "y", "s", "m")
 
@@ -51,16 +51,12 @@ def _out_aval(spec: GroupedConvSpec, slot: str, avals: dict, aux) -> jax.core.Sh
     return out_aval((rows, spec.dim(slot)), dtype, list(avals.values()))
 
 
-def _lmax(coo) -> int:
-    return max(ir.l for irreps in (coo.irreps_x, coo.irreps_y, coo.irreps_out) for _, ir in irreps)
-
-
 def _dispatch(form, platform: str, requested: str | None, spec: GroupedConvSpec, A: dict, aux, outs) -> dict:
     """The ``M`` outputs ``outs``: every group's backend selected as a convolution of its own ``C``."""
     plan = spec.plan
     dtype = jnp.dtype(next(iter(A.values())).dtype)
     backends = [
-        select_backend(OpRequest("convolution", platform, dtype.name, g.channels, _lmax(g.coo)), requested)
+        select_backend(OpRequest("convolution", platform, dtype.name, g.channels, coo_lmax(g.coo)), requested)
         for g in plan.groups
     ]
     graph = jax.tree.unflatten(spec.graph_tree, aux)
@@ -70,8 +66,8 @@ def _dispatch(form, platform: str, requested: str | None, spec: GroupedConvSpec,
     kernels = [kernels_of(b) for b in backends]
     one = len({b.name for b in backends}) == 1 and kernels[0].provides("grouped_convolution")
     results = {}
-    for part in (("m",), tuple(o for o in ("x", "y", "s") if o in outs)):
-        part = tuple(o for o in part if o in outs)
+    # the forward and the backward outputs requested together: one call each, as contract.run does
+    for part in (tuple(o for o in ("m",) if o in outs), tuple(o for o in ("x", "y", "s") if o in outs)):
         if not part:
             continue
         if one:
@@ -91,7 +87,7 @@ def _operands(A: dict, outs: tuple[str, ...], dtype) -> dict:
 
 def _native(kernels, name: str, plan: Plan, A: dict, graph, outs, types, dtype) -> dict:
     args = _operands(A, outs, dtype)
-    if min([a.shape[0] for a in args.values() if a is not None] + [graph.num_nodes, graph.num_edges]) == 0:
+    if contract.is_empty(args, graph):
         return {o: jnp.zeros(types[o].shape, types[o].dtype) for o in outs}
     if outs == ("m",):
         res = {"m": kernels.grouped_convolution(plan, args["x"], args["y"], args["s"], graph)}

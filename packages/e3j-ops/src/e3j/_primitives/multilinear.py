@@ -64,8 +64,12 @@ class CooSpec:
 
     @property
     def lmax(self) -> int:
-        coo = self.coo
-        return max(ir.l for irreps in (coo.irreps_x, coo.irreps_y, coo.irreps_out) for _, ir in irreps)
+        return coo_lmax(self.coo)
+
+
+def coo_lmax(coo: TensorProductCoo) -> int:
+    """The largest degree among a product's operands and output (what a backend's ``max_l`` bounds)."""
+    return max(ir.l for irreps in (coo.irreps_x, coo.irreps_y, coo.irreps_out) for _, ir in irreps)
 
 
 @dataclass(frozen=True)
