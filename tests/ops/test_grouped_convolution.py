@@ -100,10 +100,11 @@ def test_the_per_group_path_is_what_a_backend_without_grouped_kernels_runs():
     assert calls.count("convolution") == 3 and calls.count("convolution_bwd") == 3
 
 
-def test_vmap_padding_edges_and_empty_graph():
+@pytest.mark.parametrize("backend", ["reference", "test"])
+def test_vmap_padding_edges_and_empty_graph(backend):
     x, y, w = operands(3)
     xs = jnp.stack([x, 2 * x, -x])
-    got = jax.vmap(lambda a: CONV(a, y, w, GRAPH))(xs)
+    got = jax.vmap(lambda a: CONV(a, y, w, GRAPH, backend=backend))(xs)
     np.testing.assert_allclose(got, jnp.stack([e3nn_pattern(a, y, w) for a in xs]), rtol=1e-12, atol=1e-12)
     # padding edges (mask False, indices out of range) contribute nothing, and get zero cotangents
     pad = 5
@@ -111,11 +112,18 @@ def test_vmap_padding_edges_and_empty_graph():
     padded = e3j.Graph.from_edges(np.r_[SENDERS, [N] * pad], np.r_[RECEIVERS, [N] * pad], N, edge_mask=mask)
     yp = jnp.concatenate([y, jnp.full((pad, y.shape[1]), jnp.nan)])
     wp = jnp.concatenate([w, jnp.full((pad, w.shape[1]), jnp.nan)])
-    np.testing.assert_allclose(CONV(x, yp, wp, padded), e3nn_pattern(x, y, w), rtol=1e-12, atol=1e-12)
-    dy, dw = jax.grad(lambda b, c: jnp.sum(CONV(x, b, c, padded)), argnums=(0, 1))(yp, wp)
+    np.testing.assert_allclose(CONV(x, yp, wp, padded, backend=backend), e3nn_pattern(x, y, w), rtol=1e-12, atol=1e-12)
+    dy, dw = jax.grad(lambda b, c: jnp.sum(CONV(x, b, c, padded, backend=backend)), argnums=(0, 1))(yp, wp)
     assert not np.any(dy[E:]) and not np.any(dw[E:]) and np.all(np.isfinite(dw[:E]))
     # no edges: zeros, and zero gradients
     empty = e3j.Graph.from_edges(np.zeros(0, int), np.zeros(0, int), N)
     y0, w0 = jnp.zeros((0, y.shape[1])), jnp.zeros((0, w.shape[1]))
-    assert not np.any(CONV(x, y0, w0, empty))
-    assert not np.any(jax.grad(lambda a: jnp.sum(CONV(a, y0, w0, empty)))(x))
+    assert not np.any(CONV(x, y0, w0, empty, backend=backend))
+    assert not np.any(jax.grad(lambda a: jnp.sum(CONV(a, y0, w0, empty, backend=backend)))(x))
+
+
+def test_grouped_kernels_come_in_pairs():
+    ref = e3j.backends.kernels_of(e3j.backends.get_backend("reference"))
+    assert ref.provides("grouped_convolution")
+    with pytest.raises(ValueError, match="given together"):
+        e3j.Kernels(grouped_convolution=ref.grouped_convolution)

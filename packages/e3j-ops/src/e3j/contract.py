@@ -142,6 +142,10 @@ class Kernels:
     grouped_convolution: Callable[..., jax.Array] | None = None
     grouped_convolution_bwd: Callable[..., Mapping[str, jax.Array]] | None = None
 
+    def __post_init__(self) -> None:
+        if (self.grouped_convolution is None) != (self.grouped_convolution_bwd is None):
+            raise ValueError("grouped_convolution and grouped_convolution_bwd are given together or not at all")
+
     def provides(self, op: str) -> bool:
         return getattr(self, op) is not None and getattr(self, op + "_bwd") is not None
 
