@@ -17,8 +17,9 @@ How e3nn's order is folded in, statically: this is :class:`e3j.MulIrConvolution`
 weights are one per output copy in e3nn's order and whose output is e3nn's flat layout. The node
 features' blocks are grouped by multiplicity, each group one uniform-channel :class:`e3j.Convolution`
 (``64x0e + 32x1o + 16x2e``: 64, 32 and 16 channels; uniform multiplicities: one convolution), its
-paths in the order e3nn numbers the copies of ``m`` (:func:`e3j_core.select_paths`), so the weights
-and outputs are put in place by a few static slices and concatenations. The filtered copy of ``x``
+paths in the order e3nn numbers the copies of ``m`` (:func:`e3j_core.select_paths`), so each path's
+weights are one run of e3nn's weight columns, read in place (an array of weights runs all groups as
+one primitive), and the outputs are put in place by static slices and concatenations. The filtered copy of ``x``
 is the tensor product with a constant ``0e`` edge attribute (``x ⊗ 1 = x`` exactly under e3nn's
 ``component`` normalization), so ``y' = [1, y]``: one column prepended per edge. Only an edge
 attribute with a multiplicity above 1 (never spherical harmonics) makes e3nn's order depend on the
