@@ -196,6 +196,27 @@ def test_join_derivatives_are_slices_and_transposes(irreps_x, irreps_y, filter_,
     np.testing.assert_array_equal(tangent, plan.join_out(tangents))
 
 
+@pytest.mark.parametrize(
+    "irreps_x, irreps_y, filter_, self_connection",
+    [
+        ("64x0e + 32x1o + 16x2e", "0e + 1o + 2e + 3o", "0e + 1o + 2e", None),
+        ("4x0e + 2x1o + 4x2e", "0e + 1o", None, "0e + 1o"),
+        ("3x0e + 3x1e", "0e + 1o", "1o", None),
+    ],
+)
+def test_out_order_is_join_out_as_one_gather(irreps_x, irreps_y, filter_, self_connection):
+    # what the reference's grouped kernel gathers its output with: join_out of each entry's position
+    plan = e3j.MulIrConvolution(irreps_x, irreps_y, filter_, self_connection=self_connection).plan
+    sizes = [g.coo.dim_out * g.channels for g in plan.groups]
+    starts = np.cumsum([0] + sizes)
+    positions = [
+        jnp.arange(a, a + size, dtype=jnp.int32).reshape(1, g.coo.dim_out, g.channels)
+        for a, size, g in zip(starts, sizes, plan.groups)
+    ]
+    assert plan.out_order.dtype == np.int32
+    np.testing.assert_array_equal(plan.out_order, np.asarray(plan.join_out(positions))[0])
+
+
 def _raw_index(plan) -> np.ndarray:
     """For each of e3nn's output columns, its entry in the groups' outputs flattened and concatenated."""
     offsets = np.cumsum([0] + [g.coo.dim_out * g.channels for g in plan.groups])

@@ -174,6 +174,24 @@ class Plan:
         avals = [jax.ShapeDtypeStruct((*lead, g.coo.dim_out, g.channels), dm.dtype) for g in self.groups]
         return list(jax.linear_transpose(lambda *o: self.join_out(list(o)), *avals)(dm))
 
+    @property
+    def out_order(self) -> np.ndarray | None:
+        """e3nn's output as indices into the groups' outputs flattened and concatenated
+        (``[.., Σ_g Dout_g·C_g]``): ``join_out(outs) == concat(outs)[.., out_order]`` (int32
+        ``[Dout_flat]``), or ``None`` without :attr:`out_blocks`. For kernels, which need no
+        derivative of it: one gather, where :meth:`join_out`'s transposed slices are what AD
+        differentiates cheaply."""
+        if self.out_blocks is None:
+            return None
+        starts = np.cumsum([0] + [g.coo.dim_out * g.channels for g in self.groups])
+        parts = []
+        for _, g, row, dim in self.out_blocks:  # in column order, as join_out concatenates them
+            channels = self.groups[g].channels
+            # copy-major block: column (c, m) of e3nn's block reads row ``row + m``, channel ``c``
+            c, m = np.meshgrid(np.arange(channels), np.arange(dim), indexing="ij")
+            parts.append((starts[g] + (row + m) * channels + c).reshape(-1))
+        return np.concatenate(parts).astype(np.int32)
+
     def join_weights(self, dss: list[jax.Array]) -> jax.Array:
         """The groups' ``[.., P_g, C_g]`` (per-path weights or their cotangents) → e3nn's ``[.., num_weights]``,
         one concatenation of the paths in column order. Needs :attr:`in_place`."""

@@ -164,7 +164,7 @@ class MulIrConvolution:
 
     def split_x(self, x: jax.Array) -> list[jax.Array]:
         """Flat node features ``[.., irreps_x.dim]`` → one ``[.., D_g, C_g]`` per group."""
-        return [g.split_x(x) for g in self.plan.groups]
+        return self.plan.split_x(x)
 
     def split_weights(self, w: jax.Array | FactoredWeights) -> list[jax.Array]:
         """Weights ``[E, num_weights]`` (output order) → one ``[E, P_g, C_g]`` per group.

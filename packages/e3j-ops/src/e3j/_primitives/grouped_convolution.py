@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from .. import contract
 from .._mul_ir_plan import Plan
 from ..backends import OpRequest, kernels_of, select_backend
+from .convolution import ConvSpec
 from .multilinear import Multilinear, Primitives, coo_lmax, out_aval, slot_of
 
 SLOTS = ("x", "y", "s", "m")
@@ -106,12 +107,12 @@ def _per_group(kernels, backends, plan: Plan, A: dict, graph, outs, types, dtype
     res = []
     for g, k, b, xg, sg, gg in zip(plan.groups, kernels, backends, xs, ss, gs):
         operands = {"x": xg, "y": args["y"], "s": sg, "m": gg}
-        channels = g.channels
+        spec = ConvSpec(g.coo, y_channels=False)
 
-        def result_type(slot, g=g, channels=channels):
+        def result_type(slot, spec=spec, channels=g.channels):
             rows = graph.num_nodes if slot in ("x", "m") else graph.num_edges
-            dim = {"x": g.coo.dim_x, "y": g.coo.dim_y, "s": g.coo.num_paths, "m": g.coo.dim_out}[slot]
-            return jax.ShapeDtypeStruct((rows, dim) + (() if slot == "y" else (channels,)), dtype)
+            shape = (rows, spec.dim(slot)) + ((channels,) if spec.has_channels(slot) else ())
+            return jax.ShapeDtypeStruct(shape, dtype)
 
         res.append(
             contract.run("convolution", k, b.name, g.coo, operands, graph, outs, y_channels=False,
