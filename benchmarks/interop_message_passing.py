@@ -24,7 +24,10 @@ quartiles; the same for the drop-in with an array of weights against its groups 
 
 With an array of weights the drop-in runs one primitive for all groups that reads the weights in
 e3nn's layout in place (``layouts`` times the conversions the per-group route pays instead: the
-route of ``FactoredWeights`` and of backends without grouped kernels).
+route of ``FactoredWeights`` and of backends without grouped kernels). Its weights' cotangent is one
+``[E, num_weights]`` array where the bare variant's are one per group; ``weights_buffer`` and
+``group_weights_buffers`` time zeroed buffers of each alone (glibc hands out an allocation over
+32 MiB as fresh pages; ``GLIBC_TUNABLES``, recorded in the JSON, can change that).
 
     python benchmarks/interop_message_passing.py --nodes 1000 3000 --runs 20
 """
@@ -34,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 import time
 
@@ -115,7 +119,9 @@ def main(argv=None) -> int:
         rows = [measure(n, args) for n in args.nodes]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"backend": jax.default_backend(), "unit": "ms", "rows": rows}, f, indent=1)
+            # the allocator's settings matter to fresh buffers' costs
+            env = {k: os.environ[k] for k in ("GLIBC_TUNABLES",) if k in os.environ}
+            json.dump({"backend": jax.default_backend(), "unit": "ms", "env": env, "rows": rows}, f, indent=1)
     return 0
 
 
@@ -225,6 +231,11 @@ def measure(n: int, args) -> dict:
         return [g.split_x(xa) for g in groups], [g.split_weights(wa) for g in groups], mp.plan.join_out(outs)
 
     jitted["layouts"] = (jax.jit(layouts), (x.array, w, outs))
+    # a fresh buffer of the weights' cotangent: one [E, num_weights] (the drop-in's) against the
+    # groups' [E, P_g, C_g] (the bare variant's); glibc serves one over its 32 MiB mmap threshold
+    # with new pages from the kernel, where smaller ones are reused
+    jitted["weights_buffer"] = (jax.jit(jnp.zeros_like), (w,))
+    jitted["group_weights_buffers"] = (jax.jit(lambda ss: [jnp.zeros_like(s) for s in ss]), (s_ops,))
     jitted["graph_build"] = (jax.jit(lambda s, r: e3j.Graph.from_edges(s, r, num_nodes)), (senders, receivers))
     times = interleaved(jitted, args.runs, args.rounds)
     paired = {
@@ -274,6 +285,11 @@ def measure(n: int, args) -> dict:
         "layout_share_fwd_bwd": round(1 - times["e3j_bare_fwd_bwd"] / times["e3j_graph_fwd_bwd"], 3),
         "layouts_share_fwd": round(times["layouts"] / times["e3j_fwd"], 4),
         "graph_build_share_fwd": round(times["graph_build"] / times["e3j_fwd"], 3),
+        # what one zeroed [E, num_weights] buffer costs over the groups' separate ones, each timed
+        # alone, as a share of the drop-in's value and gradient
+        "weights_buffer_share_fwd_bwd": round(
+            (times["weights_buffer"] - times["group_weights_buffers"]) / times["e3j_graph_fwd_bwd"], 3
+        ),
         # weights as the radial MLP's last layer: e3nn-jax multiplies them out; e3j folds the
         # reordering into the kernel's columns ("factored"), against the groups' own products
         "speedup_factored_fwd": round(times["e3nn_mlp_fwd"] / times["e3j_factored_graph_fwd"], 2),

@@ -214,10 +214,11 @@ def _add_paths(ds, edges, a, group) -> jnp.ndarray:
     (``weight_columns[p] .. + C_g``, e3nn's weight order); ``edges`` out of range are dropped.
 
     One scatter of ``[K, P_g]`` windows per group. Assembling the chunk's ``[K, num_weights]`` rows
-    first (dynamic-update-slices or a concatenation in column order) and scattering them once, the
-    ``ds``-only sweep took 15–20 % longer and the whole backward ~7 % (XLA ran the in-place updates
-    on one thread); scattering each output row's window (the transpose of :func:`_path_weights`)
-    cost the value and gradient 34 % over the groups' own kernels."""
+    first (dynamic-update-slices, which XLA ran on one thread, or a concatenation in column order)
+    and scattering them once, the ``ds``-only sweep took 15–20 % longer at 1,000 nodes and the
+    whole backward ~7 %; at 3,000 nodes the two measured within noise of each other (either ahead
+    by ~5 % in different runs). Scattering each output row's window (the transpose of
+    :func:`_path_weights`) cost the value and gradient 34 % over the groups' own kernels."""
     cols = jnp.asarray(np.asarray(group.weight_columns, np.int32))
     index = jnp.stack(jnp.broadcast_arrays(edges[:, None], cols[None, :]), axis=-1)  # [K, P_g, 2]
     return jax.lax.scatter_add(ds, index, a, _PATH_WINDOWS, mode="drop")
