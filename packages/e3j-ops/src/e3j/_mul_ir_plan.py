@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 
 import jax
 import jax.numpy as jnp
@@ -108,7 +108,7 @@ class Group:
         cols = take_columns(w, self.weights)
         return cols.reshape(*cols.shape[:-1], self.coo.num_paths, self.channels)
 
-    @property
+    @cached_property
     def weight_columns(self) -> np.ndarray | None:
         """The first column of each path's weights on e3nn's weight axis (its ``C`` weights are that
         column and the next ``C - 1``), or ``None`` where a path's copies are not consecutive."""
@@ -122,7 +122,9 @@ class Group:
         per_path = index.reshape(self.coo.num_paths, self.channels)
         if not np.array_equal(per_path, per_path[:, :1] + np.arange(self.channels)):
             return None
-        return per_path[:, 0]
+        columns = per_path[:, 0].copy()
+        columns.setflags(write=False)  # cached on a shared (cached) plan
+        return columns
 
 
 @dataclass(frozen=True, eq=False)
@@ -174,7 +176,7 @@ class Plan:
         avals = [jax.ShapeDtypeStruct((*lead, g.coo.dim_out, g.channels), dm.dtype) for g in self.groups]
         return list(jax.linear_transpose(lambda *o: self.join_out(list(o)), *avals)(dm))
 
-    @property
+    @cached_property
     def out_order(self) -> np.ndarray | None:
         """e3nn's output as indices into the groups' outputs flattened and concatenated
         (``[.., Σ_g Dout_g·C_g]``): ``join_out(outs) == concat(outs)[.., out_order]`` (int32
@@ -190,7 +192,9 @@ class Plan:
             # copy-major block: column (c, m) of e3nn's block reads row ``row + m``, channel ``c``
             c, m = np.meshgrid(np.arange(channels), np.arange(dim), indexing="ij")
             parts.append((starts[g] + (row + m) * channels + c).reshape(-1))
-        return np.concatenate(parts).astype(np.int32)
+        order = np.concatenate(parts).astype(np.int32)
+        order.setflags(write=False)
+        return order
 
     def join_weights(self, dss: list[jax.Array]) -> jax.Array:
         """The groups' ``[.., P_g, C_g]`` (per-path weights or their cotangents) → e3nn's ``[.., num_weights]``,

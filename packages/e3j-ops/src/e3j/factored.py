@@ -3,8 +3,9 @@
 A convolution on e3nn's flat layout (:class:`e3j.MulIrConvolution`, :mod:`e3j.interop`) runs one
 uniform-channel op per group of multiplicities, each reading its weights from ``w [E,
 num_weights]``: e3nn orders the weight axis by output irrep first, so each group's columns are
-several runs of it. An array is read in place (one primitive for all groups; on the reference
-backend ~14 % of value and gradient on a CPU, against ~3 % in this form). The weights of NequIP and
+several runs of it. An array is read in place (one primitive for all groups; what that costs
+against operands already in the groups' layouts, and what this form costs, is measured in
+``docs/porting.md``). The weights of NequIP and
 MACE are the output of a radial MLP whose last layer is linear (``output_activation=False``):
 ``w = hidden @ kernel``. Given in that form, the rearrangement is applied to the columns of
 ``kernel`` (``[H, num_weights]``, a few thousand numbers) and each group gets its weights from its
