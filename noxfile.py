@@ -28,9 +28,14 @@ JAX = "jax==0.11.2"  # the primary JAX (the GPU machine image's)
 TEST_REQUIREMENTS = [
     "pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", "flax>=0.10", "matplotlib>=3.8", "hatchling>=1.21",
     "ase>=3.25", "optax>=0.2", "tqdm>=4", JAX,
-    # tests/integration/test_gpu_failure_log.py runs tests/gpu/conftest.py's hook under `-n 2`, as device.sh does
+    # tests/integration/test_gpu_failure_log.py runs tests/gpu/conftest.py's hook under `-n 2`, as device.sh does;
+    # the CPU sessions run their tests in WORKERS processes
     "pytest-xdist>=3",
 ]  # fmt: skip
+# Most of the suite is single-threaded tracing and compiling: two processes on CI's 2 cores ran it in
+# 28 min against 41 min in one. More than 4 would mostly add each worker's imports and memory.
+WORKERS = str(min(4, os.cpu_count() or 1))
+CPU_TESTS = ["tests", "-m", "not gpu and not slow and not models_slow", "-n", WORKERS]
 # the other ends of the range the kernel packages declare (jax>=0.11.1,<0.13): `nox -s tests_jax`
 JAX_RANGE = ["0.11.1", "0.12.0.1"]
 
@@ -97,9 +102,7 @@ def tests(session: nox.Session) -> None:
     _install_packages(session, cuda_architectures="90a-real")
     # a test-only backend plugin (reference kernels under another name; see tests/ops/test_backends.py)
     session.install(str(ROOT / "tests/plugins/e3j-test-backend"))
-    session.run(
-        "python", "-m", "pytest", *(session.posargs or ["tests", "-m", "not gpu and not slow and not models_slow"])
-    )
+    session.run("python", "-m", "pytest", *(session.posargs or CPU_TESTS))
 
 
 @nox.session(python=PYTHON)
@@ -138,9 +141,7 @@ def tests_jax(session: nox.Session, jax: str) -> None:
     _install_packages(session)
     session.install(str(ROOT / "tests/plugins/e3j-test-backend"))
     session.run("python", "-c", "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__)")
-    session.run(
-        "python", "-m", "pytest", *(session.posargs or ["tests", "-m", "not gpu and not slow and not models_slow"])
-    )
+    session.run("python", "-m", "pytest", *(session.posargs or CPU_TESTS))
 
 
 @nox.session(python=PYTHON)
