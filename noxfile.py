@@ -32,8 +32,9 @@ TEST_REQUIREMENTS = [
     # the CPU sessions run their tests in WORKERS processes
     "pytest-xdist>=3",
 ]  # fmt: skip
-# Most of the suite is single-threaded tracing and compiling: two processes on CI's 2 cores ran it in
-# 28 min against 41 min in one. More than 4 would mostly add each worker's imports and memory.
+# Most of the suite is single-threaded tracing and compiling: on CI's 2 cores, two processes ran it in
+# 36 min against 41 min in one (clean-clone runs on different days; 28 min without tests/cuda's
+# compiles). More than 4 would mostly add each worker's imports and memory.
 WORKERS = str(min(4, os.cpu_count() or 1))
 CPU_TESTS = ["tests", "-m", "not gpu and not slow and not models_slow", "-n", WORKERS]
 # the other ends of the range the kernel packages declare (jax>=0.11.1,<0.13): `nox -s tests_jax`
