@@ -177,6 +177,46 @@ def conv_operands(case: Case, seed: int = 0):
     return coo, graph, x, y, s, dm
 
 
+#: Mixed multiplicities (groups of 4, 2 and 1 channels) with a self connection: the grouped kernels' case.
+GROUPED = e3j.MulIrConvolution("4x0e + 2x1o + 1x2e + 2x1e", "0e + 1o + 2e", "0e + 1o + 2e", self_connection="0e + 1o")
+
+
+def grouped_operands(dtype, seed: int = 0, num_nodes: int = 7):
+    """``(plan, graph, x, y, s, dm)`` of :data:`GROUPED` in e3nn's flat layouts, on :func:`hard_graph`."""
+    plan, rng = GROUPED.plan, np.random.default_rng(seed)
+    graph = hard_graph(num_nodes, seed)
+    n, e = num_nodes, graph.num_edges
+    x = _rand(rng, (n, plan.irreps_x.dim), dtype)
+    y = _rand(rng, (e, plan.groups[0].coo.dim_y), dtype)
+    s = _rand(rng, (e, plan.num_weights), dtype)
+    dm = _rand(rng, (n, plan.irreps_out.dim), dtype)
+    return plan, graph, x, y, s, dm
+
+
+ALL_OUTS = (("x", "y", "s"), ("x",), ("y",), ("s",))
+
+
+def check_grouped_convolution(kernels: e3j.Kernels, dtype, outs_sets=ALL_OUTS) -> None:
+    """A backend's grouped kernels against the reference's (float64), for each set of cotangents:
+    e3nn's weights read in place, and every column of their cotangent written, padding edges' zero."""
+    ref = e3j.backends.kernels_of(e3j.backends.get_backend("reference"))
+    plan, graph, x, y, s, dm = grouped_operands(dtype)
+    want = ref.grouped_convolution(plan, *_f64(x, y, s), graph)
+    assert_close(kernels.grouped_convolution(plan, x, y, s, graph), want, dtype, "grouped m")
+    padding = ~np.asarray(graph.edge_mask)
+    assert padding.any()
+    for outs in outs_sets:
+        reads = e3j.contract.needed("convolution", outs)
+        ops = [a if k in reads else None for k, a in zip("xys", (x, y, s))]
+        got = kernels.grouped_convolution_bwd(plan, *ops, dm, graph, outs=outs)
+        want = ref.grouped_convolution_bwd(plan, *_f64(*ops, dm), graph, outs=outs)
+        assert sorted(got) == sorted(outs), (sorted(got), outs)
+        for o in outs:
+            assert_close(got[o], want[o], dtype, f"grouped d{o} of {outs}")
+            if o != "x":
+                assert not np.any(np.asarray(got[o])[padding]), f"grouped d{o}: padding edges' rows"
+
+
 def _f64(*arrays):
     return [None if a is None else jnp.asarray(a, jnp.float64) for a in arrays]
 

@@ -62,8 +62,9 @@ def test_array_weights_run_one_primitive_without_a_copy_into_the_groups():
 
 @pytest.mark.parametrize("backend", ["reference", "test", "pallas_gpu_interpret"])
 def test_value_gradients_and_second_order_equal_e3nn(backend):
-    """``test`` (reference kernels without the grouped ones) and the Pallas interpreter run the groups
-    one by one; the reference runs them in one sweep: every order of derivative equals e3nn-jax."""
+    """``test`` (reference kernels without the grouped ones) runs the groups one by one through the
+    ordinary kernels; the reference's grouped kernels run them in one sweep, the Pallas GPU ones one
+    launch per group on the weights in place: every order of derivative equals e3nn-jax."""
     if backend not in {b.name for b in e3j.available_backends()}:
         pytest.skip(f"backend {backend} is not installed")
     x, y, w = operands(1)

@@ -12,7 +12,9 @@ import pytest
 from e3j_pallas_gpu import _records
 from jax.sharding import AbstractDevice, AbstractMesh
 from kernel_cases import (
+    ALL_OUTS,
     CONV_CASES,
+    GROUPED,
     HIGH_L_CASES,
     ODD_CHANNEL_CASES,
     TP_CASES,
@@ -20,8 +22,10 @@ from kernel_cases import (
     check_convolution,
     check_deterministic,
     check_gradients_through_primitives,
+    check_grouped_convolution,
     check_tensor_product,
     conv_operands,
+    grouped_operands,
     tp_operands,
 )
 
@@ -155,3 +159,34 @@ def test_e3j_ops_select_pallas_gpu_when_lowered_for_cuda():
     text = _lower_cuda(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
     assert text.count(TRITON_CALL) == 2  # the forward and one fused backward
     assert 'name = "e3j_convolution"' in text and 'name = "e3j_convolution_bwd"' in text
+
+
+# -- mixed multiplicities: the grouped kernels (e3nn's weights read in place) --------------------
+
+
+@pytest.mark.parametrize("walk", [False, True], ids=["unrolled", "walked"])
+def test_grouped_kernels_match_the_reference(kernels, monkeypatch, walk):
+    """One launch per group reading e3nn's weight columns in place; the weights' cotangent is one
+    buffer every group writes its columns of (a column no group wrote would not match)."""
+    if walk:
+        monkeypatch.setattr(_records, "UNROLL_RECORDS", 0)
+    assert all(_records.unrolls(g.coo.table) != walk for g in GROUPED.plan.groups)
+    # walked: the cotangents all together and ds alone (a fresh buffer); the subsets that leave
+    # operands out are the uniform kernels' code, tested on their own
+    check_grouped_convolution(kernels, "float64", (("x", "y", "s"), ("s",)) if walk else ALL_OUTS)
+
+
+def test_grouped_convolution_lowers_for_cuda_without_copying_the_weights():
+    plan, graph, x, y, s, _ = grouped_operands("float32")
+
+    def loss(x, y, s, g):
+        return jax.numpy.sin(GROUPED(x, y, s, g, backend="pallas_gpu")).sum()
+
+    y = y[:, 1:]  # the op prepends the self connection's constant column itself
+    text = _lower_cuda(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
+    # a forward and a backward launch per group, the weights' cotangent aliased from one to the next
+    assert text.count(TRITON_CALL) == 2 * len(plan.groups) == 6
+    assert text.count("output_operand_aliases") == len(plan.groups) - 1
+    # no group's [E, P_g, C_g] copy of the weights (or of their cotangent) exists
+    for g in plan.groups:
+        assert f"tensor<{s.shape[0]}x{g.coo.num_paths}x{g.channels}xf32>" not in text

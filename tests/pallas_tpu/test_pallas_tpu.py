@@ -19,15 +19,19 @@ from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interp
 from jax.experimental.pallas import tpu as pltpu
 from jax.sharding import AbstractDevice, AbstractMesh
 from kernel_cases import (
+    ALL_OUTS,
     CONV_CASES,
+    GROUPED,
     HIGH_L_CASES,
     TP_CASES,
     Case,
     check_convolution,
     check_deterministic,
     check_gradients_through_primitives,
+    check_grouped_convolution,
     check_tensor_product,
     conv_operands,
+    grouped_operands,
     tp_operands,
 )
 
@@ -50,6 +54,8 @@ def interpreted(edge_tile=None, **params) -> e3j.Kernels:
         tensor_product_bwd=functools.partial(tpu_tp.tensor_product_bwd, interpret=ip),
         convolution=functools.partial(tpu_conv.convolution, interpret=ip, edge_tile=edge_tile),
         convolution_bwd=functools.partial(tpu_conv.convolution_bwd, interpret=ip, edge_tile=edge_tile),
+        grouped_convolution=functools.partial(tpu_conv.grouped_convolution, interpret=ip, edge_tile=edge_tile),
+        grouped_convolution_bwd=functools.partial(tpu_conv.grouped_convolution_bwd, interpret=ip, edge_tile=edge_tile),
     )
 
 
@@ -112,6 +118,20 @@ def test_walked_records_never_leave_memory_uninitialized():
     m = kernels.convolution(coo, x, y, s, graph, y_channels=True)
     d = kernels.convolution_bwd(coo, x, y, s, dm, graph, outs=("x", "y", "s"), y_channels=True)
     assert np.isfinite(m).all() and all(np.isfinite(v).all() for v in d.values())
+
+
+# the interpreter runs each DMA as a callback: the walked tables and the other cotangent subsets
+# (covered by the uniform kernels' tests) go to the slow session
+@pytest.mark.parametrize("walk", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["unrolled", "walked"])
+def test_grouped_kernels_match_the_reference(monkeypatch, walk):
+    """One launch per group, a DMA per path window of e3nn's weights; the weights' cotangent is one
+    buffer every group writes its windows of (fresh buffers are NaN here: a column no group wrote
+    would show), 8-edge tiles so that receivers straddle them."""
+    if walk:
+        monkeypatch.setattr(_records, "UNROLL_RECORDS", 0)
+    assert all(_records.unrolls(g.coo.table) != walk for g in GROUPED.plan.groups)
+    outs_sets = ALL_OUTS if walk else (("x", "y", "s"), ("s",))
+    check_grouped_convolution(interpreted(edge_tile=8, uninitialized_memory="nan"), "float32", outs_sets)
 
 
 def test_edge_tile_must_be_a_multiple_of_8():
@@ -218,3 +238,19 @@ def test_e3j_ops_select_pallas_tpu_when_lowered_for_tpu():
 
     text = _lower_tpu(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
     assert text.count(MOSAIC_CALL) == 2  # the forward and one fused backward
+
+
+def test_grouped_convolution_lowers_for_tpu_without_copying_the_weights():
+    plan, graph, x, y, s, _ = grouped_operands("float32")
+
+    def loss(x, y, s, g):
+        return jax.numpy.sin(GROUPED(x, y, s, g, backend="pallas_tpu")).sum()
+
+    y = y[:, 1:]  # the op prepends the self connection's constant column itself
+    text = _lower_tpu(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
+    # a forward and a backward launch per group, the weights' cotangent aliased from one to the next
+    assert text.count(MOSAIC_CALL) == 2 * len(plan.groups) == 6
+    assert text.count("output_operand_aliases") == len(plan.groups) - 1
+    # no group's [E, P_g, C_g] copy of the weights (or of their cotangent) exists
+    for g in plan.groups:
+        assert f"tensor<{s.shape[0]}x{g.coo.num_paths}x{g.channels}xf32>" not in text

@@ -17,6 +17,10 @@ Signatures (``coo`` is an :class:`e3j_core.TensorProductCoo`; keyword options ar
   (``x [N, Dx_flat]``, ``y [E, Dy]``, ``s [E, num_weights]`` in e3nn's weight order, ``m [N,
   Dout_flat]``; see :mod:`e3j._primitives.grouped_convolution`). Without them each group runs
   through ``convolution`` / ``convolution_bwd``, and e3j converts the layouts around the calls.
+  What a kernel package may use of ``plan`` (duck-typed: it never imports ``e3j``): ``groups``
+  (each with ``coo``, ``channels`` and ``weight_columns``: path ``p``'s ``C`` weights are columns
+  ``weight_columns[p] ..`` of ``s``), ``num_weights``, ``split_x`` / ``join_x`` and ``split_out``
+  / ``join_out`` (the flat layouts to and from the groups' ``[.., D_g, C_g]``).
 
 Layouts (trailing channels): ``x [B|N, Dx, C]``; ``y [B|E, Dy, C]`` (``y_channels=True``) or
 ``[B|E, Dy]`` broadcast over channels; ``s [E, P, C]`` (one edge scalar per path and channel);

@@ -26,7 +26,11 @@ def _load(interpret: bool) -> dict[str, Any]:
         return functools.partial(fn, interpret=interpret)
 
     modules = {"tensor_product": tensor_product, "convolution": convolution}
-    return {f"{op}{kind}": bind(getattr(modules[op], op + kind)) for op in modules for kind in ("", "_bwd")}
+    kernels = {f"{op}{kind}": bind(getattr(modules[op], op + kind)) for op in modules for kind in ("", "_bwd")}
+    # mixed multiplicities: each group's launch reads its columns of e3nn's weights in place
+    kernels.update({f"grouped_convolution{kind}": bind(getattr(convolution, f"grouped_convolution{kind}"))
+                    for kind in ("", "_bwd")})  # fmt: skip
+    return kernels
 
 
 _COMMON: dict[str, Any] = {

@@ -20,6 +20,15 @@ Tables up to :data:`~e3j_pallas_gpu._records.UNROLL_RECORDS` records are unrolle
 (:func:`convolution_kernel`, :func:`convolution_bwd_kernel`); larger ones are walked
 (:func:`convolution_walk_kernel`, :func:`convolution_bwd_walk_kernel`): loops over output rows, edges
 and each row's records, on the trilinear table and its transposes (``ds`` rows are paths: ``i3``).
+
+The kernels read the weights (and write their cotangent) as a 2-D ``[E, W]`` array in which path
+``p``'s ``C`` weights are the columns ``cols[p] .. cols[p] + C - 1``: ``s [E, P, C]`` reshaped
+(``cols[p] = p·C``), or e3nn's ``[E, num_weights]`` as it is. The grouped kernels
+(:func:`grouped_convolution`, :func:`grouped_convolution_bwd`) run the groups of a mixed-multiplicity
+plan so, one launch per group: each reads its paths' weight columns in place and writes their
+cotangent into one shared ``[E, num_weights]`` buffer (aliased from launch to launch), so the weights,
+the largest operand, are never copied into the groups' layout; only the node-sized features and
+outputs are split and joined around the launches.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plt
 
@@ -43,6 +53,8 @@ __all__ = [
     "convolution_bwd_walk_kernel",
     "convolution_kernel",
     "convolution_walk_kernel",
+    "grouped_convolution",
+    "grouped_convolution_bwd",
 ]
 
 
@@ -55,6 +67,11 @@ def _lanes(cb: int):
     return pl.ds(pl.program_id(1) * cb, cb)
 
 
+def _window(lanes, col):
+    """Path columns ``col ..`` of a 2-D weight row, this program's channels of them."""
+    return pl.ds(col + lanes.start, lanes.size)
+
+
 def _y_row(y_ref, e, lanes, y_channels: bool):
     if y_channels:
         return lambda i: y_ref[e, i, lanes]
@@ -62,12 +79,14 @@ def _y_row(y_ref, e, lanes, y_channels: bool):
 
 
 def convolution_kernel(
-    offsets_ref, order_ref, senders_ref, x_ref, y_ref, s_ref, m_ref, *, table: CooTable, i3: tuple, y_channels: bool
-) -> None:
+    offsets_ref, order_ref, senders_ref, x_ref, y_ref, s_ref, m_ref,
+    *, table: CooTable, i3: tuple, cols: tuple, y_channels: bool,
+) -> None:  # fmt: skip
     """Receiver ``program_id(0)``'s message row ``m_ref [Dout, cb]``, records unrolled.
 
     ``offsets_ref``/``order_ref`` are the graph's ``receiver_offsets``/``order``; ``x_ref``, ``y_ref``
-    and ``s_ref`` are whole arrays, gathered by row; ``i3[i0]`` is the path of output row ``i0``.
+    and ``s_ref [E, W]`` are whole arrays, gathered by row; ``i3[i0]`` is the path of output row
+    ``i0``, whose weights start at column ``cols[i3[i0]]`` of ``s_ref``.
     """
     b = pl.program_id(0)
     cb = m_ref.shape[-1]
@@ -78,7 +97,7 @@ def convolution_kernel(
         a = senders_ref[e]
         x_row = functools.cache(lambda i: x_ref[a, i, lanes])
         y_row = functools.cache(_y_row(y_ref, e, lanes, y_channels))
-        s_row = functools.cache(lambda p: s_ref[e, p, lanes])
+        s_row = functools.cache(lambda p: s_ref[e, _window(lanes, cols[p])])
         acc = list(acc)
 
         def on_row(i0, z):  # accumulated as soon as the row is done: one message row live at a time
@@ -94,10 +113,11 @@ def convolution_kernel(
 
 
 def convolution_walk_kernel(
-    offsets_ref, order_ref, senders_ref, table_refs, i3_ref, x_ref, y_ref, s_ref, m_ref, *, y_channels: bool
+    offsets_ref, order_ref, senders_ref, table_refs, row_cols_ref, x_ref, y_ref, s_ref, m_ref, *, y_channels: bool
 ) -> None:
     """:func:`convolution_kernel` walking the records ``table_refs`` of ``coo.table``, output row by
-    output row: ``m[i0] = Σ_edges s[e, i3[i0]] · Σ_r c · x[a, i1] · y[e, i2]`` (``i3_ref [Dout]``)."""
+    output row: ``m[i0] = Σ_edges s[e, i3[i0]] · Σ_r c · x[a, i1] · y[e, i2]``, the weights of output
+    row ``i0`` starting at column ``row_cols_ref[i0]`` (``cols[i3[i0]]``, ``int32 [Dout]``)."""
     b = pl.program_id(0)
     cb = m_ref.shape[-1]
     lanes = _lanes(cb)
@@ -108,7 +128,7 @@ def convolution_walk_kernel(
             e = order_ref[k]
             a = senders_ref[e]
             z = walk_row(i0, table_refs, (lambda i: x_ref[a, i, lanes], _y_row(y_ref, e, lanes, y_channels)), zero)
-            return acc + s_ref[e, i3_ref[i0], lanes] * z
+            return acc + s_ref[e, _window(lanes, row_cols_ref[i0])] * z
 
         m_ref[i0, :] = jax.lax.fori_loop(offsets_ref[b], offsets_ref[b + 1], edge, zero)
         return carry
@@ -116,8 +136,9 @@ def convolution_walk_kernel(
     jax.lax.fori_loop(0, m_ref.shape[0], row, 0)
 
 
-def _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, *, y_channels: bool) -> None:
-    """Zero the ``dy``/``ds`` rows of the padding edges (``sender_order[num_valid:]``) in channel block ``c``."""
+def _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, *, cols: tuple, y_channels: bool) -> None:
+    """Zero the ``dy``/``ds`` rows of the padding edges (``sender_order[num_valid:]``) in channel block
+    ``c`` (``ds``: the paths' columns ``cols``, this program's channels)."""
     zero = jnp.zeros((lanes.size,), (dy_ref if dy_ref is not None else ds_ref).dtype)
 
     # loops, not unrolled stores: the program must not grow with the table (registers, compile time)
@@ -131,14 +152,11 @@ def _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, *, 
                 dy_ref[c, e, i] = jnp.zeros((), dy_ref.dtype)
             return carry
 
-        def ds_row(p, carry):
-            ds_ref[e, p, lanes] = zero
-            return carry
-
         if dy_ref is not None:
             jax.lax.fori_loop(0, dy_ref.shape[1] if y_channels else dy_ref.shape[2], dy_row, 0)
-        if ds_ref is not None:
-            jax.lax.fori_loop(0, ds_ref.shape[1], ds_row, 0)
+        if ds_ref is not None:  # one store per path: the program grows with the paths, not the records
+            for col in cols:
+                ds_ref[e, _window(lanes, col)] = zero
         return carry
 
     jax.lax.fori_loop(num_valid_ref[0], order_ref.shape[0], clear, 0)
@@ -166,6 +184,7 @@ def convolution_bwd_kernel(
     *,
     table: CooTable,
     i3: tuple,
+    cols: tuple,
     cb: int,
     y_channels: bool,
 ) -> None:
@@ -174,7 +193,8 @@ def convolution_bwd_kernel(
     ``offsets_ref``/``order_ref`` are the graph's ``sender_offsets``/``sender_order``; an operand ref
     may be ``None`` when no requested cotangent reads it, an output ref is when it is not requested. ``dx_ref``
     is the sender's ``[Dx, cb]`` block; ``dy_ref`` (``[E, Dy, C]``, or ``[C / cb, E, Dy]`` partial sums
-    for a broadcast ``y``) and ``ds_ref [E, P, C]`` are whole. Program ``N`` clears the padding edges.
+    for a broadcast ``y``), ``s_ref`` and ``ds_ref`` (``[E, W]``, path ``p`` at columns ``cols[p] ..``)
+    are whole; only the paths' columns of ``ds_ref`` are written. Program ``N`` clears the padding edges.
     """
     a, c = pl.program_id(0), pl.program_id(1)
     num_nodes = dm_ref.shape[0]
@@ -182,14 +202,14 @@ def convolution_bwd_kernel(
     zero = jnp.zeros((cb,), dm_ref.dtype)
     want_x, want_y, want_s = dx_ref is not None, dy_ref is not None, ds_ref is not None
     # ds is written path by path as the output rows go by: core lists paths in output order
-    empty_paths = sorted(set(range(max(i3) + 1)) - {i3[i0] for i0 in table.i0.tolist()})
+    empty_paths = sorted(set(range(len(cols))) - {i3[i0] for i0 in table.i0.tolist()})
 
     def edge(k, dx_acc):
         e = order_ref[k]
         b = receivers_ref[e]
         x_row = functools.cache(lambda i: x_ref[a, i, lanes]) if x_ref is not None else None
         y_row = functools.cache(_y_row(y_ref, e, lanes, y_channels)) if y_ref is not None else None
-        s_row = functools.cache(lambda p: s_ref[e, p, lanes]) if s_ref is not None else None
+        s_row = functools.cache(lambda p: s_ref[e, _window(lanes, cols[p])]) if s_ref is not None else None
         dm_row = functools.cache(lambda i: dm_ref[b, i, lanes])  # ds reads the rows again
         # contract_vjp reads each output row's cotangent once
         gs = (lambda i0: dm_row(i0) * s_row(i3[i0])) if (want_x or want_y) else None
@@ -197,7 +217,7 @@ def convolution_bwd_kernel(
 
         def flush():
             if ds["path"] is not None:
-                ds_ref[e, ds["path"], lanes] = ds["sum"]
+                ds_ref[e, _window(lanes, cols[ds["path"]])] = ds["sum"]
 
         def on_row(i0, z):  # rows arrive in output order, so path by path
             if i3[i0] != ds["path"]:
@@ -216,7 +236,7 @@ def convolution_bwd_kernel(
         if want_s:
             flush()
             for p in empty_paths:
-                ds_ref[e, p, lanes] = zero
+                ds_ref[e, _window(lanes, cols[p])] = zero
         if want_y:
             for i in range(table.dims[2]):
                 _store_dy(dy_ref, e, i, dy.get(i, zero), c, lanes, y_channels)
@@ -235,7 +255,7 @@ def convolution_bwd_kernel(
 
         @pl.when(a == num_nodes)
         def _():
-            _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, y_channels=y_channels)
+            _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, cols=cols, y_channels=y_channels)
 
 
 def convolution_bwd_walk_kernel(
@@ -246,6 +266,7 @@ def convolution_bwd_walk_kernel(
     dx_table_refs,
     dy_table_refs,
     ds_table_refs,
+    cols_ref,
     x_ref,
     y_ref,
     s_ref,
@@ -254,10 +275,12 @@ def convolution_bwd_walk_kernel(
     dy_ref,
     ds_ref,
     *,
+    cols: tuple,
     cb: int,
     y_channels: bool,
 ) -> None:
-    """:func:`convolution_bwd_kernel` walking the records of the trilinear table's transposes.
+    """:func:`convolution_bwd_kernel` walking the records of the trilinear table's transposes; path
+    ``p``'s weight columns start at ``cols_ref[p]`` (``int32 [P]``, the static ``cols``).
 
     ``dx[i1] = Σ_edges Σ_r c · y[e, i2] · s[e, i3] · dm[b, i0]`` (``coo.trilinear.transpose(1)``,
     records ``(i1, i2, i3, i0)``), ``dy[e, i2] = Σ_r c · x[a, i1] · s[e, i3] · dm[b, i0]``
@@ -273,7 +296,7 @@ def convolution_bwd_walk_kernel(
         return {
             "x": lambda i: x_ref[a, i, lanes],
             "y": _y_row(y_ref, e, lanes, y_channels) if y_ref is not None else None,
-            "s": lambda p: s_ref[e, p, lanes],
+            "s": lambda p: s_ref[e, _window(lanes, cols_ref[p])],
             "dm": lambda i: dm_ref[b, i, lanes],
         }
 
@@ -311,10 +334,11 @@ def convolution_bwd_walk_kernel(
                 if ds_ref is not None:
 
                     def ds_row(p, carry):
-                        ds_ref[e, p, lanes] = walk_row(p, ds_table_refs, (r["x"], r["y"], r["dm"]), zero)
+                        v = walk_row(p, ds_table_refs, (r["x"], r["y"], r["dm"]), zero)
+                        ds_ref[e, _window(lanes, cols_ref[p])] = v
                         return carry
 
-                    jax.lax.fori_loop(0, ds_ref.shape[1], ds_row, 0)
+                    jax.lax.fori_loop(0, len(cols), ds_row, 0)
                 return carry
 
             jax.lax.fori_loop(offsets_ref[a], offsets_ref[a + 1], edge, 0)
@@ -323,7 +347,7 @@ def convolution_bwd_walk_kernel(
 
         @pl.when(a == num_nodes)
         def _():
-            _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, y_channels=y_channels)
+            _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, cols=cols, y_channels=y_channels)
 
 
 # -- calls --------------------------------------------------------------------------------------
@@ -346,21 +370,33 @@ def _table_args(table: CooTable, dtype):
     return refs, tuple(_whole(r) for r in refs)
 
 
+def _path_columns(num_paths: int, channels: int) -> tuple[int, ...]:
+    """The weight columns of ``s [E, P, C]`` viewed as ``[E, P·C]``: path ``p`` starts at ``p·C``."""
+    return tuple(range(0, num_paths * channels, channels))
+
+
 def convolution(
     coo: TensorProductCoo, x: jax.Array, y: jax.Array, s: jax.Array, graph, *, y_channels: bool, interpret: bool = False
 ) -> jax.Array:
     """Fused forward convolution (see the module docstring)."""
+    channels = x.shape[-1]
+    s2 = s.reshape(s.shape[0], coo.num_paths * channels)  # free: row-major
+    return _forward(coo, x, y, s2, _path_columns(coo.num_paths, channels), graph, y_channels, interpret)
+
+
+def _forward(coo: TensorProductCoo, x, y, s2, cols: tuple, graph, y_channels: bool, interpret: bool) -> jax.Array:
+    """``m [N, Dout, C]`` from ``x [N, Dx, C]``, ``y`` and the 2-D weights ``s2 [E, W]`` (columns ``cols``)."""
     num_nodes, _, channels = x.shape
     cb = channel_block(channels)
     args = [graph.receiver_offsets, graph.order, graph.senders]
     if unrolls(coo.table):
         kernel = functools.partial(
-            convolution_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), y_channels=y_channels
+            convolution_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), cols=cols, y_channels=y_channels
         )
     else:
         kernel = functools.partial(convolution_walk_kernel, y_channels=y_channels)
-        args += [records(coo.table, x.dtype), jnp.asarray(coo.i3)]
-    args += [x, y, s]
+        args += [records(coo.table, x.dtype), jnp.asarray(np.asarray(cols, np.int32)[coo.i3])]
+    args += [x, y, s2]
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((num_nodes, coo.dim_out, channels), x.dtype),
@@ -390,6 +426,23 @@ def convolution_bwd(
     ``x`` is read only when ``y`` or ``s`` is requested, ``y`` when ``x`` or ``s`` is, ``s`` when
     ``x`` or ``y`` is (unneeded operands are ``None``).
     """
+    num_edges, channels = graph.senders.shape[0], dm.shape[-1]
+    width = coo.num_paths * channels
+    s2 = s.reshape(num_edges, width) if s is not None else None
+    cols = _path_columns(coo.num_paths, channels)
+    res = _backward(coo, x, y, s2, dm, graph, cols, width, None, outs, y_channels, interpret)
+    if "s" in res:
+        res["s"] = res["s"].reshape(num_edges, coo.num_paths, channels)
+    return res
+
+
+def _backward(
+    coo: TensorProductCoo, x, y, s2, dm, graph, cols: tuple, width: int, ds_into, outs, y_channels: bool,
+    interpret: bool,
+) -> dict[str, jax.Array]:  # fmt: skip
+    """:func:`convolution_bwd` on 2-D weights ``s2 [E, width]`` (columns ``cols``); ``ds`` is
+    ``[E, width]`` with only the paths' columns written: into ``ds_into`` (aliased, its other columns
+    kept) when given, else into a fresh buffer whose other columns are undefined."""
     num_nodes, _, channels = dm.shape
     num_edges = graph.senders.shape[0]
     dtype = dm.dtype
@@ -399,7 +452,7 @@ def convolution_bwd(
     shapes = {
         "x": (num_nodes, coo.dim_x, channels),
         "y": (num_edges, coo.dim_y, channels) if y_channels else (nc, num_edges, coo.dim_y),
-        "s": (num_edges, coo.num_paths, channels),
+        "s": (num_edges, width),
     }
     out_shape = tuple(jax.ShapeDtypeStruct(shapes[o], dtype) if want[o] else None for o in shapes)
     dx_spec = pl.BlockSpec((None, coo.dim_x, cb), lambda a, c: (jnp.minimum(a, num_nodes - 1), 0, c))
@@ -407,12 +460,19 @@ def convolution_bwd(
     args = [graph.sender_offsets, graph.sender_order, graph.receivers, graph.num_valid.reshape(1)]
     if unrolls(coo.table):
         kernel = functools.partial(
-            convolution_bwd_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), cb=cb, y_channels=y_channels
+            convolution_bwd_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), cols=cols, cb=cb, y_channels=y_channels
         )
     else:
-        kernel = functools.partial(convolution_bwd_walk_kernel, cb=cb, y_channels=y_channels)
+        kernel = functools.partial(convolution_bwd_walk_kernel, cols=cols, cb=cb, y_channels=y_channels)
         args += [records(coo.trilinear.transpose(k), dtype) if want[o] else None for k, o in enumerate("xys", 1)]
-    args += [x, y, s, dm]
+        args.append(jnp.asarray(cols, jnp.int32))
+    args += [x, y, s2, dm]
+    aliases = {}
+    if ds_into is not None:
+        # the kernel never reads it: its buffer becomes ds's, the other groups' columns kept
+        aliases = {len(jax.tree.leaves(args)): want["x"] + want["y"]}
+        kernel = _skipping_arg(kernel, len(args))
+        args.append(ds_into)
     dx, dy, ds = pl.pallas_call(
         kernel,
         out_shape=out_shape,
@@ -420,6 +480,7 @@ def convolution_bwd(
         grid=(num_nodes + (1 if (want["y"] or want["s"]) else 0), nc),
         in_specs=jax.tree.map(_whole, args),
         out_specs=out_specs,
+        input_output_aliases=aliases,
         compiler_params=_params(cb),
         interpret=interpret,
         name="e3j_convolution_bwd",
@@ -427,4 +488,53 @@ def convolution_bwd(
     res = {"x": dx, "y": dy, "s": ds}
     if want["y"] and not y_channels:
         res["y"] = functools.reduce(jnp.add, list(dy))
+    return {o: res[o] for o in outs}
+
+
+# Twin of e3j_pallas_tpu.convolution._skipping_arg, on purpose: kernel packages never import each other.
+def _skipping_arg(kernel, position: int):
+    """``kernel`` taking one more ref, at ``position``, that it does not read (an aliased input)."""
+
+    def run(*refs):
+        return kernel(*refs[:position], *refs[position + 1 :])
+
+    return run
+
+
+# -- mixed multiplicities: the groups of an e3nn plan, weights read in place ---------------------
+
+
+def grouped_convolution(plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *, interpret: bool = False) -> jax.Array:
+    """Every group of ``plan`` (an ``e3j`` mixed-multiplicity plan whose weights are in place):
+    ``x [N, Dx_flat]``, ``y [E, Dy]``, ``s [E, num_weights]`` (e3nn's order) → ``m [N, Dout_flat]``.
+
+    One launch per group, each reading its paths' columns of ``s`` where they are; the node features
+    are split into the groups' ``[N, Dx_g, C_g]`` and the outputs joined into e3nn's layout around them.
+    """
+    outs = [
+        _forward(g.coo, xg, y, s, tuple(g.weight_columns.tolist()), graph, False, interpret)
+        for g, xg in zip(plan.groups, plan.split_x(x))
+    ]
+    return plan.join_out(outs)
+
+
+def grouped_convolution_bwd(
+    plan, x, y, s, dm, graph, *, outs: tuple[str, ...], interpret: bool = False
+) -> dict[str, jax.Array]:
+    """Cotangents of :func:`grouped_convolution` for ``outs ⊆ {x, y, s}``, in its layouts.
+
+    ``ds [E, num_weights]`` is one buffer that each group's launch writes its columns of, in place
+    (every column belongs to exactly one group's path, so together they write all of it).
+    """
+    groups = plan.groups
+    xs = plan.split_x(x) if x is not None else [None] * len(groups)
+    ds, dxs, dy = None, [], None
+    for g, xg, gg in zip(groups, xs, plan.split_out(dm)):
+        cols = tuple(g.weight_columns.tolist())
+        r = _backward(g.coo, xg, y, s, gg, graph, cols, plan.num_weights, ds, outs, False, interpret)
+        ds = r.get("s")
+        dxs.append(r.get("x"))
+        if "y" in r:
+            dy = r["y"] if dy is None else dy + r["y"]
+    res = {"x": plan.join_x(dxs) if "x" in outs else None, "y": dy, "s": ds}
     return {o: res[o] for o in outs}

@@ -24,6 +24,12 @@ bilinear table with ``s[i3(i0)]`` per row forward, the trilinear table's transpo
 
 Channel blocks are 128 lanes, or all channels when the count is not a multiple of 128 (see
 :mod:`.vmem` for the cost). The edge tile is the largest whose buffers fit the VMEM budget.
+
+Mixed multiplicities (:func:`grouped_convolution`, :func:`grouped_convolution_bwd`): one launch per
+group of an ``e3j`` plan, the weights read where e3nn puts them: ``s [E, num_weights]``, path ``p``'s
+``C`` weights at columns ``cols[p] ..``, one DMA per path window into the same ``[B, P, Cq]`` tile;
+each group's ``ds`` windows are written back into one ``[E, num_weights]`` buffer aliased from
+launch to launch. Only the node-sized features and outputs are split and joined around the launches.
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ __all__ = [
     "convolution_bwd_walk_kernel",
     "convolution_kernel",
     "convolution_walk_kernel",
+    "grouped_convolution",
+    "grouped_convolution_bwd",
 ]
 
 
@@ -60,6 +68,17 @@ def _row_loader(buf, channels: bool):
     if channels:
         return functools.cache(lambda i: buf[:, i, :])
     return functools.cache(lambda i: buf[:, i][:, None])
+
+
+def _weight_copies(src_hbm, dst_tile, e, j, lanes, cols, sem, *, to_hbm: bool = False) -> tuple:
+    """Edge ``e``'s weights (``[P, Cq]``, slot ``j`` of the tile) to or from HBM: one DMA of
+    ``[E, P, C]``'s row when ``cols`` is ``None``, else one per path window of a 2-D ``[E, W]`` (path
+    ``p`` at columns ``cols[p] ..``)."""
+    if cols is None:
+        pairs = [(src_hbm.at[e, :, lanes], dst_tile.at[j])]
+    else:
+        pairs = [(src_hbm.at[e, pl.ds(col + lanes.start, lanes.size)], dst_tile.at[j, p]) for p, col in enumerate(cols)]
+    return tuple(pltpu.make_async_copy(t, h, sem) if to_hbm else pltpu.make_async_copy(h, t, sem) for h, t in pairs)
 
 
 def _gather(copies, count) -> None:
@@ -84,8 +103,10 @@ def _gather(copies, count) -> None:
 def _message_tiles(
     order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, m_hbm,
     x_tile, y_tile, s_tile, m_tile, acc, stage, zero_row, current, sem, *, messages: Callable[[], None],
+    cols: tuple | None,
 ) -> None:  # fmt: skip
-    """Algorithm 4's schedule: gather the tile's rows, ``messages()`` fills ``m_tile``, ReduceFlush."""
+    """Algorithm 4's schedule: gather the tile's rows, ``messages()`` fills ``m_tile``, ReduceFlush
+    (``cols``: :func:`_weight_copies`)."""
     c, t, tiles = pl.program_id(0), pl.program_id(1), pl.num_programs(1)
     edges, _, cq = x_tile.shape
     lanes = pl.ds(c * cq, cq)
@@ -104,7 +125,7 @@ def _message_tiles(
             return (
                 pltpu.make_async_copy(x_hbm.at[a, :, lanes], x_tile.at[j], sem.at[0]),
                 pltpu.make_async_copy(y_src, y_tile.at[j], sem.at[1]),
-                pltpu.make_async_copy(s_hbm.at[e, :, lanes], s_tile.at[j], sem.at[2]),
+                *_weight_copies(s_hbm, s_tile, e, j, lanes, cols, sem.at[2]),
             )
 
         _gather(copies, edges)
@@ -119,7 +140,7 @@ def _message_tiles(
 def convolution_kernel(
     order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, m_hbm,
     x_tile, y_tile, s_tile, m_tile, acc, stage, zero_row, current, sem,
-    *, table: CooTable, i3: tuple, y_channels: bool,
+    *, table: CooTable, i3: tuple, y_channels: bool, cols: tuple | None = None,
 ) -> None:  # fmt: skip
     """One edge tile of the forward, records unrolled.
 
@@ -127,6 +148,7 @@ def convolution_kernel(
     receiver-sorted order (padding slots: receiver ``N``) and ``num_valid_ref [1]``. HBM: ``x_hbm``,
     ``y_hbm``, ``s_hbm``, ``m_hbm``. VMEM scratch: the gathered ``x_tile [B, Dx, Cq]``, ``y_tile``,
     ``s_tile``, the messages ``m_tile [B, Dout, Cq]`` and ReduceFlush's state (:mod:`._segments`).
+    ``s_hbm`` is ``[E, P, C]``, or with ``cols`` ``[E, W]`` with path ``p`` at columns ``cols[p] ..``.
     """
 
     def messages():
@@ -138,14 +160,14 @@ def convolution_kernel(
 
     _message_tiles(
         order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, m_hbm,
-        x_tile, y_tile, s_tile, m_tile, acc, stage, zero_row, current, sem, messages=messages,
+        x_tile, y_tile, s_tile, m_tile, acc, stage, zero_row, current, sem, messages=messages, cols=cols,
     )  # fmt: skip
 
 
 def convolution_walk_kernel(
     order_ref, senders_ref, receivers_ref, num_valid_ref, table_refs, i3_ref, x_hbm, y_hbm, s_hbm, m_hbm,
     x_tile, y_tile, s_tile, m_tile, acc, stage, zero_row, current, sem, x_rows, y_rows, s_rows, m_rows,
-    *, y_channels: bool,
+    *, y_channels: bool, cols: tuple | None = None,
 ) -> None:  # fmt: skip
     """:func:`convolution_kernel` walking ``coo.table``'s records (``table_refs``, and ``i3_ref [Dout]``)
     from SMEM; ``x_rows``, ``y_rows``, ``s_rows``, ``m_rows`` are ``[D, B, Cq]`` VMEM scratch."""
@@ -159,18 +181,19 @@ def convolution_walk_kernel(
 
     _message_tiles(
         order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, m_hbm,
-        x_tile, y_tile, s_tile, m_tile, acc, stage, zero_row, current, sem, messages=messages,
+        x_tile, y_tile, s_tile, m_tile, acc, stage, zero_row, current, sem, messages=messages, cols=cols,
     )  # fmt: skip
 
 
 def _cotangent_tiles(
     order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, dm_hbm, dx_hbm, dy_hbm, ds_hbm,
     x_tile, y_tile, s_tile, dm_tile, dx_tile, acc, stage, zero_row, current, dy_tile, ds_tile, sem,
-    *, cotangents: Callable,
+    *, cotangents: Callable, cols: tuple | None,
 ) -> None:  # fmt: skip
     """Algorithm 7's schedule: gather the tile's rows, ``cotangents(valid)`` fills ``dx_tile``,
     ``dy_tile`` and ``ds_tile`` (rows of slots where ``valid [B, 1]`` is false zeroed), ReduceFlush
-    of ``dx``, and one DMA per edge slot of its ``dy``/``ds`` rows."""
+    of ``dx``, and one DMA per edge slot of its ``dy`` rows, and of its ``ds`` rows or (``cols``)
+    path windows (:func:`_weight_copies`)."""
     c, t, tiles = pl.program_id(0), pl.program_id(1), pl.num_programs(1)
     edges, _, cq = dm_tile.shape
     num_nodes = dm_hbm.shape[0]
@@ -195,7 +218,7 @@ def _cotangent_tiles(
                 src = y_hbm.at[e, :, lanes] if len(y_tile.shape) == 3 else y_hbm.at[e]
                 cps.append(pltpu.make_async_copy(src, y_tile.at[j], sem.at[2]))
             if s_hbm is not None:
-                cps.append(pltpu.make_async_copy(s_hbm.at[e, :, lanes], s_tile.at[j], sem.at[3]))
+                cps.extend(_weight_copies(s_hbm, s_tile, e, j, lanes, cols, sem.at[3]))
             return cps
 
         _gather(copies, edges)
@@ -220,7 +243,7 @@ def _cotangent_tiles(
                 dst = dy_hbm.at[e, :, lanes] if len(dy_tile.shape) == 3 else dy_hbm.at[c, e]
                 cps.append(pltpu.make_async_copy(dy_tile.at[j], dst, sem.at[4]))
             if ds_hbm is not None:
-                cps.append(pltpu.make_async_copy(ds_tile.at[j], ds_hbm.at[e, :, lanes], sem.at[5]))
+                cps.extend(_weight_copies(ds_hbm, ds_tile, e, j, lanes, cols, sem.at[5], to_hbm=True))
             return cps
 
         # every edge slot of the tile that exists, padding edges included (their rows are zero)
@@ -236,14 +259,15 @@ def _cotangent_tiles(
 def convolution_bwd_kernel(
     order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, dm_hbm, dx_hbm, dy_hbm, ds_hbm,
     x_tile, y_tile, s_tile, dm_tile, dx_tile, acc, stage, zero_row, current, dy_tile, ds_tile, sem,
-    *, coo: TensorProductCoo, y_channels: bool,
+    *, coo: TensorProductCoo, y_channels: bool, cols: tuple | None = None,
 ) -> None:  # fmt: skip
     """One edge tile of the backward, records unrolled.
 
     As :func:`convolution_kernel` over the sender-sorted order (padding slots: sender ``N``), with
     ``dm_hbm`` gathered by receiver and the outputs ``dx_hbm [N, Dx, C]`` (ReduceFlush's state in
     ``acc``, ``stage``, ``zero_row``, ``current``), ``dy_hbm`` (``[E, Dy, C]``, or ``[C / Cq, E, Dy]``
-    partial sums for a broadcast ``y``) and ``ds_hbm [E, P, C]``, written per edge from ``dy_tile`` and
+    partial sums for a broadcast ``y``) and ``ds_hbm [E, P, C]`` (with ``cols``, ``s_hbm`` and
+    ``ds_hbm`` are ``[E, W]``: :func:`_weight_copies`), written per edge from ``dy_tile`` and
     ``ds_tile``. Refs of operands no requested cotangent reads, and of outputs not requested, are ``None``.
     """
     i3 = coo.i3.tolist()
@@ -281,7 +305,7 @@ def convolution_bwd_kernel(
     _cotangent_tiles(
         order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, dm_hbm, dx_hbm, dy_hbm, ds_hbm,
         x_tile, y_tile, s_tile, dm_tile, dx_tile, acc, stage, zero_row, current, dy_tile, ds_tile, sem,
-        cotangents=cotangents,
+        cotangents=cotangents, cols=cols,
     )  # fmt: skip
 
 
@@ -290,7 +314,7 @@ def convolution_bwd_walk_kernel(
     x_hbm, y_hbm, s_hbm, dm_hbm, dx_hbm, dy_hbm, ds_hbm,
     x_tile, y_tile, s_tile, dm_tile, dx_tile, acc, stage, zero_row, current, dy_tile, ds_tile, sem,
     x_rows, y_rows, s_rows, dm_rows, dx_rows, dy_rows, ds_rows,
-    *, y_channels: bool,
+    *, y_channels: bool, cols: tuple | None = None,
 ) -> None:  # fmt: skip
     """:func:`convolution_bwd_kernel` walking the trilinear table's transposes from SMEM:
     ``dx[i1] = Σ c · y[i2] · s[i3] · dm[i0]`` (``coo.trilinear.transpose(1)``), ``dy[i2] = Σ c · x[i1] ·
@@ -315,7 +339,7 @@ def convolution_bwd_walk_kernel(
     _cotangent_tiles(
         order_ref, senders_ref, receivers_ref, num_valid_ref, x_hbm, y_hbm, s_hbm, dm_hbm, dx_hbm, dy_hbm, ds_hbm,
         x_tile, y_tile, s_tile, dm_tile, dx_tile, acc, stage, zero_row, current, dy_tile, ds_tile, sem,
-        cotangents=cotangents,
+        cotangents=cotangents, cols=cols,
     )  # fmt: skip
 
 
@@ -346,7 +370,7 @@ def _schedule(order, num_valid, keys_valid, keys_padding, others, edges: int):
     return order, jnp.where(valid, keys_valid[order], keys_padding), jnp.where(valid, others[order], 0)
 
 
-def _call(kernel, prefetch, operands, out_shape, scratch, grid, interpret, name, tile):
+def _call(kernel, prefetch, operands, out_shape, scratch, grid, interpret, name, tile, aliases=None):
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(prefetch),
         grid=grid,
@@ -359,6 +383,7 @@ def _call(kernel, prefetch, operands, out_shape, scratch, grid, interpret, name,
         out_shape=out_shape,
         grid_spec=grid_spec,
         compiler_params=vmem.compiler_params(tile, ("parallel", "arbitrary")),
+        input_output_aliases=aliases or {},
         interpret=interpret if interpret is not None else False,
         name=name,
     )(*prefetch, *operands)
@@ -381,6 +406,11 @@ def convolution(
     ``interpret``: ``None`` to compile for the TPU, or a ``pltpu.InterpretParams``; ``edge_tile``
     overrides the VMEM-budget choice of edges per tile (a multiple of 8).
     """
+    return _forward(coo, x, y, s, graph, None, y_channels, interpret, edge_tile)
+
+
+def _forward(coo: TensorProductCoo, x, y, s, graph, cols, y_channels: bool, interpret, edge_tile) -> jax.Array:
+    """:func:`convolution`; with ``cols``, ``s`` is ``[E, W]`` (:func:`_weight_copies`)."""
     num_nodes, _, channels = x.shape
     dtype = x.dtype
     walk = not unrolls(coo.table)
@@ -402,10 +432,10 @@ def convolution(
     prefetch = [order, senders, receivers, graph.num_valid.reshape(1)]
     if not walk:
         kernel = functools.partial(
-            convolution_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), y_channels=y_channels
+            convolution_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), y_channels=y_channels, cols=cols
         )
     else:
-        kernel = functools.partial(convolution_walk_kernel, y_channels=y_channels)
+        kernel = functools.partial(convolution_walk_kernel, y_channels=y_channels, cols=cols)
         prefetch += [records(coo.table), jnp.asarray(coo.i3)]
         scratch += [pltpu.VMEM((d, B, cq), dtype) for d in (coo.dim_x, coo.dim_y, coo.num_paths, coo.dim_out)]
     out_shape = jax.ShapeDtypeStruct((num_nodes, coo.dim_out, channels), dtype)
@@ -432,6 +462,16 @@ def convolution_bwd(
     ``x`` is read only when ``y`` or ``s`` is requested, ``y`` when ``x`` or ``s`` is, ``s`` when
     ``x`` or ``y`` is (unneeded operands are ``None``).
     """
+    return _backward(coo, x, y, s, dm, graph, outs, None, None, None, y_channels, interpret, edge_tile)
+
+
+def _backward(
+    coo: TensorProductCoo, x, y, s, dm, graph, outs, cols, width, ds_into, y_channels: bool, interpret, edge_tile
+) -> dict[str, jax.Array]:
+    """:func:`convolution_bwd`; with ``cols``, ``s`` and ``ds`` are ``[E, width]`` (path ``p`` at
+    columns ``cols[p] ..``) and only the paths' columns of ``ds`` are written: into ``ds_into``
+    (aliased, its other columns kept) when given, else into a fresh buffer whose other columns are
+    undefined."""
     want_x, want_y, want_s = ("x" in outs), ("y" in outs), ("s" in outs)
     num_nodes, _, channels = dm.shape
     num_edges = graph.senders.shape[0]
@@ -464,9 +504,9 @@ def convolution_bwd(
     ]
     prefetch = [order, senders, receivers, graph.num_valid.reshape(1)]
     if not walk:
-        kernel = functools.partial(convolution_bwd_kernel, coo=coo, y_channels=y_channels)
+        kernel = functools.partial(convolution_bwd_kernel, coo=coo, y_channels=y_channels, cols=cols)
     else:
-        kernel = functools.partial(convolution_bwd_walk_kernel, y_channels=y_channels)
+        kernel = functools.partial(convolution_bwd_walk_kernel, y_channels=y_channels, cols=cols)
         tri = coo.trilinear
         prefetch += [records(tri.transpose(k)) if want else None for k, want in ((1, want_x), (2, want_y), (3, want_s))]
         scratch += [
@@ -483,13 +523,75 @@ def convolution_bwd(
         jax.ShapeDtypeStruct((num_edges, coo.dim_y, channels) if y_channels else (nc, num_edges, coo.dim_y), dtype)
         if want_y
         else None,
-        jax.ShapeDtypeStruct((num_edges, coo.num_paths, channels), dtype) if want_s else None,
+        jax.ShapeDtypeStruct((num_edges, coo.num_paths, channels) if cols is None else (num_edges, width), dtype)
+        if want_s
+        else None,
     )
     grid = (nc, order.shape[0] // B)
+    operands, aliases = [x, y, s, dm], None
+    if ds_into is not None:
+        # the kernel never reads it: its buffer becomes ds's, the other groups' columns kept
+        aliases = {len(jax.tree.leaves([prefetch, operands])): want_x + want_y}
+        kernel = _skipping_arg(kernel, len(prefetch) + len(operands))
+        operands.append(ds_into)
     dx, dy, ds = _call(
-        kernel, prefetch, [x, y, s, dm], out_shape, scratch, grid, interpret, "e3j_convolution_bwd", tile
+        kernel, prefetch, operands, out_shape, scratch, grid, interpret, "e3j_convolution_bwd", tile, aliases
     )
     res = {"x": dx, "y": dy, "s": ds}
     if want_y and not y_channels:
         res["y"] = functools.reduce(jnp.add, list(dy))
+    return {o: res[o] for o in outs}
+
+
+# Twin of e3j_pallas_gpu.convolution._skipping_arg, on purpose: kernel packages never import each other.
+def _skipping_arg(kernel, position: int):
+    """``kernel`` taking one more ref, at ``position``, that it does not read (an aliased input)."""
+
+    def run(*refs):
+        return kernel(*refs[:position], *refs[position + 1 :])
+
+    return run
+
+
+# -- mixed multiplicities: the groups of an e3nn plan, weights read in place ---------------------
+
+
+@x32
+def grouped_convolution(
+    plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *, interpret=None, edge_tile: int | None = None
+) -> jax.Array:
+    """Every group of ``plan`` (an ``e3j`` mixed-multiplicity plan whose weights are in place):
+    ``x [N, Dx_flat]``, ``y [E, Dy]``, ``s [E, num_weights]`` (e3nn's order) → ``m [N, Dout_flat]``.
+
+    One launch per group, each reading its paths' windows of ``s`` where they are; the node features
+    are split into the groups' ``[N, Dx_g, C_g]`` and the outputs joined into e3nn's layout around them.
+    ``interpret``, ``edge_tile``: as :func:`convolution`'s.
+    """
+    outs = [
+        _forward(g.coo, xg, y, s, graph, tuple(g.weight_columns.tolist()), False, interpret, edge_tile)
+        for g, xg in zip(plan.groups, plan.split_x(x))
+    ]
+    return plan.join_out(outs)
+
+
+@x32
+def grouped_convolution_bwd(
+    plan, x, y, s, dm, graph, *, outs: tuple[str, ...], interpret=None, edge_tile: int | None = None
+) -> dict[str, jax.Array]:
+    """Cotangents of :func:`grouped_convolution` for ``outs ⊆ {x, y, s}``, in its layouts.
+
+    ``ds [E, num_weights]`` is one buffer that each group's launch writes its windows of, in place
+    (every column belongs to exactly one group's path, so together they write all of it).
+    """
+    groups = plan.groups
+    xs = plan.split_x(x) if x is not None else [None] * len(groups)
+    ds, dxs, dy = None, [], None
+    for g, xg, gg in zip(groups, xs, plan.split_out(dm)):
+        cols = tuple(g.weight_columns.tolist())
+        r = _backward(g.coo, xg, y, s, gg, graph, outs, cols, plan.num_weights, ds, False, interpret, edge_tile)
+        ds = r.get("s")
+        dxs.append(r.get("x"))
+        if "y" in r:
+            dy = r["y"] if dy is None else dy + r["y"]
+    res = {"x": plan.join_x(dxs) if "x" in outs else None, "y": dy, "s": ds}
     return {o: res[o] for o in outs}

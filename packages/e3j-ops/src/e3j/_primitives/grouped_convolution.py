@@ -8,8 +8,9 @@ weight order: path ``p`` of group ``g`` reads columns ``weight_columns[p] .. + C
 ``m [N, Dout_flat]`` (e3nn's output layout). Since the weights are read where e3nn puts them and
 their cotangent written there, an ``[E, num_weights]`` array is never copied into the groups' layout.
 
-A backend whose kernels include ``grouped_convolution`` / ``grouped_convolution_bwd`` (the reference)
-runs all groups in one sweep over the edges when it serves every group; otherwise each group runs
+A backend whose kernels include ``grouped_convolution`` / ``grouped_convolution_bwd`` (the reference:
+all groups in one sweep over the edges; the Pallas GPU (Triton) and TPU kernels: one launch per
+group) runs them when it serves every group; otherwise each group runs
 through that backend's ordinary convolution kernels on operands split here (the weights copied into
 ``[E, P_g, C_g]``), and the results are joined: the same values, the old cost.
 """
