@@ -36,7 +36,8 @@ TEST_REQUIREMENTS = [
 # 36 min against 41 min in one (clean-clone runs on different days; 28 min without tests/cuda's
 # compiles). More than 4 would mostly add each worker's imports and memory.
 WORKERS = str(min(4, os.cpu_count() or 1))
-CPU_TESTS = ["tests", "-m", "not gpu and not slow and not models_slow", "-n", WORKERS]
+# --durations: where CI's time goes, in its log
+CPU_TESTS = ["tests", "-m", "not gpu and not slow and not models_slow", "-n", WORKERS, "--durations=25"]
 # the other ends of the range the kernel packages declare (jax>=0.11.1,<0.13): `nox -s tests_jax`
 JAX_RANGE = ["0.11.1", "0.12.0.1"]
 

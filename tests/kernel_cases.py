@@ -217,6 +217,23 @@ def check_grouped_convolution(kernels: e3j.Kernels, dtype, outs_sets=ALL_OUTS) -
                 assert not np.any(np.asarray(got[o])[padding]), f"grouped d{o}: padding edges' rows"
 
 
+def check_grouped_lowering(lower, backend: str, call: str) -> None:
+    """The value and gradient of :data:`GROUPED` on ``backend``, lowered by ``lower(fn, *args) -> text``:
+    a forward and a backward launch (custom call ``call``) per group, the weights' cotangent aliased
+    from one launch to the next, and no group's ``[E, P_g, C_g]`` copy of the weights in the program."""
+    plan, graph, x, y, s, _ = grouped_operands("float32")
+
+    def loss(x, y, s, g):
+        return jnp.sum(jnp.sin(GROUPED(x, y, s, g, backend=backend)))
+
+    y = y[:, 1:]  # the op prepends the self connection's constant column itself
+    text = lower(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
+    assert text.count(call) == 2 * len(plan.groups) == 6
+    assert text.count("output_operand_aliases") == len(plan.groups) - 1
+    for g in plan.groups:
+        assert f"tensor<{s.shape[0]}x{g.coo.num_paths}x{g.channels}xf32>" not in text
+
+
 def _f64(*arrays):
     return [None if a is None else jnp.asarray(a, jnp.float64) for a in arrays]
 

@@ -23,9 +23,9 @@ from kernel_cases import (
     check_deterministic,
     check_gradients_through_primitives,
     check_grouped_convolution,
+    check_grouped_lowering,
     check_tensor_product,
     conv_operands,
-    grouped_operands,
     tp_operands,
 )
 
@@ -177,16 +177,4 @@ def test_grouped_kernels_match_the_reference(kernels, monkeypatch, walk):
 
 
 def test_grouped_convolution_lowers_for_cuda_without_copying_the_weights():
-    plan, graph, x, y, s, _ = grouped_operands("float32")
-
-    def loss(x, y, s, g):
-        return jax.numpy.sin(GROUPED(x, y, s, g, backend="pallas_gpu")).sum()
-
-    y = y[:, 1:]  # the op prepends the self connection's constant column itself
-    text = _lower_cuda(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
-    # a forward and a backward launch per group, the weights' cotangent aliased from one to the next
-    assert text.count(TRITON_CALL) == 2 * len(plan.groups) == 6
-    assert text.count("output_operand_aliases") == len(plan.groups) - 1
-    # no group's [E, P_g, C_g] copy of the weights (or of their cotangent) exists
-    for g in plan.groups:
-        assert f"tensor<{s.shape[0]}x{g.coo.num_paths}x{g.channels}xf32>" not in text
+    check_grouped_lowering(_lower_cuda, "pallas_gpu", TRITON_CALL)

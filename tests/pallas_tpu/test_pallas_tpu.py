@@ -29,9 +29,9 @@ from kernel_cases import (
     check_deterministic,
     check_gradients_through_primitives,
     check_grouped_convolution,
+    check_grouped_lowering,
     check_tensor_product,
     conv_operands,
-    grouped_operands,
     tp_operands,
 )
 
@@ -241,16 +241,4 @@ def test_e3j_ops_select_pallas_tpu_when_lowered_for_tpu():
 
 
 def test_grouped_convolution_lowers_for_tpu_without_copying_the_weights():
-    plan, graph, x, y, s, _ = grouped_operands("float32")
-
-    def loss(x, y, s, g):
-        return jax.numpy.sin(GROUPED(x, y, s, g, backend="pallas_tpu")).sum()
-
-    y = y[:, 1:]  # the op prepends the self connection's constant column itself
-    text = _lower_tpu(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
-    # a forward and a backward launch per group, the weights' cotangent aliased from one to the next
-    assert text.count(MOSAIC_CALL) == 2 * len(plan.groups) == 6
-    assert text.count("output_operand_aliases") == len(plan.groups) - 1
-    # no group's [E, P_g, C_g] copy of the weights (or of their cotangent) exists
-    for g in plan.groups:
-        assert f"tensor<{s.shape[0]}x{g.coo.num_paths}x{g.channels}xf32>" not in text
+    check_grouped_lowering(_lower_tpu, "pallas_tpu", MOSAIC_CALL)

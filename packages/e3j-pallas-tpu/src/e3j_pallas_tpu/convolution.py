@@ -554,6 +554,8 @@ def _skipping_arg(kernel, position: int):
 
 
 # -- mixed multiplicities: the groups of an e3nn plan, weights read in place ---------------------
+# (the loops over the groups are twins of e3j_pallas_gpu.convolution's, on purpose: kernel packages never
+# import each other, and e3j-core has no JAX)
 
 
 @x32
