@@ -25,12 +25,9 @@ def _load(interpret: bool) -> dict[str, Any]:
     def bind(fn):
         return functools.partial(fn, interpret=interpret)
 
-    modules = {"tensor_product": tensor_product, "convolution": convolution}
-    kernels = {f"{op}{kind}": bind(getattr(modules[op], op + kind)) for op in modules for kind in ("", "_bwd")}
-    # mixed multiplicities: each group's launch reads its columns of e3nn's weights in place
-    kernels.update({f"grouped_convolution{kind}": bind(getattr(convolution, f"grouped_convolution{kind}"))
-                    for kind in ("", "_bwd")})  # fmt: skip
-    return kernels
+    # grouped_convolution: mixed multiplicities, each group's launch reading its columns of e3nn's weights
+    modules = {"tensor_product": tensor_product, "convolution": convolution, "grouped_convolution": convolution}
+    return {f"{op}{kind}": bind(getattr(modules[op], op + kind)) for op in modules for kind in ("", "_bwd")}
 
 
 _COMMON: dict[str, Any] = {
