@@ -21,11 +21,16 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.sharding import AbstractDevice, AbstractMesh
 from kernel_cases import (
+    ALL_OUTS,
     CONV_CASES,
+    GROUPED,
+    GROUPED_ALIGNED,
+    GROUPED_PART_ALIGNED,
     ODD_CHANNEL_CASES,
     Case,
     assert_close,
     check_convolution,
+    check_grouped_convolution,
     check_tensor_product,
     conv_operands,
     tp_operands,
@@ -122,6 +127,8 @@ def kernels():
         tensor_product_bwd=bound(mosaic_tensor_product, "tensor_product_bwd"),
         convolution=bound(mosaic_convolution, "convolution"),
         convolution_bwd=bound(mosaic_convolution, "convolution_bwd"),
+        grouped_convolution=bound(mosaic_convolution, "grouped_convolution"),
+        grouped_convolution_bwd=bound(mosaic_convolution, "grouped_convolution_bwd"),
     )
 
 
@@ -250,6 +257,36 @@ def test_race_detector_sees_the_race_the_kernels_avoid():
 )
 def test_convolution_under_linear_tma_stores(kernels, no_races, linear_tma_stores, case):
     check_convolution(kernels, case)
+
+
+def test_which_groups_read_e3nn_weights_in_place():
+    """The TMA reads a group's weights where e3nn puts them only when its multiplicity fills whole
+    tiles and its windows start 16-byte aligned; otherwise the group gets its own copy."""
+
+    def in_place(op):
+        return [mosaic_convolution.reads_in_place(g, op.plan.num_weights) for g in op.plan.groups]
+
+    assert in_place(GROUPED_ALIGNED) == [True, True]
+    assert in_place(GROUPED_PART_ALIGNED) == [True, False, False]  # 4 channels at column 26; 2 channels
+    assert not any(in_place(GROUPED))  # multiplicities 4 (unaligned columns), 2 and 1 (padded to 4 lanes)
+    twelve = e3j.MulIrConvolution("12x0e + 4x1o", "0e + 1o", "0e + 1o")
+    assert twelve.plan.groups[0].channels == 12 and in_place(twelve) == [False, True]  # 12 -> 16 lanes
+
+
+# Each group's weights read from e3nn's [E, num_weights] by one TMA copy per path and row, and the
+# cotangent's columns written path by path into one buffer threaded through the launches. Stores as
+# the GPU makes them (linear bulk copies): a window too wide would overwrite the next path's columns.
+@pytest.mark.parametrize(
+    "op, outs_sets",
+    [
+        pytest.param(GROUPED_ALIGNED, (("x", "y", "s"), ("s",)), id="aligned"),
+        pytest.param(GROUPED_ALIGNED, ALL_OUTS, id="aligned-all-outs", marks=pytest.mark.slow),
+        pytest.param(GROUPED_PART_ALIGNED, ALL_OUTS, id="part-aligned", marks=pytest.mark.slow),
+        pytest.param(GROUPED, (("x", "y", "s"),), id="copied", marks=pytest.mark.slow),
+    ],
+)
+def test_grouped_convolution_matches_reference(kernels, no_races, linear_tma_stores, op, outs_sets):
+    check_grouped_convolution(kernels, "float32", outs_sets, op=op)
 
 
 def test_strict_stores_see_a_store_past_an_axis():

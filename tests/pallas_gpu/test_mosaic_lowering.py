@@ -17,7 +17,7 @@ import pytest
 from e3j_pallas_gpu import backend as descriptors
 from e3j_pallas_gpu import mosaic_convolution, mosaic_tensor_product
 from jax.sharding import AbstractDevice, AbstractMesh
-from kernel_cases import Case, conv_operands, tp_operands
+from kernel_cases import GROUPED_ALIGNED, Case, check_grouped_lowering, conv_operands, tp_operands
 
 import e3j
 
@@ -157,3 +157,13 @@ def test_e3j_selects_triton_before_hopper():
     text, _ = _lower_e3j_convolution("NVIDIA A100-SXM4-80GB")
     assert MOSAIC_CALL not in text
     assert text.count(TRITON_CALL) == 2
+
+
+def test_grouped_convolution_reads_and_writes_e3nn_weights_in_place():
+    """Mixed multiplicities whose weight windows the TMA can address: each group's two launches read
+    e3nn's ``[E, num_weights]`` and every backward launch writes its columns of the weights' cotangent
+    into one buffer, aliased (the state ref threaded through them), with no ``[E, P_g, C_g]`` copy."""
+    check_grouped_lowering(
+        functools.partial(_lower_cuda, "NVIDIA H200"), "pallas_mosaic", MOSAIC_CALL, op=GROUPED_ALIGNED,
+        aliases=len(GROUPED_ALIGNED.plan.groups),
+    )  # fmt: skip

@@ -178,7 +178,13 @@ def _load_mosaic(interpret: bool) -> dict[str, Any]:
 
         return _behind_callback(functools.partial(fn, interpret=plgpu.InterpretGPUParams()))
 
-    modules = {"tensor_product": mosaic_tensor_product, "convolution": mosaic_convolution}
+    # grouped_convolution: mixed multiplicities, each group's launch reading its columns of e3nn's
+    # weights in place where the TMA can (mosaic_convolution.reads_in_place)
+    modules = {
+        "tensor_product": mosaic_tensor_product,
+        "convolution": mosaic_convolution,
+        "grouped_convolution": mosaic_convolution,
+    }
     return {f"{op}{kind}": bind(getattr(modules[op], op + kind)) for op in modules for kind in ("", "_bwd")}
 
 

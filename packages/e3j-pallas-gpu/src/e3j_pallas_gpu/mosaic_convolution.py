@@ -31,6 +31,10 @@ registers, then over channel blocks); on several-row tiles it is broadcast over 
 first (Mosaic's strided layout has no per-row broadcast) and its cotangent, formed per channel, is
 summed over the channels in XLA.
 
+Mixed multiplicities (:func:`grouped_convolution`): one launch per group on e3nn's ``[E,
+num_weights]`` weights, each path's ``C`` weights read where e3nn puts them (one TMA window per
+path and row) and their cotangent written there, where :func:`reads_in_place` allows.
+
 >>> import numpy as np
 >>> import e3j
 >>> from e3j_core import tensor_product_coo
@@ -48,6 +52,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -55,7 +60,7 @@ from e3j_core import TensorProductCoo
 
 from ._mosaic import Lanes, check_dtype, interpret_params, pad_channels, zeros
 
-__all__ = ["convolution", "convolution_bwd"]
+__all__ = ["convolution", "convolution_bwd", "grouped_convolution", "grouped_convolution_bwd", "reads_in_place"]
 
 
 def _rows(ref):
@@ -99,6 +104,23 @@ class _Walk:
         e = self.order[jnp.minimum(k, self.num_edges - 1)]
         other = self.other[jnp.minimum(e, self.num_edges - 1)]
         return jnp.where(valid, e, self.num_edges), jnp.where(valid, other, self.num_nodes), valid
+
+
+def _path_windows(gmem, index, columns, lane0, block, lanes: Lanes):
+    """TMA loads ``(gmem window, smem row)`` of each path's ``width`` weights of row ``index`` of e3nn's
+    ``[E, num_weights]`` (path ``p``: columns ``columns[p] + lane0 ..``) into row ``p · unit`` of a
+    ``[P · unit, width]`` block: one row per path, each starting 128-byte aligned as the TMA needs."""
+    unit = lanes.block_rows(1)
+    return [(gmem.at[index, pl.ds(col + lane0, lanes.width)], block.at[p * unit]) for p, col in enumerate(columns)]
+
+
+def _path_rows(ref, columns, lanes: Lanes):
+    """Path ``p``'s weights in a ``[rows, P', width]`` block as a ``[rows, width]`` value: row ``p``, or
+    row ``p · unit`` when the weights were loaded path by path (``columns`` given)."""
+    if columns is None:
+        return _rows(ref)
+    unit = lanes.block_rows(1)
+    return functools.cache(lambda p: ref[:, p * unit, :])
 
 
 def _stage(copies, barrier) -> None:
@@ -146,14 +168,18 @@ def convolution_kernel(
     i3,
     y_scalars,
     lanes,
+    s_columns=None,
 ):
-    """``rows`` receivers × ``width`` channels of the forward; ``y_smem`` is ``None`` for scalar ``y``."""
+    """``rows`` receivers × ``width`` channels of the forward; ``y_smem`` is ``None`` for scalar ``y``.
+
+    ``s_columns``: ``None`` for ``s [E, P, C]``; else ``s`` is e3nn's ``[E, num_weights]`` and path
+    ``p`` reads its ``C`` columns from ``s_columns[p]`` in place, one TMA copy per path and row."""
     g, c = jax.lax.axis_index("node"), jax.lax.axis_index("lanes")
     cols = pl.ds(c * lanes.width, lanes.width)
     num_nodes, num_edges = x_gmem.shape[0], s_gmem.shape[0]
     walk = _Walk(offsets_gmem, order_gmem, senders_gmem, g, lanes.rows, num_nodes, num_edges)
     dtype = m_smem.dtype
-    operands = [(x_gmem, x_smem, "a"), (s_gmem, s_smem, "e")]
+    operands = [(x_gmem, x_smem, "a")] + ([(s_gmem, s_smem, "e")] if s_columns is None else [])
     if not y_scalars:
         operands.append((y_gmem, y_smem, "e"))
 
@@ -164,6 +190,8 @@ def convolution_kernel(
             for src, dst, key in operands:
                 row = a if key == "a" else e
                 copies.append(_load_block(src, row, cols, dst.at[slot, r]))
+            if s_columns is not None:
+                copies += _path_windows(s_gmem, e, s_columns, c * lanes.width, s_smem.at[slot, r], lanes)
         _stage(copies, barriers.at[slot])
 
     @pl.when(walk.steps > 0)
@@ -179,7 +207,7 @@ def convolution_kernel(
             stage(t + 1, 1 - slot)
 
         plgpu.barrier_wait(barriers.at[slot])
-        s_row = _rows(s_smem.at[slot])
+        s_row = _path_rows(s_smem.at[slot], s_columns, lanes)
         if y_scalars:  # one row: its edge is valid at every step
             e = walk.edge(0, t)[0]
             y_row = functools.cache(lambda i: y_gmem[e, i])
@@ -221,17 +249,24 @@ def convolution(
     coo: TensorProductCoo, x: jax.Array, y: jax.Array, s: jax.Array, graph, *, y_channels: bool, interpret=False
 ) -> jax.Array:
     """Fused forward convolution (see the module docstring); ``interpret`` runs Mosaic's GPU interpreter."""
+    return _forward(coo, x, y, s, graph, y_channels=y_channels, s_columns=None, interpret=interpret)
+
+
+def _forward(coo, x, y, s, graph, *, y_channels: bool, s_columns, interpret) -> jax.Array:
+    """:func:`convolution`, or with ``s_columns`` (see :func:`convolution_kernel`) reading ``s [E,
+    num_weights]`` in place."""
     num_nodes, _, channels = x.shape
     dtype = check_dtype(jnp.result_type(x, y, s), "convolution")
     lanes = Lanes.of(channels)
     y_op, y_scalars = _y_operand(y, lanes, y_channels, channels)
+    s_rows, s_copies = (coo.num_paths, 1) if s_columns is None else (coo.num_paths * lanes.block_rows(1), coo.num_paths)
     scratch = {
         "x_smem": _smem(lanes, coo.dim_x, dtype, 2),
-        "s_smem": _smem(lanes, coo.num_paths, dtype, 2),
+        "s_smem": _smem(lanes, s_rows, dtype, 2),
         "m_smem": _smem(lanes, coo.dim_out, dtype),
         "y_smem": None if y_scalars else _smem(lanes, coo.dim_y, dtype, 2),
         # one barrier per slot: every row's copies of the step arrive on it
-        "barriers": plgpu.Barrier(num_arrivals=lanes.rows * (2 if y_scalars else 3), num_barriers=2),
+        "barriers": plgpu.Barrier(num_arrivals=lanes.rows * (1 + s_copies + (0 if y_scalars else 1)), num_barriers=2),
     }
     body = functools.partial(
         convolution_kernel,
@@ -239,6 +274,7 @@ def convolution(
         i3=coo.i3.tolist(),
         y_scalars=y_scalars,
         lanes=lanes,
+        s_columns=s_columns,
         **{k: None for k, v in scratch.items() if v is None},
     )
     m = plgpu.kernel(
@@ -255,7 +291,7 @@ def convolution(
         graph.senders,
         pad_channels(x, lanes.channels),
         y_op,
-        pad_channels(s, lanes.channels),
+        s if s_columns is not None else pad_channels(s, lanes.channels),
     )
     return m[..., :channels] if lanes.channels != channels else m
 
@@ -282,18 +318,25 @@ def convolution_bwd_kernel(
     y_scalars,
     outs,
     lanes,
+    s_columns=None,
 ):
     """``rows`` senders × ``width`` channels of the backward; the last program clears padding edges.
 
     ``refs`` are the needed operands among ``x, y, s`` (in that order), ``dm``, then the cotangents
-    named in ``outs``; unneeded scratch refs are ``None``.
+    named in ``outs``; unneeded scratch refs are ``None``. With ``s_columns`` (see
+    :func:`convolution_kernel`) ``s`` is e3nn's ``[E, num_weights]``, read in place, and when ``ds`` is
+    wanted its buffer, of the same layout, comes after ``dm`` (a mutable ref the caller threads from
+    group to group): each path's ``ds`` is written into its own columns there, not returned.
     """
     want_x, want_y, want_s = ("x" in outs), ("y" in outs), ("s" in outs)
     need = {"x": want_y or want_s, "y": want_x or want_s, "s": want_x or want_y}
     refs = list(refs)
     gmem = {n: refs.pop(0) for n in ("x", "y", "s") if need[n]}
     gmem["dm"] = refs.pop(0)
-    gmem.update({f"d{o}": refs.pop(0) for o in outs})
+    if want_s and s_columns is not None:
+        gmem["ds"] = refs.pop(0)
+    gmem.update({f"d{o}": refs.pop(0) for o in outs if f"d{o}" not in gmem})
+    unit = lanes.block_rows(1) if s_columns is not None else 1  # path p's row in the s/ds blocks: p · unit
     g, c = jax.lax.axis_index("node"), jax.lax.axis_index("lanes")
     cols = pl.ds(c * lanes.width, lanes.width)
     dtype = dm_smem.dtype
@@ -302,11 +345,20 @@ def convolution_bwd_kernel(
     num_groups = -(-num_nodes // lanes.rows)
     tile = (lanes.rows, lanes.width)
     staged = [("dm", dm_smem, "b")]
-    if need["s"]:
+    if need["s"] and s_columns is None:
         staged.append(("s", s_smem, "e"))
     if need["y"] and not y_scalars:
         staged.append(("y", y_smem, "e"))
     stored = [(n, ref) for n, ref in (("dy", dy_smem), ("ds", ds_smem)) if ref is not None]
+
+    def store_edge(name, block, e):
+        """Edge ``e``'s row of cotangent ``name`` from its ``[D', width]`` block: one store, or with
+        ``s_columns`` one per path of ``ds`` into its columns of e3nn's layout."""
+        if name == "ds" and s_columns is not None:
+            for p, col in enumerate(s_columns):
+                plgpu.copy_smem_to_gmem(block.at[p * unit], gmem["ds"].at[e, pl.ds(col + c * lanes.width, lanes.width)])
+        else:
+            _store_block(block, gmem[name], e, cols)
 
     @pl.when(g < num_groups)
     def _():
@@ -327,13 +379,15 @@ def convolution_bwd_kernel(
                 for name, dst, key in staged:
                     src = gmem[name]
                     copies.append(_load_block(src, b if key == "b" else e, cols, dst.at[slot, r]))
+                if need["s"] and s_columns is not None:
+                    copies += _path_windows(gmem["s"], e, s_columns, c * lanes.width, s_smem.at[slot, r], lanes)
             _stage(copies, barriers.at[slot])
 
         def store_edge_row(r, e, _, valid):
             @pl.when(valid)  # a row past its interval stores nothing (no two rows write one edge)
             def _():
                 for n, ref in stored:
-                    _store_block(ref.at[r], gmem[n], e, cols)
+                    store_edge(n, ref.at[r], e)
 
         @pl.when(walk.steps > 0)
         def _():
@@ -349,7 +403,7 @@ def convolution_bwd_kernel(
 
             plgpu.barrier_wait(barriers.at[slot])
             dm_row = _rows(dm_smem.at[slot])
-            s_row = _rows(s_smem.at[slot]) if need["s"] else None
+            s_row = _path_rows(s_smem.at[slot], s_columns, lanes) if need["s"] else None
             e0 = walk.edge(0, t)[0] if y_scalars else None  # one row: its edge is valid at every step
             y_row = None
             if need["y"]:
@@ -360,7 +414,7 @@ def convolution_bwd_kernel(
 
             def write_ds():
                 if ds["path"] is not None:
-                    ds_smem[:, ds["path"], :] = ds["sum"].astype(dtype)
+                    ds_smem[:, ds["path"] * unit, :] = ds["sum"].astype(dtype)
 
             def on_row(i0, z):  # rows arrive in output order, so path by path
                 if i3[i0] != ds["path"]:
@@ -380,7 +434,7 @@ def convolution_bwd_kernel(
             if want_s:
                 write_ds()
                 for p in empty_paths:
-                    ds_smem[:, p, :] = zeros(dtype, tile)
+                    ds_smem[:, p * unit, :] = zeros(dtype, tile)
             if want_y and y_scalars:  # summed over the block's lanes in registers
                 for i in range(dim_y):
                     gmem["dy"][c, e0, i] = jnp.sum(dy[i]).astype(dtype) if i in dy else jnp.zeros((), dtype)
@@ -419,7 +473,7 @@ def convolution_bwd_kernel(
                     for i in range(dim_y):
                         gmem["dy"][c, e, i] = jnp.zeros((), dtype)
                 for n, ref in stored:
-                    _store_block(ref.at[0], gmem[n], e, cols)
+                    store_edge(n, ref.at[0], e)
                 return carry
 
             jax.lax.fori_loop(num_valid_gmem[0], num_edges, clear, 0)
@@ -443,6 +497,13 @@ def convolution_bwd(
     ``x`` is read only when ``y`` or ``s`` is requested, ``y`` when ``x`` or ``s`` is, ``s`` when
     ``x`` or ``y`` is (unneeded operands may be ``None``).
     """
+    return _backward(coo, x, y, s, dm, graph, outs=outs, y_channels=y_channels, interpret=interpret)
+
+
+def _backward(coo, x, y, s, dm, graph, *, outs, y_channels: bool, interpret, s_columns=None, ds=None) -> dict:
+    """:func:`convolution_bwd`, or with ``s_columns`` (see :func:`convolution_kernel`) reading ``s [E,
+    num_weights]`` in place and writing ``ds`` into ``ds``, a mutable ref of that layout (no ``"s"``
+    in the result then)."""
     outs = tuple(o for o in ("x", "y", "s") if o in outs)
     num_nodes, _, channels = dm.shape
     num_edges = graph.senders.shape[0]
@@ -459,23 +520,26 @@ def convolution_bwd(
     operands = {
         "x": pad_channels(x, cp),
         "y": _y_operand(y, lanes, y_channels, channels)[0] if need["y"] else None,
-        "s": pad_channels(s, cp),
+        "s": pad_channels(s, cp) if s_columns is None else s,
     }
+    s_rows = coo.num_paths if s_columns is None else coo.num_paths * lanes.block_rows(1)
     shapes = {
         "x": (num_nodes, coo.dim_x, cp),
         "y": (nc, num_edges, coo.dim_y) if y_scalars else (num_edges, coo.dim_y, cp),
         "s": (num_edges, coo.num_paths, cp),
     }
+    returned = tuple(o for o in outs if not (o == "s" and s_columns is not None))
     scratch = {
         "x_smem": _smem(lanes, coo.dim_x, dtype) if need["x"] else None,
         "y_smem": _smem(lanes, coo.dim_y, dtype, 2) if need["y"] and not y_scalars else None,
-        "s_smem": _smem(lanes, coo.num_paths, dtype, 2) if need["s"] else None,
+        "s_smem": _smem(lanes, s_rows, dtype, 2) if need["s"] else None,
         "dm_smem": _smem(lanes, coo.dim_out, dtype, 2),
         "dx_smem": _smem(lanes, coo.dim_x, dtype) if want_x else None,
         "dy_smem": _smem(lanes, coo.dim_y, dtype) if want_y and not y_scalars else None,
-        "ds_smem": _smem(lanes, coo.num_paths, dtype) if want_s else None,
+        "ds_smem": _smem(lanes, s_rows, dtype) if want_s else None,
     }
-    staged = 1 + need["s"] + (need["y"] and not y_scalars)
+    s_copies = (1 if s_columns is None else coo.num_paths) if need["s"] else 0
+    staged = 1 + s_copies + (need["y"] and not y_scalars)
     # one barrier per slot of the edge operands (every row's copies of a step arrive on it), one for x
     scratch["barriers"] = plgpu.Barrier(num_arrivals=lanes.rows * staged, num_barriers=2)
     scratch["x_barrier"] = plgpu.Barrier(num_arrivals=lanes.rows) if need["x"] else None
@@ -488,12 +552,15 @@ def convolution_bwd(
         y_scalars=y_scalars,
         outs=outs,
         lanes=lanes,
+        s_columns=s_columns,
         **{k: None for k, v in scratch.items() if v is None},
     )
     groups = -(-num_nodes // lanes.rows)
+    if want_s and s_columns is not None and ds is None:
+        raise ValueError("ds: the [E, num_weights] buffer to write into is needed with s_columns")
     results = plgpu.kernel(
         body,
-        out_type=tuple(jax.ShapeDtypeStruct(shapes[o], dtype) for o in outs),
+        out_type=tuple(jax.ShapeDtypeStruct(shapes[o], dtype) for o in returned),
         grid=(groups + (1 if (want_y or want_s) else 0), nc),
         grid_names=("node", "lanes"),
         scratch_types={k: v for k, v in scratch.items() if v is not None},
@@ -506,8 +573,9 @@ def convolution_bwd(
         graph.num_valid.reshape(1),
         *(operands[n] for n in ("x", "y", "s") if need[n]),
         pad_channels(dm, cp),
+        *((ds,) if want_s and s_columns is not None else ()),
     )
-    res = dict(zip(outs, results, strict=True))
+    res = dict(zip(returned, results, strict=True))
     if want_y and y_scalars:
         res["y"] = functools.reduce(jnp.add, list(res["y"]))
     elif want_y and not y_channels:  # several-row tiles: formed per channel, summed over channels here
@@ -515,3 +583,99 @@ def convolution_bwd(
     return {
         o: (v[..., :channels] if v.ndim == 3 and v.shape[-1] == cp and cp != channels else v) for o, v in res.items()
     }
+
+
+# the TMA moves 16-byte-aligned windows of rows whose stride is a multiple of 16 bytes
+_TMA_ALIGN_BYTES = 16
+
+
+def reads_in_place(group, num_weights: int, itemsize: int = 4) -> bool:
+    """Whether ``group``'s paths can read their weights (and write their cotangents) where e3nn puts
+    them: ``C`` fills whole tiles (a power of two ``>= 4`` or a multiple of 128: no padded lane,
+    which would read and write the next path's columns) and every window starts, as the rows do,
+    16-byte aligned (``C``, the paths' first columns and ``num_weights`` multiples of 4 floats)."""
+    align = _TMA_ALIGN_BYTES // itemsize
+    return (
+        Lanes.of(group.channels).channels == group.channels
+        and num_weights % align == 0
+        and all(int(col) % align == 0 for col in group.weight_columns)
+    )
+
+
+def _columns(group) -> np.ndarray:
+    """``group``'s columns of e3nn's weight axis in its ``[P, C]`` order (``[P · C]``)."""
+    return (np.asarray(group.weight_columns)[:, None] + np.arange(group.channels)).reshape(-1)
+
+
+def grouped_convolution(plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *, interpret=False) -> jax.Array:
+    """Every group of ``plan`` (an ``e3j`` mixed-multiplicity plan whose weights are in place):
+    ``x [N, Dx_flat]``, ``y [E, Dy]``, ``s [E, num_weights]`` (e3nn's order) → ``m [N, Dout_flat]``.
+
+    One launch per group. A group that :func:`reads_in_place` loads each path's window of ``s`` where
+    it is; another gets its ``[E, P_g, C_g]`` copy. The node features are split into the groups'
+    ``[N, Dx_g, C_g]`` and the outputs joined into e3nn's layout around the launches.
+    """
+    outs = []
+    for g, xg in zip(plan.groups, plan.split_x(x)):
+        if reads_in_place(g, plan.num_weights, jnp.dtype(s.dtype).itemsize):
+            cols = tuple(int(c) for c in g.weight_columns)
+            outs.append(_forward(g.coo, xg, y, s, graph, y_channels=False, s_columns=cols, interpret=interpret))
+        else:
+            sg = g.split_weights(s)
+            outs.append(_forward(g.coo, xg, y, sg, graph, y_channels=False, s_columns=None, interpret=interpret))
+    return plan.join_out(outs)
+
+
+def grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs: tuple[str, ...], interpret=False) -> dict:
+    """Cotangents of :func:`grouped_convolution` for ``outs ⊆ {x, y, s}``, in its layouts.
+
+    ``ds [E, num_weights]`` is one buffer threaded through the launches as a state ref
+    (``pl.run_state``: JAX turns it into an operand that each launch aliases to its output): the
+    groups that :func:`reads_in_place` write their columns there; the others' ``[E, P_g, C_g]``
+    cotangents are copied into theirs afterwards. Every column belongs to exactly one path.
+    """
+    groups = plan.groups
+    num_nodes, num_edges, dtype = dm.shape[0], graph.senders.shape[0], dm.dtype
+    in_place = [reads_in_place(g, plan.num_weights, jnp.dtype(dtype).itemsize) for g in groups]
+    xs = plan.split_x(x) if x is not None else [None] * len(groups)
+    gs = plan.split_out(dm)
+
+    def launch(k, ds_ref):
+        g, direct = groups[k], in_place[k]
+        if direct:
+            cols = tuple(int(c) for c in g.weight_columns)
+            return _backward(
+                g.coo, xs[k], y, s, gs[k], graph, outs=outs, y_channels=False, interpret=interpret,
+                s_columns=cols, ds=ds_ref,
+            )  # fmt: skip
+        sg = g.split_weights(s) if s is not None else None
+        return _backward(g.coo, xs[k], y, sg, gs[k], graph, outs=outs, y_channels=False, interpret=interpret)
+
+    if "s" in outs:
+        # each launch's results leave the state's scope through a ref of their own (the initial
+        # zeros are overwritten whole: dead, removed by XLA)
+        shapes = {"x": lambda g: (num_nodes, g.coo.dim_x, g.channels), "y": lambda g: (num_edges, g.coo.dim_y)}
+        shapes["s"] = lambda g: (num_edges, g.coo.num_paths, g.channels)
+        init = [
+            {o: jnp.zeros(shapes[o](g), dtype) for o in outs if o != "s" or not direct}
+            for g, direct in zip(groups, in_place)
+        ]
+
+        def body(refs):
+            ds_ref, result_refs = refs
+            for k, refs_k in enumerate(result_refs):
+                for o, v in launch(k, ds_ref).items():
+                    refs_k[o][...] = v
+
+        ds, results = pl.run_state(body)((jnp.zeros((num_edges, plan.num_weights), dtype), init))
+        for g, direct, r in zip(groups, in_place, results):
+            if not direct:
+                ds = ds.at[:, _columns(g)].set(r.pop("s").reshape(num_edges, -1), unique_indices=True)
+    else:
+        results, ds = [launch(k, None) for k in range(len(groups))], None
+    dy = None
+    for r in results:
+        if "y" in r:
+            dy = r["y"] if dy is None else dy + r["y"]
+    res = {"x": plan.join_x([r["x"] for r in results]) if "x" in outs else None, "y": dy, "s": ds}
+    return {o: res[o] for o in outs}
