@@ -179,11 +179,11 @@ def conv_operands(case: Case, seed: int = 0):
 
 #: Mixed multiplicities (groups of 4, 2 and 1 channels) with a self connection: the grouped kernels' case.
 GROUPED = e3j.MulIrConvolution("4x0e + 2x1o + 1x2e + 2x1e", "0e + 1o + 2e", "0e + 1o + 2e", self_connection="0e + 1o")
-#: Every group's weight windows 16-byte aligned and a power-of-two multiplicity: what Mosaic GPU's TMA
-#: reads (and writes) in place (``mosaic_convolution.reads_in_place``); GROUPED has no such group.
-GROUPED_ALIGNED = e3j.MulIrConvolution("4x0e + 8x1o", "0e + 1o", "0e + 1o + 2e")
-#: One group aligned (8 channels), the others not (4 channels at unaligned columns, 2 channels).
-GROUPED_PART_ALIGNED = e3j.MulIrConvolution("8x0e + 4x1o + 2x2e + 2x2o", "0e + 1o", "0e + 1o + 1e")
+#: Every group's weight windows 16-byte aligned and a power-of-two multiplicity >= 16: what Mosaic
+#: GPU's TMA reads (and writes) in place (``mosaic_convolution.reads_in_place``); GROUPED has none.
+GROUPED_ALIGNED = e3j.MulIrConvolution("16x0e + 32x1o", "0e + 1o", "0e + 1o + 2e")
+#: One group aligned (32 channels), the others not (16 channels at an unaligned column, 2 channels).
+GROUPED_PART_ALIGNED = e3j.MulIrConvolution("32x0e + 16x1o + 2x2e + 2x2o", "0e + 1o", "0e + 1o + 1e")
 
 
 def grouped_operands(dtype, seed: int = 0, num_nodes: int = 7, op: e3j.MulIrConvolution = GROUPED):

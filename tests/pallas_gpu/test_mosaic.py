@@ -267,10 +267,12 @@ def test_which_groups_read_e3nn_weights_in_place():
         return [mosaic_convolution.reads_in_place(g, op.plan.num_weights) for g in op.plan.groups]
 
     assert in_place(GROUPED_ALIGNED) == [True, True]
-    assert in_place(GROUPED_PART_ALIGNED) == [True, False, False]  # 4 channels at column 26; 2 channels
-    assert not any(in_place(GROUPED))  # multiplicities 4 (unaligned columns), 2 and 1 (padded to 4 lanes)
-    twelve = e3j.MulIrConvolution("12x0e + 4x1o", "0e + 1o", "0e + 1o")
+    assert in_place(GROUPED_PART_ALIGNED) == [True, False, False]  # 16 channels at column 98; 2 channels
+    assert not any(in_place(GROUPED))  # multiplicities 4, 2 and 1: tiles narrower than 16 lanes
+    twelve = e3j.MulIrConvolution("12x0e + 16x1o", "0e + 1o", "0e + 1o")
     assert twelve.plan.groups[0].channels == 12 and in_place(twelve) == [False, True]  # 12 -> 16 lanes
+    narrow = e3j.MulIrConvolution("16x0e + 4x1o", "0e + 1o", "0e + 1o")
+    assert in_place(narrow) == [True, False]  # 4 lanes: aligned, but each path's row would be 8 block rows
 
 
 # Each group's weights read from e3nn's [E, num_weights] by one TMA copy per path and row, and the

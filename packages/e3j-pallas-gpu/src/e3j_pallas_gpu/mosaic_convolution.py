@@ -587,16 +587,22 @@ def _backward(coo, x, y, s, dm, graph, *, outs, y_channels: bool, interpret, s_c
 
 # the TMA moves 16-byte-aligned windows of rows whose stride is a multiple of 16 bytes
 _TMA_ALIGN_BYTES = 16
+# each path's window gets its own 128-byte-aligned row of the s (and ds) block: below 16 lanes that
+# row is 4-8 block rows, and the blocks of an lmax-3 table (~20 paths) would outgrow shared memory
+_MIN_IN_PLACE_WIDTH = 16
 
 
 def reads_in_place(group, num_weights: int, itemsize: int = 4) -> bool:
     """Whether ``group``'s paths can read their weights (and write their cotangents) where e3nn puts
-    them: ``C`` fills whole tiles (a power of two ``>= 4`` or a multiple of 128: no padded lane,
-    which would read and write the next path's columns) and every window starts, as the rows do,
-    16-byte aligned (``C``, the paths' first columns and ``num_weights`` multiples of 4 floats)."""
+    them: ``C`` fills whole tiles of at least 16 lanes (a power of two ``>= 16`` or a multiple of
+    128: no padded lane, which would read and write the next path's columns) and every window
+    starts, as the rows do, 16-byte aligned (the paths' first columns and ``num_weights`` multiples
+    of 4 floats)."""
     align = _TMA_ALIGN_BYTES // itemsize
+    lanes = Lanes.of(group.channels)
     return (
-        Lanes.of(group.channels).channels == group.channels
+        lanes.channels == group.channels
+        and lanes.width >= _MIN_IN_PLACE_WIDTH
         and num_weights % align == 0
         and all(int(col) % align == 0 for col in group.weight_columns)
     )
