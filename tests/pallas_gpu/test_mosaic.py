@@ -261,7 +261,8 @@ def test_convolution_under_linear_tma_stores(kernels, no_races, linear_tma_store
 
 def test_which_groups_read_e3nn_weights_in_place():
     """The TMA reads a group's weights where e3nn puts them only when its multiplicity fills whole
-    tiles and its windows start 16-byte aligned; otherwise the group gets its own copy."""
+    tiles of at least 16 lanes and its windows start 16-byte aligned; otherwise the group gets its
+    own copy."""
 
     def in_place(op):
         return [mosaic_convolution.reads_in_place(g, op.plan.num_weights) for g in op.plan.groups]
