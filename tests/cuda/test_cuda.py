@@ -21,6 +21,8 @@ import pytest
 from e3j_cuda import _ffi, kernels
 from kernel_cases import (
     CONV_CASES,
+    GROUPED,
+    GROUPED_PART_ALIGNED,
     HIGH_L_CASES,
     IRREPS,
     LAUNCH_CASES,
@@ -31,6 +33,8 @@ from kernel_cases import (
     check_convolution,
     check_deterministic,
     check_gradients_through_primitives,
+    check_grouped_convolution,
+    check_grouped_lowering,
     check_launch_case,
     check_tensor_product,
     hard_graph,
@@ -72,6 +76,20 @@ def test_odd_channel_counts(host, case):
 def test_high_degree_tables(host, case):
     check_tensor_product(host, case)
     check_convolution(host, case)
+
+
+# the part-aligned plan (~15 s per target) adds paths at columns no vector width divides: slow session
+@pytest.mark.parametrize(
+    ("op", "dtype"),
+    [(GROUPED, "float64"), pytest.param(GROUPED_PART_ALIGNED, "float32", marks=pytest.mark.slow)],
+    ids=["groups-of-4-2-1", "part-aligned"],
+)
+def test_grouped_convolution_matches_reference(host, op, dtype):
+    """Mixed multiplicities, one launch per group on e3nn's [E, num_weights] weights in place: each
+    path's weights read at its own column (staged rows, or element-wise from global memory), and
+    each group's cotangent written into its columns of one buffer aliased from launch to launch,
+    padding edges' columns zeroed; every subset of cotangents."""
+    check_grouped_convolution(host, dtype, op=op)
 
 
 @functools.cache
@@ -271,6 +289,10 @@ def test_kernels_lower_to_ffi_calls_for_cuda(case):
     text += _lower_cuda(lambda x, y, s, dm, g: bwd(x, y, s, dm, g), x, y, s, dm, graph)
     assert set(re.findall(r"custom_call @(e3j_\w+)", text)) == CALLS
     assert "index_bytes = 1 : i64" in text
+
+
+def test_grouped_convolution_lowers_for_cuda_without_copying_the_weights():
+    check_grouped_lowering(_lower_cuda, "cuda", "custom_call @e3j_conv_")
 
 
 def test_e3j_ops_lower_to_the_cuda_backend():

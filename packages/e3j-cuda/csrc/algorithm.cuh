@@ -51,12 +51,22 @@ struct Rows {
   E3J_HD T at(int i, int v) const { return base[i * row + v * lane]; }
 };
 
+// An edge's weights read where they are: path p's channels at base[cols[p] + v], where `cols` is the
+// per-path column table of the weights' rows (s [E, P, C] viewed as [E, P·C]: cols[p] = p·C; e3nn's
+// [E, num_weights]: each path's first column in e3nn's order).
+template <typename T>
+struct ColumnRows {
+  const T* base;
+  const int32_t* cols;
+  E3J_HD T at(int i, int v) const { return base[cols[i] + v]; }
+};
+
 // value(i, v) = a(i, v) * s(map[i], v): the convolution's output cotangent mixed with the edge scalar
 // of the path that row i0 belongs to (w = s[i3(i0)] * dm[i0], paper Algorithm 7).
-template <typename T>
+template <typename T, typename S = Rows<T>>
 struct ScaledRows {
   Rows<T> a;
-  Rows<T> s;
+  S s;
   const int32_t* map;
   E3J_HD T at(int i, int v) const { return a.at(i, v) * s.at(map[i], v); }
 };
@@ -130,8 +140,18 @@ E3J_HD void store(T* p, const T* in) {
 // Register arrays of V values are reinterpreted as one vector by load/store: align them as one.
 #define E3J_VEC(T, V) alignas(sizeof(T) * (V) < 16 ? sizeof(T) * (V) : 16) T
 
+// Element by element: a path's first column need not be a multiple of V (e3nn's weight columns are
+// sums of any multiplicities), so no vector load is assumed aligned. Only the global-memory kernels
+// and the host loops read weights so; the staged kernels copy them into shared memory rows first.
 template <int V, typename T>
-E3J_HD void load(const ScaledRows<T>& r, int i, T* out) {
+E3J_HD void load(const ColumnRows<T>& r, int i, T* out) {
+  const T* p = r.base + r.cols[i];
+#pragma unroll
+  for (int v = 0; v < V; ++v) out[v] = p[v];
+}
+
+template <int V, typename T, typename S>
+E3J_HD void load(const ScaledRows<T, S>& r, int i, T* out) {
   E3J_VEC(T, V) scale[V];
   load<V>(r.a, i, out);
   load<V>(r.s, r.map[i], scale);

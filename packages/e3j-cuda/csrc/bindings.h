@@ -45,12 +45,13 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(e3j_conv_fwd, ConvFwd, \
         .Arg<::xla::ffi::AnyBuffer>()                    /* records of the table */ \
         .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()      /* rowptr [Dout + 1] */ \
         .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()      /* i3 [Dout]: path of each output row */ \
+        .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()      /* s_cols [P]: first column of each path's weights */ \
         .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()      /* receiver_offsets [N + 1]: CSR of order by receiver */ \
         .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()      /* order [E]: edge ids sorted by receiver, padding last */ \
         .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()      /* senders [E] */ \
         .Arg<::xla::ffi::AnyBuffer>()                    /* x [N, Dx, C] */ \
         .Arg<::xla::ffi::AnyBuffer>()                    /* y [E, Dy] or [E, Dy, C] */ \
-        .Arg<::xla::ffi::AnyBuffer>()                    /* s [E, P, C] */ \
+        .Arg<::xla::ffi::AnyBuffer>()                    /* s [E, W]: weights at columns s_cols[p] .. + C - 1 */ \
         .Ret<::xla::ffi::AnyBuffer>()                    /* m [N, Dout, C] */ \
         .Attr<int64_t>("index_bytes")                    /* 1 (uint8 indices) or 4 (int32) */ \
         .Attr<bool>("y_channels")                        /* y has a channel axis */); \
@@ -64,17 +65,19 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(e3j_conv_bwd, ConvBwd, \
         .Arg<::xla::ffi::AnyBuffer>()                    /* records of vjp_y (dy) */ \
         .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()      /* rowptr [Dy + 1] */ \
         .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()      /* i3 [Dout]: path of each output row */ \
+        .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()      /* s_cols [P]: each path's first column in s, ds */ \
         .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()      /* sender_offsets [N + 1]: CSR of sender_order */ \
         .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()      /* sender_order [E]: edge ids sorted by sender, padding last */ \
         .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()      /* receivers [E] */ \
         .Arg<::xla::ffi::Buffer<::xla::ffi::S32>>()      /* num_valid [1]: non-padding edges */ \
         .Arg<::xla::ffi::AnyBuffer>()                    /* x [N, Dx, C], or 0-size when not read */ \
         .Arg<::xla::ffi::AnyBuffer>()                    /* y [E, Dy(, C)], or 0-size when not read */ \
-        .Arg<::xla::ffi::AnyBuffer>()                    /* s [E, P, C], or 0-size when not read */ \
+        .Arg<::xla::ffi::AnyBuffer>()                    /* s [E, W], or 0-size when not read */ \
         .Arg<::xla::ffi::AnyBuffer>()                    /* dm [N, Dout, C] */ \
+        .Arg<::xla::ffi::AnyBuffer>()                    /* ds_into [E, W] (aliased to ds; not read), or 0-size */ \
         .Ret<::xla::ffi::AnyBuffer>()                    /* dx [N, Dx, C], or 0-size */ \
         .Ret<::xla::ffi::AnyBuffer>()                    /* dy [E, Dy(, C)], or 0-size */ \
-        .Ret<::xla::ffi::AnyBuffer>()                    /* ds [E, P, C], or 0-size */ \
+        .Ret<::xla::ffi::AnyBuffer>()                    /* ds [E, W]: only the paths' columns written; or 0-size */ \
         .Attr<int64_t>("index_bytes")                    /* 1 (uint8 indices) or 4 (int32) */ \
         .Attr<bool>("y_channels")                        /* y has a channel axis */ \
         .Attr<bool>("want_x")                            /* compute dx */ \

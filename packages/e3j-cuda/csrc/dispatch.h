@@ -53,18 +53,21 @@ inline TpBwdDims tp_bwd_dims(const ffi::AnyBuffer& dz, const ffi::Buffer<ffi::S3
 }
 
 struct ConvBwdDims {
-  int64_t N, Dz, C, E, Dx, Dy, P, Pds;  // P: paths of s (0 when s is unneeded); Pds: of ds (0 when unwanted)
+  int64_t N, Dz, C, E, Dx, Dy, P;
+  int64_t Ws, Wds;  // row widths of s and ds: 0 when s is not read / ds not wanted
 };
 inline ConvBwdDims conv_bwd_dims(const ffi::AnyBuffer& dm, const ffi::Buffer<ffi::S32>& order,
                                  const ffi::Buffer<ffi::S32>& rowptr_x, const ffi::Buffer<ffi::S32>& rowptr_y,
-                                 const ffi::AnyBuffer& s, const ffi::AnyBuffer& ds, bool want_s) {
+                                 const ffi::Buffer<ffi::S32>& s_cols, const ffi::AnyBuffer& s, const ffi::AnyBuffer& ds,
+                                 bool want_s) {
   return {dim(dm, 0),
           dim(dm, 1),
           dim(dm, 2),
           static_cast<int64_t>(order.element_count()),
           static_cast<int64_t>(rowptr_x.element_count()) - 1,
           static_cast<int64_t>(rowptr_y.element_count()) - 1,
-          rank(s) == 3 ? dim(s, 1) : 0,
+          static_cast<int64_t>(s_cols.element_count()),
+          rank(s) == 2 ? dim(s, 1) : 0,
           want_s ? dim(ds, 1) : 0};
 }
 

@@ -49,6 +49,17 @@ __device__ void stage(T* dst, const T* src, int rows, int width, int block_chann
   }
 }
 
+// An edge's weight rows into dst[rows][block_channels]: path i's `width` channels from src + cols[i]
+// (element-wise, so a path may start at any column of the weights' rows).
+template <typename T>
+__device__ void stage_columns(T* dst, const T* src, const int32_t* cols, int rows, int width, int block_channels) {
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+  for (int k = tid; k < rows * width; k += nt) {
+    const int i = k / width, c = k % width;
+    dst[i * block_channels + c] = src[cols[i] + c];
+  }
+}
+
 // Tensor product forward: block = one batch row × a block of channels; x, y rows staged in smem
 // (`staged`; rows too long for the device's shared memory are read from global memory instead).
 template <int V, typename T, typename Rec>
@@ -147,15 +158,17 @@ __host__ __device__ ConvFwdSmem conv_fwd_smem(int64_t Dz, int64_t Dx, int64_t Dy
 }
 
 // Convolution forward: block = one receiver × a block of channels, its output rows split across the
-// block's y axis by record count (as the tensor product's). With `staged`, the CSR loop over the
-// receiver's edges stages each edge's rows x_a, y_ab, s_ab in shared memory (all threads, coalesced),
+// block's y axis by record count (as the tensor product's). The weights s [E, Ws] hold path p's
+// channels at columns s_cols[p] + c. With `staged`, the CSR loop over the receiver's edges stages
+// each edge's rows x_a, y_ab, s_ab in shared memory (all threads, coalesced),
 // and every thread accumulates its rows × V channels of the message in a shared-memory accumulator,
 // written once per node; else rows and accumulator live in global memory (the output row itself).
 // Every accumulator element has one owner: no atomics.
 template <int V, typename T, typename Rec>
-__global__ void conv_fwd_kernel(const Rec* rec, const int32_t* rowptr, const int32_t* i3, const int32_t* offsets,
-                                const int32_t* order, const int32_t* senders, const T* x, const T* y, const T* s, T* m,
-                                int Dx, int Dy, int P, int Dz, int C, bool y_channels, bool staged) {
+__global__ void conv_fwd_kernel(const Rec* rec, const int32_t* rowptr, const int32_t* i3, const int32_t* s_cols,
+                                const int32_t* offsets, const int32_t* order, const int32_t* senders, const T* x,
+                                const T* y, const T* s, T* m, int Dx, int Dy, int P, int64_t Ws, int Dz, int C,
+                                bool y_channels, bool staged) {
   E3J_DYNAMIC_SMEM(smem_raw);
   T* smem = reinterpret_cast<T*>(smem_raw);
   const int CB = blockDim.x * V;
@@ -182,7 +195,7 @@ __global__ void conv_fwd_kernel(const Rec* rec, const int32_t* rowptr, const int
         stage(smem + at.y, y + e * Dy * C + cbase, Dy, width, CB, C);
       else
         stage(smem + at.y, y + e * Dy, 1, Dy, Dy, 0);
-      stage(smem + at.s, s + e * P * C + cbase, P, width, CB, C);
+      stage_columns(smem + at.s, s + e * Ws + cbase, s_cols, P, width, CB);
       __syncthreads();
       if (active)
         accumulate_message<V, T>(rec, rowptr, lo, hi, Rows<T>{smem + at.x + c0, CB, 1},
@@ -191,22 +204,24 @@ __global__ void conv_fwd_kernel(const Rec* rec, const int32_t* rowptr, const int
     } else if (active) {
       const int cc = cbase + c0;
       accumulate_message<V, T>(rec, rowptr, lo, hi, channel_rows(x, a, Dx, C, cc), y_rows(y, e, Dy, C, cc, y_channels),
-                               channel_rows(s, e, P, C, cc), i3, acc, row);
+                               ColumnRows<T>{s + e * Ws + cc, s_cols}, i3, acc, row);
     }
   }
   if (staged && active)
     for (int i = lo; i < hi; ++i) store<V>(m + (b * Dz + i) * C + cbase + c0, acc + i * row);
 }
 
-// The backward kernels' extra block: zero the cotangent rows (dy_row, ds_row elements per edge; 0 when
-// not wanted) of the padding edges, order[num_valid:E], with threads tid of nt.
+// The backward kernels' extra block: zero the cotangents of the padding edges, order[num_valid:E],
+// with threads tid of nt: dy's rows (dy_row elements per edge; 0 when not wanted) and ds's P paths
+// of C channels at columns s_cols[p] of its rows of Wds (0 when not wanted; other columns untouched).
 template <typename T>
 __device__ void clear_padding_edges(const int32_t* order, int num_valid, int E, T* dy, T* ds, int64_t dy_row,
-                                    int64_t ds_row, int tid, int nt) {
+                                    const int32_t* s_cols, int P, int C, int64_t Wds, int tid, int nt) {
   for (int k = num_valid; k < E; ++k) {
     const int64_t e = order[k];
     for (int64_t j = tid; j < dy_row; j += nt) dy[e * dy_row + j] = T(0);
-    for (int64_t j = tid; j < ds_row; j += nt) ds[e * ds_row + j] = T(0);
+    if (Wds > 0)
+      for (int64_t j = tid; j < int64_t(P) * C; j += nt) ds[e * Wds + s_cols[j / C] + j % C] = T(0);
   }
 }
 
@@ -249,11 +264,12 @@ __host__ __device__ ConvBwdSmem conv_bwd_smem(int64_t Dx, int64_t Dy, int64_t Dz
 // N zeroes the padding edges' rows. No atomics.
 template <int V, typename T, typename Rec>
 __global__ void conv_bwd_staged_kernel(const Rec* rt, const int32_t* pt, const Rec* rx, const int32_t* px,
-                                       const Rec* ry, const int32_t* py, const int32_t* i3, const int32_t* offsets,
-                                       const int32_t* order, const int32_t* receivers, const int32_t* num_valid,
-                                       const T* x, const T* y, const T* s, const T* dm, T* dx, T* dy, T* ds, int N,
-                                       int E, int Dx, int Dy, int P, int Pds, int Dz, int C, bool y_channels,
-                                       bool want_x, bool want_y, bool want_s) {
+                                       const Rec* ry, const int32_t* py, const int32_t* i3, const int32_t* s_cols,
+                                       const int32_t* offsets, const int32_t* order, const int32_t* receivers,
+                                       const int32_t* num_valid, const T* x, const T* y, const T* s, const T* dm,
+                                       T* dx, T* dy, T* ds, int N, int E, int Dx, int Dy, int P, int64_t Ws,
+                                       int64_t Wds, int Dz, int C, bool y_channels, bool want_x, bool want_y,
+                                       bool want_s) {
   E3J_DYNAMIC_SMEM(smem_raw);
   T* smem = reinterpret_cast<T*>(smem_raw);
   const int lanes = blockDim.x, splits = blockDim.y, CB = lanes * V;
@@ -261,8 +277,8 @@ __global__ void conv_bwd_staged_kernel(const Rec* rt, const int32_t* pt, const R
   const int64_t a = blockIdx.x;
   const bool reduce = want_y && !y_channels;
   if (a == N) {
-    clear_padding_edges(order, num_valid[0], E, dy, ds, want_y ? (y_channels ? int64_t(Dy) * C : Dy) : 0,
-                        want_s ? int64_t(Pds) * C : 0, tid, nt);
+    clear_padding_edges(order, num_valid[0], E, dy, ds, want_y ? (y_channels ? int64_t(Dy) * C : Dy) : 0, s_cols,
+                        P, C, Wds, tid, nt);
     return;
   }
   const bool need_x = want_y || want_s, need_y = want_x || want_s, need_s = want_x || want_y;
@@ -290,7 +306,7 @@ __global__ void conv_bwd_staged_kernel(const Rec* rt, const int32_t* pt, const R
       const int64_t e = order[k], b = receivers[e];
       __syncthreads();  // the previous edge's rows and reduction buffer are consumed
       stage(smem + at.dm, dm + b * Dz * C + cbase, Dz, width, CB, C);
-      if (need_s) stage(smem + at.s, s + e * P * C + cbase, P, width, CB, C);
+      if (need_s) stage_columns(smem + at.s, s + e * Ws + cbase, s_cols, P, width, CB);
       if (need_y) {
         if (y_channels)
           stage(smem + at.y, y + e * Dy * C + cbase, Dy, width, CB, C);
@@ -319,7 +335,7 @@ __global__ void conv_bwd_staged_kernel(const Rec* rt, const int32_t* pt, const R
             });
           }
         }
-        if (want_s) edge_scalar_cotangent<V, T>(rt, pt, lt, ht, xa, ye, dmb, i3, ds + e * Pds * C + cbase + c0, C);
+        if (want_s) edge_scalar_cotangent<V, T>(rt, pt, lt, ht, xa, ye, dmb, i3, ds + e * Wds + cbase + c0, s_cols);
       } else if (reduce) {
         for (int i = ly; i < hy; ++i) red[i * lanes + tx] = T(0);
       }
@@ -342,17 +358,18 @@ __global__ void conv_bwd_staged_kernel(const Rec* rt, const int32_t* pt, const R
 // ds written per edge; block N zeroes padding edges.
 template <int V, typename T, typename Rec>
 __global__ void conv_bwd_kernel(const Rec* rt, const int32_t* pt, const Rec* rx, const int32_t* px, const Rec* ry,
-                                const int32_t* py, const int32_t* i3, const int32_t* offsets, const int32_t* order,
-                                const int32_t* receivers, const int32_t* num_valid, const T* x, const T* y,
-                                const T* s, const T* dm, T* dx, T* dy, T* ds, int N, int E, int Dx, int Dy, int P,
-                                int Pds, int Dz, int C, bool y_channels, bool want_x, bool want_y, bool want_s) {
+                                const int32_t* py, const int32_t* i3, const int32_t* s_cols, const int32_t* offsets,
+                                const int32_t* order, const int32_t* receivers, const int32_t* num_valid, const T* x,
+                                const T* y, const T* s, const T* dm, T* dx, T* dy, T* ds, int N, int E, int Dx,
+                                int Dy, int P, int64_t Ws, int64_t Wds, int Dz, int C, bool y_channels, bool want_x,
+                                bool want_y, bool want_s) {
   E3J_DYNAMIC_SMEM(smem_raw);
   T* red = reinterpret_cast<T*>(smem_raw);  // [Dy][blockDim.x]
   const int tid = threadIdx.x, nt = blockDim.x;
   const int64_t a = blockIdx.x;
   if (a == N) {
-    clear_padding_edges(order, num_valid[0], E, dy, ds, want_y ? (y_channels ? int64_t(Dy) * C : Dy) : 0,
-                        want_s ? int64_t(Pds) * C : 0, tid, nt);
+    clear_padding_edges(order, num_valid[0], E, dy, ds, want_y ? (y_channels ? int64_t(Dy) * C : Dy) : 0, s_cols,
+                        P, C, Wds, tid, nt);
     return;
   }
   if (want_x)
@@ -367,7 +384,7 @@ __global__ void conv_bwd_kernel(const Rec* rt, const int32_t* pt, const Rec* rx,
       for (int i = 0; i < Dy; ++i) red[i * nt + tid] = T(0);
     for (int c0 = tid * V; c0 < C; c0 += nt * V) {
       const Rows<T> dmb = channel_rows(dm, b, Dz, C, c0);
-      const ScaledRows<T> g{dmb, channel_rows(s, e, P, C, c0), i3};
+      const ScaledRows<T, ColumnRows<T>> g{dmb, ColumnRows<T>{s + e * Ws + c0, s_cols}, i3};
       if (want_x)
         contract<V, T>(rx, px, 0, Dx, y_rows(y, e, Dy, C, c0, y_channels), g, [&](int i, const T* acc) {
           T* out = dx + (a * Dx + i) * C + c0;
@@ -392,7 +409,7 @@ __global__ void conv_bwd_kernel(const Rec* rt, const int32_t* pt, const Rec* rx,
       }
       if (want_s)
         edge_scalar_cotangent<V, T>(rt, pt, 0, Dz, channel_rows(x, a, Dx, C, c0), y_rows(y, e, Dy, C, c0, y_channels),
-                                    dmb, i3, ds + e * Pds * C + c0, C);
+                                    dmb, i3, ds + e * Wds + c0, s_cols);
     }
     if (reduce) {
       __syncthreads();
@@ -511,10 +528,11 @@ ffi::Error TpBwd(cudaStream_t stream, ffi::AnyBuffer rec_x, ffi::Buffer<ffi::S32
 }
 
 ffi::Error ConvFwd(cudaStream_t stream, ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr,
-                   ffi::Buffer<ffi::S32> i3, ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::S32> order,
-                   ffi::Buffer<ffi::S32> senders, ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer s,
-                   ffi::Result<ffi::AnyBuffer> m, int64_t index_bytes, bool y_channels) {
-  const int64_t N = dim(x, 0), Dx = dim(x, 1), C = dim(x, 2), Dy = dim(y, 1), P = dim(s, 1), Dz = dim(*m, 1);
+                   ffi::Buffer<ffi::S32> i3, ffi::Buffer<ffi::S32> s_cols, ffi::Buffer<ffi::S32> offsets,
+                   ffi::Buffer<ffi::S32> order, ffi::Buffer<ffi::S32> senders, ffi::AnyBuffer x, ffi::AnyBuffer y,
+                   ffi::AnyBuffer s, ffi::Result<ffi::AnyBuffer> m, int64_t index_bytes, bool y_channels) {
+  const int64_t N = dim(x, 0), Dx = dim(x, 1), C = dim(x, 2), Dy = dim(y, 1), Dz = dim(*m, 1);
+  const int64_t P = static_cast<int64_t>(s_cols.element_count()), Ws = dim(s, 1);
   if (N == 0 || C == 0) return ffi::Error::Success();
   return dispatch(x.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
     using T = typename decltype(t)::type;
@@ -534,22 +552,22 @@ ffi::Error ConvFwd(cudaStream_t stream, ffi::AnyBuffer records, ffi::Buffer<ffi:
     if (auto err = allow_smem(kernel, smem); err.failure()) return err;
     const dim3 grid(static_cast<unsigned>(N), static_cast<unsigned>((C + CB - 1) / CB));
     launch(kernel, grid, dim3(lanes, splits), smem, stream,
-        static_cast<const Rec*>(records.untyped_data()), rowptr.typed_data(), i3.typed_data(), offsets.typed_data(),
-        order.typed_data(), senders.typed_data(), in<T>(x), in<T>(y), in<T>(s), out<T>(m), Dx, Dy, P, Dz, C,
-        y_channels, staged);
+        static_cast<const Rec*>(records.untyped_data()), rowptr.typed_data(), i3.typed_data(), s_cols.typed_data(),
+        offsets.typed_data(), order.typed_data(), senders.typed_data(), in<T>(x), in<T>(y), in<T>(s), out<T>(m), Dx,
+        Dy, P, Ws, Dz, C, y_channels, staged);
     return launched("convolution forward");
   });
 }
 
 ffi::Error ConvBwd(cudaStream_t stream, ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::AnyBuffer rec_x,
                    ffi::Buffer<ffi::S32> rowptr_x, ffi::AnyBuffer rec_y, ffi::Buffer<ffi::S32> rowptr_y,
-                   ffi::Buffer<ffi::S32> i3, ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::S32> order,
-                   ffi::Buffer<ffi::S32> receivers, ffi::Buffer<ffi::S32> num_valid, ffi::AnyBuffer x,
-                   ffi::AnyBuffer y, ffi::AnyBuffer s, ffi::AnyBuffer dm, ffi::Result<ffi::AnyBuffer> dx,
-                   ffi::Result<ffi::AnyBuffer> dy, ffi::Result<ffi::AnyBuffer> ds, int64_t index_bytes,
-                   bool y_channels, bool want_x, bool want_y, bool want_s) {
-  const ConvBwdDims d = conv_bwd_dims(dm, order, rowptr_x, rowptr_y, s, *ds, want_s);
-  const int64_t N = d.N, Dz = d.Dz, C = d.C, E = d.E, Dx = d.Dx, Dy = d.Dy, P = d.P, Pds = d.Pds;
+                   ffi::Buffer<ffi::S32> i3, ffi::Buffer<ffi::S32> s_cols, ffi::Buffer<ffi::S32> offsets,
+                   ffi::Buffer<ffi::S32> order, ffi::Buffer<ffi::S32> receivers, ffi::Buffer<ffi::S32> num_valid,
+                   ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer s, ffi::AnyBuffer dm, ffi::AnyBuffer /*ds_into*/,
+                   ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dy, ffi::Result<ffi::AnyBuffer> ds,
+                   int64_t index_bytes, bool y_channels, bool want_x, bool want_y, bool want_s) {
+  const ConvBwdDims d = conv_bwd_dims(dm, order, rowptr_x, rowptr_y, s_cols, s, *ds, want_s);
+  const int64_t N = d.N, Dz = d.Dz, C = d.C, E = d.E, Dx = d.Dx, Dy = d.Dy, P = d.P, Ws = d.Ws, Wds = d.Wds;
   if (N == 0 || C == 0) return ffi::Error::Success();
   return dispatch(dm.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
     using T = typename decltype(t)::type;
@@ -560,9 +578,9 @@ ffi::Error ConvBwd(cudaStream_t stream, ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S
              static_cast<const Rec*>(rec_t.untyped_data()), rowptr_t.typed_data(),
              static_cast<const Rec*>(rec_x.untyped_data()), rowptr_x.typed_data(),
              static_cast<const Rec*>(rec_y.untyped_data()), rowptr_y.typed_data(), i3.typed_data(),
-             offsets.typed_data(), order.typed_data(), receivers.typed_data(), num_valid.typed_data(), in<T>(x),
-             in<T>(y), in<T>(s), in<T>(dm), out<T>(dx), out<T>(dy), out<T>(ds), N, E, Dx, Dy, P, Pds, Dz, C,
-             y_channels, want_x, want_y, want_s);
+             s_cols.typed_data(), offsets.typed_data(), order.typed_data(), receivers.typed_data(),
+             num_valid.typed_data(), in<T>(x), in<T>(y), in<T>(s), in<T>(dm), out<T>(dx), out<T>(dy), out<T>(ds), N,
+             E, Dx, Dy, P, Ws, Wds, Dz, C, y_channels, want_x, want_y, want_s);
     };
     // staged: rows in shared memory within the convolution's budget, fewer lanes (channel chunks)
     // when they would not fit; from global memory when not even one lane's would

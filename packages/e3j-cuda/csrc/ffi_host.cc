@@ -69,10 +69,10 @@ ffi::Error TpBwd(ffi::AnyBuffer rec_x, ffi::Buffer<ffi::S32> rowptr_x, ffi::AnyB
 }
 
 ffi::Error ConvFwd(ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr, ffi::Buffer<ffi::S32> i3,
-                   ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::S32> order, ffi::Buffer<ffi::S32> senders,
-                   ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer s, ffi::Result<ffi::AnyBuffer> m,
-                   int64_t index_bytes, bool y_channels) {
-  const int64_t N = dim(x, 0), Dx = dim(x, 1), C = dim(x, 2), Dy = dim(y, 1), P = dim(s, 1), Dz = dim(*m, 1);
+                   ffi::Buffer<ffi::S32> s_cols, ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::S32> order,
+                   ffi::Buffer<ffi::S32> senders, ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer s,
+                   ffi::Result<ffi::AnyBuffer> m, int64_t index_bytes, bool y_channels) {
+  const int64_t N = dim(x, 0), Dx = dim(x, 1), C = dim(x, 2), Dy = dim(y, 1), Ws = dim(s, 1), Dz = dim(*m, 1);
   return dispatch(x.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
     using T = typename decltype(t)::type;
     using Rec = Record<typename decltype(i)::type, T>;
@@ -84,8 +84,9 @@ ffi::Error ConvFwd(ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr, ffi::Bu
         const int64_t e = order.typed_data()[k], a = senders.typed_data()[e];
         for (int64_t c0 = 0; c0 < C; c0 += V)
           accumulate_message<V, T>(rec, rowptr.typed_data(), 0, Dz, channel_rows(data<T>(x), a, Dx, C, c0),
-                                   y_rows(data<T>(y), e, Dy, C, c0, y_channels), channel_rows(data<T>(s), e, P, C, c0),
-                                   i3.typed_data(), data<T>(m) + (b * Dz * C + c0), C);
+                                   y_rows(data<T>(y), e, Dy, C, c0, y_channels),
+                                   ColumnRows<T>{data<T>(s) + e * Ws + c0, s_cols.typed_data()}, i3.typed_data(),
+                                   data<T>(m) + (b * Dz * C + c0), C);
       }
     return ffi::Error::Success();
   });
@@ -93,13 +94,13 @@ ffi::Error ConvFwd(ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr, ffi::Bu
 
 ffi::Error ConvBwd(ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::AnyBuffer rec_x,
                    ffi::Buffer<ffi::S32> rowptr_x, ffi::AnyBuffer rec_y, ffi::Buffer<ffi::S32> rowptr_y,
-                   ffi::Buffer<ffi::S32> i3, ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::S32> order,
-                   ffi::Buffer<ffi::S32> receivers, ffi::Buffer<ffi::S32> num_valid, ffi::AnyBuffer x,
-                   ffi::AnyBuffer y, ffi::AnyBuffer s, ffi::AnyBuffer dm, ffi::Result<ffi::AnyBuffer> dx,
-                   ffi::Result<ffi::AnyBuffer> dy, ffi::Result<ffi::AnyBuffer> ds, int64_t index_bytes,
-                   bool y_channels, bool want_x, bool want_y, bool want_s) {
-  const ConvBwdDims d = conv_bwd_dims(dm, order, rowptr_x, rowptr_y, s, *ds, want_s);
-  const int64_t N = d.N, Dz = d.Dz, C = d.C, E = d.E, Dx = d.Dx, Dy = d.Dy, P = d.P, ds_paths = d.Pds;
+                   ffi::Buffer<ffi::S32> i3, ffi::Buffer<ffi::S32> s_cols, ffi::Buffer<ffi::S32> offsets,
+                   ffi::Buffer<ffi::S32> order, ffi::Buffer<ffi::S32> receivers, ffi::Buffer<ffi::S32> num_valid,
+                   ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer s, ffi::AnyBuffer dm, ffi::AnyBuffer /*ds_into*/,
+                   ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dy, ffi::Result<ffi::AnyBuffer> ds,
+                   int64_t index_bytes, bool y_channels, bool want_x, bool want_y, bool want_s) {
+  const ConvBwdDims d = conv_bwd_dims(dm, order, rowptr_x, rowptr_y, s_cols, s, *ds, want_s);
+  const int64_t N = d.N, Dz = d.Dz, C = d.C, E = d.E, Dx = d.Dx, Dy = d.Dy, P = d.P, Ws = d.Ws, Wds = d.Wds;
   return dispatch(dm.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
     using T = typename decltype(t)::type;
     using Rec = Record<typename decltype(i)::type, T>;
@@ -108,16 +109,19 @@ ffi::Error ConvBwd(ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::An
     const Rec* rx = static_cast<const Rec*>(rec_x.untyped_data());
     const Rec* ry = static_cast<const Rec*>(rec_y.untyped_data());
     const int32_t* map = i3.typed_data();
+    const int32_t* cols = s_cols.typed_data();
     if (want_x) std::memset(dx->untyped_data(), 0, dx->size_bytes());
     if (want_y) std::memset(dy->untyped_data(), 0, dy->size_bytes());  // padding edges stay zero
-    if (want_s) std::memset(ds->untyped_data(), 0, ds->size_bytes());
+    if (want_s)  // only the paths' columns: ds may be aliased to a buffer whose other columns are kept
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t p = 0; p < P; ++p) std::memset(data<T>(ds) + e * Wds + cols[p], 0, C * sizeof(T));
     for (int64_t a = 0; a < N; ++a)
       for (int64_t k = offsets.typed_data()[a]; k < offsets.typed_data()[a + 1]; ++k) {
         const int64_t e = order.typed_data()[k], b = receivers.typed_data()[e];
         for (int64_t c0 = 0; c0 < C; c0 += V) {
           const Rows<T> dmb = channel_rows(data<T>(dm), b, Dz, C, c0);
           if (want_x || want_y) {
-            const ScaledRows<T> g{dmb, channel_rows(data<T>(s), e, P, C, c0), map};
+            const ScaledRows<T, ColumnRows<T>> g{dmb, ColumnRows<T>{data<T>(s) + e * Ws + c0, cols}, map};
             if (want_x)
               contract<V, T>(rx, rowptr_x.typed_data(), 0, Dx, y_rows(data<T>(y), e, Dy, C, c0, y_channels), g,
                              [&](int r, const T* acc) {
@@ -136,11 +140,10 @@ ffi::Error ConvBwd(ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::An
             edge_scalar_cotangent<V, T>(rt, rowptr_t.typed_data(), 0, static_cast<int>(Dz),
                                         channel_rows(data<T>(x), a, Dx, C, c0),
                                         y_rows(data<T>(y), e, Dy, C, c0, y_channels), dmb, map,
-                                        data<T>(ds) + (e * ds_paths * C + c0), C);
+                                        data<T>(ds) + (e * Wds + c0), cols);
         }
       }
-    (void)num_valid;  // the memsets above already zeroed the padding edges' rows
-    (void)E;
+    (void)num_valid;  // the zeroing above already cleared the padding edges' rows
     return ffi::Error::Success();
   });
 }

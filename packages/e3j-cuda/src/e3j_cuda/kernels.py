@@ -7,7 +7,14 @@ built once per table and dtype. ``None`` operands and unwanted results are 0-siz
 skipped by the handlers. ``target`` is the name prefix of the FFI targets to call (``"e3j"``;
 ``"e3j_host"``/``"e3j_simt"`` for the CPU builds).
 
-Layouts are e3j's: ``x [B|N, Dx, C]``, ``y [B|E, Dy]`` or ``[B|E, Dy, C]``, ``s [E, P, C]``.
+Layouts are e3j's: ``x [B|N, Dx, C]``, ``y [B|E, Dy]`` or ``[B|E, Dy, C]``, ``s [E, P, C]``. The
+convolution handlers read the weights (and write their cotangent) as a 2-D ``[E, W]`` array in which
+path ``p``'s ``C`` weights are the columns ``s_cols[p] .. s_cols[p] + C - 1`` (an int32 operand):
+``s [E, P, C]`` reshaped (``s_cols[p] = p·C``), or e3nn's ``[E, num_weights]`` as it is. So the
+grouped kernels (:func:`grouped_convolution`, :func:`grouped_convolution_bwd`) run a
+mixed-multiplicity plan as one launch per group on e3nn's weights in place: each group's backward
+writes its columns of one ``[E, num_weights]`` cotangent, aliased from launch to launch
+(``input_output_aliases``), and only the node-sized features and outputs are split and joined.
 """
 
 from __future__ import annotations
@@ -20,7 +27,14 @@ import numpy as np
 
 from e3j_core import CooTable, TensorProductCoo
 
-__all__ = ["convolution", "convolution_bwd", "tensor_product", "tensor_product_bwd"]
+__all__ = [
+    "convolution",
+    "convolution_bwd",
+    "grouped_convolution",
+    "grouped_convolution_bwd",
+    "tensor_product",
+    "tensor_product_bwd",
+]
 
 
 @functools.lru_cache(maxsize=512)
@@ -108,20 +122,33 @@ def _i3(coo: TensorProductCoo) -> jax.Array:
     return jnp.asarray(i3)
 
 
+def _path_columns(num_paths: int, channels: int) -> np.ndarray:
+    """The weight columns of ``s [E, P, C]`` viewed as ``[E, P·C]``: path ``p`` starts at ``p·C``."""
+    return np.arange(0, num_paths * channels, channels, dtype=np.int32)
+
+
 def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool, target: str = "e3j") -> jax.Array:
     """``m_b = Σ_{a→b} s_ab · (x_a ⊗ y_ab)`` by a CSR loop over each receiver's edges."""
+    channels = x.shape[-1]
+    s2 = s.reshape(s.shape[0], coo.num_paths * channels)  # free: row-major
+    return _forward(coo, x, y, s2, _path_columns(coo.num_paths, channels), graph, y_channels, target)
+
+
+def _forward(coo: TensorProductCoo, x, y, s2, cols: np.ndarray, graph, y_channels: bool, target: str) -> jax.Array:
+    """``m [N, Dout, C]`` from ``x [N, Dx, C]``, ``y`` and the 2-D weights ``s2 [E, W]`` (columns ``cols``)."""
     dtype = x.dtype
     num_nodes, _, channels = x.shape
     call = jax.ffi.ffi_call(f"{target}_conv_fwd", _shape((num_nodes, coo.dim_out, channels), dtype))
     return call(
         *_table(coo.table, dtype),
         _i3(coo),
+        jnp.asarray(cols, jnp.int32),
         graph.receiver_offsets,
         graph.order,
         graph.senders,
         x,
         y,
-        s,
+        s2,
         index_bytes=_index_bytes(coo),
         y_channels=bool(y_channels),
     )
@@ -131,6 +158,23 @@ def convolution_bwd(
     coo: TensorProductCoo, x, y, s, dm, graph, *, outs, y_channels: bool, target: str = "e3j"
 ) -> dict[str, jax.Array]:
     """Cotangents for ``outs ⊆ {x, y, s}`` in one sender-ordered sweep (``dx`` without atomics)."""
+    num_edges, channels = graph.senders.shape[0], dm.shape[-1]
+    width = coo.num_paths * channels
+    s2 = s.reshape(num_edges, width) if s is not None else None
+    cols = _path_columns(coo.num_paths, channels)
+    res = _backward(coo, x, y, s2, dm, graph, cols, width, None, outs, y_channels, target)
+    if "s" in res:
+        res["s"] = res["s"].reshape(num_edges, coo.num_paths, channels)
+    return res
+
+
+def _backward(
+    coo: TensorProductCoo, x, y, s2, dm, graph, cols: np.ndarray, width: int, ds_into, outs, y_channels: bool,
+    target: str,
+) -> dict[str, jax.Array]:  # fmt: skip
+    """:func:`convolution_bwd` on 2-D weights ``s2 [E, width]`` (columns ``cols``); ``ds`` is
+    ``[E, width]`` with only the paths' columns written: into ``ds_into`` (aliased, its other columns
+    kept) when given, else into a fresh buffer whose other columns are undefined."""
     want = {o: o in outs for o in ("x", "y", "s")}
     dtype = dm.dtype
     num_nodes, _, channels = dm.shape
@@ -138,24 +182,33 @@ def convolution_bwd(
     shapes = {
         "x": (num_nodes, coo.dim_x, channels),
         "y": (num_edges, coo.dim_y, channels) if y_channels else (num_edges, coo.dim_y),
-        "s": (num_edges, coo.num_paths, channels),
+        "s": (num_edges, width),
     }
-    call = jax.ffi.ffi_call(
-        f"{target}_conv_bwd", tuple(_shape(shapes[o] if want[o] else (0,), dtype) for o in ("x", "y", "s"))
-    )
-    results = call(
+    operands = [
         *_table(coo.table, dtype),
         *_table(coo.vjp_x, dtype),
         *_table(coo.vjp_y, dtype),
         _i3(coo),
+        jnp.asarray(cols, jnp.int32),
         graph.sender_offsets,
         graph.sender_order,
         graph.receivers,
         graph.num_valid.reshape(1),
         _operand(x, dtype),
         _operand(y, dtype),
-        _operand(s, dtype),
+        _operand(s2, dtype),
         dm,
+        _operand(ds_into if want["s"] else None, dtype),
+    ]
+    # the handler never reads ds_into: its buffer becomes ds's, the other groups' columns kept
+    aliases = {len(operands) - 1: 2} if want["s"] and ds_into is not None else None
+    call = jax.ffi.ffi_call(
+        f"{target}_conv_bwd",
+        tuple(_shape(shapes[o] if want[o] else (0,), dtype) for o in ("x", "y", "s")),
+        input_output_aliases=aliases,
+    )
+    results = call(
+        *operands,
         index_bytes=_index_bytes(coo),
         y_channels=bool(y_channels),
         want_x=want["x"],
@@ -163,3 +216,42 @@ def convolution_bwd(
         want_s=want["s"],
     )
     return {o: r for o, r in zip(("x", "y", "s"), results, strict=True) if want[o]}
+
+
+# -- mixed multiplicities: the groups of an e3nn plan, weights read in place ---------------------
+
+
+def grouped_convolution(plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *, target: str = "e3j") -> jax.Array:
+    """Every group of ``plan`` (an ``e3j`` mixed-multiplicity plan):
+    ``x [N, Dx_flat]``, ``y [E, Dy]``, ``s [E, num_weights]`` (e3nn's order) → ``m [N, Dout_flat]``.
+
+    One launch per group, each reading its paths' columns of ``s`` where they are; the node features
+    are split into the groups' ``[N, Dx_g, C_g]`` and the outputs joined into e3nn's layout around them.
+    """
+    outs = [
+        _forward(g.coo, xg, y, s, np.asarray(g.weight_columns, np.int32), graph, False, target)
+        for g, xg in zip(plan.groups, plan.split_x(x))
+    ]
+    return plan.join_out(outs)
+
+
+def grouped_convolution_bwd(
+    plan, x, y, s, dm, graph, *, outs: tuple[str, ...], target: str = "e3j"
+) -> dict[str, jax.Array]:
+    """Cotangents of :func:`grouped_convolution` for ``outs ⊆ {x, y, s}``, in its layouts.
+
+    ``ds [E, num_weights]`` is one buffer that each group's launch writes its columns of, in place
+    (every column belongs to exactly one group's path, so together they write all of it).
+    """
+    groups = plan.groups
+    xs = plan.split_x(x) if x is not None else [None] * len(groups)
+    ds, dxs, dy = None, [], None
+    for g, xg, gg in zip(groups, xs, plan.split_out(dm)):
+        cols = np.asarray(g.weight_columns, np.int32)
+        r = _backward(g.coo, xg, y, s, gg, graph, cols, plan.num_weights, ds, outs, False, target)
+        ds = r.get("s")
+        dxs.append(r.get("x"))
+        if "y" in r:
+            dy = r["y"] if dy is None else dy + r["y"]
+    res = {"x": plan.join_x(dxs) if "x" in outs else None, "y": dy, "s": ds}
+    return {o: res[o] for o in outs}

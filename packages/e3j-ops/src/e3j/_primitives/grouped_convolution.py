@@ -9,7 +9,7 @@ weight order: path ``p`` of group ``g`` reads columns ``weight_columns[p] .. + C
 their cotangent written there, an ``[E, num_weights]`` array is never copied into the groups' layout.
 
 A backend whose kernels include ``grouped_convolution`` / ``grouped_convolution_bwd`` (the reference:
-all groups in one sweep over the edges; the Pallas GPU (Triton and Mosaic) and TPU kernels: one
+all groups in one sweep over the edges; the CUDA, Pallas GPU (Triton and Mosaic) and TPU kernels: one
 launch per group) runs them when it serves every group; otherwise each group runs
 through that backend's ordinary convolution kernels on operands split here (the weights copied into
 ``[E, P_g, C_g]``), and the results are joined: the same values, the old cost.
