@@ -608,6 +608,11 @@ def reads_in_place(group, num_weights: int, itemsize: int = 4) -> bool:
     )
 
 
+def _first_columns(group) -> tuple[int, ...]:
+    """Each path's first column on e3nn's weight axis (static: where its TMA windows start)."""
+    return tuple(int(c) for c in group.weight_columns)
+
+
 def _columns(group) -> np.ndarray:
     """``group``'s columns of e3nn's weight axis in its ``[P, C]`` order (``[P · C]``)."""
     return (np.asarray(group.weight_columns)[:, None] + np.arange(group.channels)).reshape(-1)
@@ -624,7 +629,7 @@ def grouped_convolution(plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *
     outs = []
     for g, xg in zip(plan.groups, plan.split_x(x)):
         if reads_in_place(g, plan.num_weights, jnp.dtype(s.dtype).itemsize):
-            cols = tuple(int(c) for c in g.weight_columns)
+            cols = _first_columns(g)
             outs.append(_forward(g.coo, xg, y, s, graph, y_channels=False, s_columns=cols, interpret=interpret))
         else:
             sg = g.split_weights(s)
@@ -649,7 +654,7 @@ def grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs: tuple[str, ...], 
     def launch(k, ds_ref):
         g, direct = groups[k], in_place[k]
         if direct:
-            cols = tuple(int(c) for c in g.weight_columns)
+            cols = _first_columns(g)
             return _backward(
                 g.coo, xs[k], y, s, gs[k], graph, outs=outs, y_channels=False, interpret=interpret,
                 s_columns=cols, ds=ds_ref,
@@ -660,10 +665,15 @@ def grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs: tuple[str, ...], 
     if "s" in outs:
         # each launch's results leave the state's scope through a ref of their own (the initial
         # zeros are overwritten whole: dead, removed by XLA)
-        shapes = {"x": lambda g: (num_nodes, g.coo.dim_x, g.channels), "y": lambda g: (num_edges, g.coo.dim_y)}
-        shapes["s"] = lambda g: (num_edges, g.coo.num_paths, g.channels)
+        def shape(o, g):
+            return {
+                "x": (num_nodes, g.coo.dim_x, g.channels),
+                "y": (num_edges, g.coo.dim_y),
+                "s": (num_edges, g.coo.num_paths, g.channels),
+            }[o]
+
         init = [
-            {o: jnp.zeros(shapes[o](g), dtype) for o in outs if o != "s" or not direct}
+            {o: jnp.zeros(shape(o, g), dtype) for o in outs if o != "s" or not direct}
             for g, direct in zip(groups, in_place)
         ]
 
