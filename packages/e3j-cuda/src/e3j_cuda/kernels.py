@@ -219,6 +219,8 @@ def _backward(
 
 
 # -- mixed multiplicities: the groups of an e3nn plan, weights read in place ---------------------
+# (the loops over the groups are twins of e3j_pallas_gpu.convolution's and e3j_pallas_tpu's, on
+# purpose: kernel packages never import each other, and e3j-core has no JAX)
 
 
 def grouped_convolution(plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *, target: str = "e3j") -> jax.Array:
