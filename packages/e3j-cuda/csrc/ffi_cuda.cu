@@ -160,10 +160,10 @@ __host__ __device__ ConvFwdSmem conv_fwd_smem(int64_t Dz, int64_t Dx, int64_t Dy
 // Convolution forward: block = one receiver × a block of channels, its output rows split across the
 // block's y axis by record count (as the tensor product's). The weights s [E, Ws] hold path p's
 // channels at columns s_cols[p] + c. With `staged`, the CSR loop over the receiver's edges stages
-// each edge's rows x_a, y_ab, s_ab in shared memory (all threads, coalesced),
-// and every thread accumulates its rows × V channels of the message in a shared-memory accumulator,
-// written once per node; else rows and accumulator live in global memory (the output row itself).
-// Every accumulator element has one owner: no atomics.
+// each edge's rows x_a, y_ab, s_ab in shared memory (all threads, coalesced), and every thread
+// accumulates its rows × V channels of the message in a shared-memory accumulator, written once per
+// node; else rows and accumulator live in global memory (the output row itself). Every
+// accumulator element has one owner: no atomics.
 template <int V, typename T, typename Rec>
 __global__ void conv_fwd_kernel(const Rec* rec, const int32_t* rowptr, const int32_t* i3, const int32_t* s_cols,
                                 const int32_t* offsets, const int32_t* order, const int32_t* senders, const T* x,
