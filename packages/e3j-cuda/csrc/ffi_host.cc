@@ -112,9 +112,10 @@ ffi::Error ConvBwd(ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::An
     const int32_t* cols = s_cols.typed_data();
     if (want_x) std::memset(dx->untyped_data(), 0, dx->size_bytes());
     if (want_y) std::memset(dy->untyped_data(), 0, dy->size_bytes());  // padding edges stay zero
-    if (want_s)  // only the paths' columns: ds may be aliased to a buffer whose other columns are kept
-      for (int64_t e = 0; e < E; ++e)
-        for (int64_t p = 0; p < P; ++p) std::memset(data<T>(ds) + e * Wds + cols[p], 0, C * sizeof(T));
+    if (want_s)  // the padding edges' paths (the sweep writes the others'; ds's other columns are kept)
+      for (int64_t k = num_valid.typed_data()[0]; k < E; ++k)
+        for (int64_t p = 0; p < P; ++p)
+          std::memset(data<T>(ds) + order.typed_data()[k] * Wds + cols[p], 0, C * sizeof(T));
     for (int64_t a = 0; a < N; ++a)
       for (int64_t k = offsets.typed_data()[a]; k < offsets.typed_data()[a + 1]; ++k) {
         const int64_t e = order.typed_data()[k], b = receivers.typed_data()[e];
@@ -143,7 +144,6 @@ ffi::Error ConvBwd(ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::An
                                         data<T>(ds) + (e * Wds + c0), cols);
         }
       }
-    (void)num_valid;  // the zeroing above already cleared the padding edges' rows
     return ffi::Error::Success();
   });
 }
