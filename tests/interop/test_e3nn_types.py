@@ -6,6 +6,7 @@ Oracle: e3nn-jax itself (its ``Irreps`` parsing and ``spherical_harmonics``), in
 from __future__ import annotations
 
 import e3nn_jax as e3nn
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -102,9 +103,37 @@ def test_spherical_harmonics_accepts_what_e3nn_accepts(irreps_out, normalization
     ref = e3nn.spherical_harmonics(ref_irreps, e3nn_input, normalize, normalization).array
     ours = e3j.spherical_harmonics(irreps_out, v, normalize, normalization)
     np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=1e-12)
+    # the very input e3nn-jax took, an IrrepsArray where it needed one
+    ours = e3j.spherical_harmonics(irreps_out, e3nn_input, normalize, normalization)
+    np.testing.assert_allclose(ours, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("irreps_out, vector", [([1, 2], "1e"), (3, "1e"), ("0e + 1e + 2e", "1e"), ("1o + 2e", "1o")])
+def test_spherical_harmonics_takes_an_irreps_array_of_either_parity(irreps_out, vector):
+    v = e3nn.IrrepsArray(vector, jnp.asarray(VECTORS))
+    ref = e3nn.spherical_harmonics(irreps_out, v, True).array
+    np.testing.assert_allclose(e3j.spherical_harmonics(irreps_out, v, True), ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("irreps_out", ["", [], e3nn.Irreps("")], ids=repr)
+def test_spherical_harmonics_of_no_irreps_is_empty_like_e3nn(irreps_out):
+    from e3j import interop
+
+    v = jnp.asarray(VECTORS)
+    ref = e3nn.spherical_harmonics(e3nn.Irreps(""), v, True).array
+    assert ref.shape == (len(VECTORS), 0)
+    assert e3j.spherical_harmonics(irreps_out, v, True).shape == ref.shape
+    assert e3j.spherical_harmonics(irreps_out, v, True).dtype == v.dtype
+    assert interop.spherical_harmonics(irreps_out, e3nn.IrrepsArray("1o", v), True).array.shape == ref.shape
+    grad = jax.grad(lambda a: e3j.spherical_harmonics(irreps_out, a, True).sum())(v)
+    np.testing.assert_array_equal(grad, np.zeros_like(VECTORS))
 
 
 def test_spherical_harmonics_bad_irreps_named():
+    with pytest.raises(ValueError, match="incompatible parities"):
+        e3j.spherical_harmonics("1o", e3nn.IrrepsArray("1e", jnp.ones(3)), True)
+    with pytest.raises(ValueError, match=r"input must be a single vector \(1x1o or 1x1e\), got 2x1o"):
+        e3j.spherical_harmonics(2, e3nn.IrrepsArray("2x1o", jnp.ones(6)), True)
     with pytest.raises(ValueError, match="mix parities"):
         e3j.spherical_harmonics(e3nn.Irreps("1o + 1e"), jnp.ones(3), True)
     with pytest.raises(ValueError, match="expected an int, a list of ints or Irreps"):
@@ -147,3 +176,14 @@ def test_interop_spherical_harmonics_bad_input():
         interop.spherical_harmonics(2, jnp.ones(3), True)
     with pytest.raises(ValueError, match="single vector"):
         interop.spherical_harmonics(2, e3nn.IrrepsArray("2x1o", jnp.ones(6)), True)
+
+
+def test_inputs_doc_examples_run():
+    import re
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "inputs.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, re.S)
+    assert blocks, "docs/inputs.md has no python example"
+    for block in blocks:
+        exec(compile(block, "docs/inputs.md", "exec"), {})

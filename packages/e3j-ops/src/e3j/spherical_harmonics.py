@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from e3j_core import NORMALIZATIONS, Irreps, spherical_harmonic_polynomials
+from e3j_core import NORMALIZATIONS, Irreps, as_irreps, spherical_harmonic_polynomials
 
 from ._checks import float_dtype
 
@@ -24,12 +24,16 @@ def spherical_harmonics(
 
     ``irreps_out`` is an int ``l`` (the single degree ``l``, as in e3nn-jax), a list of ints, or
     irreps: a string like ``"0e + 1o + 2e"``, an :class:`e3j.Irreps` or an e3nn-jax ``Irreps`` /
-    ``Irrep``. ``normalization`` is ``"component"`` (also for ``None``, e3nn-jax's default),
-    ``"norm"`` or ``"integral"``. For an ``e3nn.IrrepsArray`` input and output use
-    ``e3j.interop.spherical_harmonics``. Conventions are e3nn's (``y`` polar, ``l=1`` components
-    ``(x, y, z)``). Monomials of the coordinates are formed
-    once and mixed by a small constant matrix. With ``normalize=True`` the input is divided by its
-    norm; the zero vector maps to ``Y_0`` and zeros, with finite (zero) gradients.
+    ``Irrep``; empty irreps give ``[..., 0]``. ``input`` is a ``[..., 3]`` array or an
+    ``e3nn.IrrepsArray`` of one vector (``1x1o`` or ``1x1e``), read as its array; as e3nn-jax
+    checks, odd degrees given as irreps must then have the vector's parity. The result is a plain
+    array either way (``e3j.interop.spherical_harmonics`` returns an ``IrrepsArray``, labelled
+    with the parities). ``normalization`` is ``"component"`` (also for ``None``: e3nn-jax's
+    default; its ``e3nn.config`` setting is read only by the interop function), ``"norm"`` or
+    ``"integral"``. Conventions are e3nn's (``y`` polar, ``l=1`` components ``(x, y, z)``).
+    Monomials of the coordinates are formed once and mixed by a small constant matrix. With
+    ``normalize=True`` the input is divided by its norm; the zero vector maps to ``Y_0`` and
+    zeros, with finite (zero) gradients (e3nn-jax's gradient there is not zero).
 
     >>> spherical_harmonics("0e + 1o", jnp.array([0.0, 2.0, 0.0], jnp.float32), normalize=True)
     Array([1.       , 0.       , 1.7320508, 0.       ], dtype=float32)
@@ -37,6 +41,9 @@ def spherical_harmonics(
     normalization = "component" if normalization is None else normalization
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    if _is_irreps_array(input):
+        _check_vector_parity(irreps_out, _vector_parity(input.irreps))
+        input = input.array
     try:
         polys = spherical_harmonic_polynomials(irreps_out, normalization)
     except ValueError as err:
@@ -45,6 +52,8 @@ def spherical_harmonics(
     x = jnp.asarray(input, dtype)
     if x.ndim == 0 or x.shape[-1] != 3:
         raise ValueError(f"input must have shape [..., 3], got {x.shape}")
+    if polys.exponents.shape[0] == 0:
+        return jnp.zeros((*x.shape[:-1], 0), dtype)
     if normalize:
         # divide by the largest |component| first so that the squared norm neither underflows nor
         # overflows (|x| ~ 1e-20 or 1e20 in float32); the direction does not depend on this scale,
@@ -66,3 +75,41 @@ def spherical_harmonics(
     mono = jnp.stack([powers[0][a] * powers[1][b] * powers[2][c] for a, b, c in polys.exponents.tolist()], axis=-1)
     # full float32 on GPUs and TPUs too (their default precision would round the monomials to TF32/bf16)
     return jnp.matmul(mono, jnp.asarray(polys.coefficients.T, dtype), precision=jax.lax.Precision.HIGHEST)
+
+
+def _is_irreps_array(a) -> bool:
+    # duck-typed: e3j never imports e3nn-jax outside its interop module
+    return hasattr(a, "irreps") and hasattr(a, "array")
+
+
+def _vector_parity(irreps) -> int:
+    """The parity (``-1`` or ``1``) of irreps that must be one vector, ``1x1o`` or ``1x1e``."""
+    try:
+        irreps = as_irreps(irreps, "input.irreps")
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"input must be a single vector (1x1o or 1x1e): {err}") from None
+    if len(irreps) != 1 or irreps[0].mul != 1 or irreps[0].ir.l != 1:
+        raise ValueError(f"input must be a single vector (1x1o or 1x1e), got {irreps}")
+    return irreps[0].ir.p
+
+
+def _check_vector_parity(irreps_out, p: int) -> None:
+    """Raise unless every odd degree of ``irreps_out`` (when given as irreps) has parity ``p``.
+
+    Degrees given as ints carry no parity and pass; e3nn-jax gives them the vector's, ``p**l``.
+    """
+    if _is_degrees(irreps_out):
+        return
+    irreps = as_irreps(irreps_out, "irreps_out")
+    if any(ir.p != p for _, ir in irreps if ir.l % 2):
+        raise ValueError(f"input (1{'e' if p == 1 else 'o'}) and irreps_out ({irreps}) have incompatible parities")
+
+
+def _is_degrees(irreps_out) -> bool:
+    """Whether ``irreps_out`` is degrees (an int or ints, no parities) rather than irreps."""
+    return isinstance(irreps_out, int) or (
+        isinstance(irreps_out, Sequence | range)
+        and not isinstance(irreps_out, str)
+        and all(isinstance(l, int) for l in irreps_out)
+        and not hasattr(irreps_out, "l")  # an e3nn Irrep is a sequence of ints too
+    )

@@ -9,6 +9,7 @@ import jax
 
 from e3j_core import Irreps, as_irreps
 
+from ..spherical_harmonics import _is_degrees, _vector_parity
 from ..spherical_harmonics import spherical_harmonics as _sh
 from .layout import to_e3nn_irreps
 
@@ -33,34 +34,13 @@ def spherical_harmonics(
     """
     if normalization is None:
         normalization = e3nn.config("spherical_harmonics_normalization")
-    if isinstance(irreps_out, range):
-        irreps_out = list(irreps_out)
-    degrees = isinstance(irreps_out, int) or (
-        isinstance(irreps_out, Sequence)
-        and not isinstance(irreps_out, str)
-        and all(isinstance(l, int) for l in irreps_out)
-        and not hasattr(irreps_out, "l")
-    )
-    vec_p = None
-    if isinstance(input, e3nn.IrrepsArray):
-        vec_p = _vector_parity(input.irreps)
-        input = input.array
-    if degrees:
+    vec_p = _vector_parity(input.irreps) if isinstance(input, e3nn.IrrepsArray) else None
+    if _is_degrees(irreps_out):
         if vec_p is None:
             raise ValueError("irreps_out given as degrees needs input as an IrrepsArray (1o or 1e), as in e3nn-jax")
         ls = [irreps_out] if isinstance(irreps_out, int) else list(irreps_out)
         irreps = as_irreps([(1, (l, vec_p**l)) for l in ls], "irreps_out")
     else:
         irreps = as_irreps(irreps_out, "irreps_out")
-        if vec_p is not None and any(ir.p != vec_p for _, ir in irreps if ir.l % 2):
-            raise ValueError(
-                f"input (1{'e' if vec_p == 1 else 'o'}) and irreps_out ({irreps}) have incompatible parities"
-            )
+    # the core function checks the parities of an IrrepsArray input and reads its array
     return e3nn.IrrepsArray(to_e3nn_irreps(irreps), _sh(irreps, input, normalize, normalization))
-
-
-def _vector_parity(irreps: e3nn.Irreps) -> int:
-    irreps = Irreps(irreps)
-    if len(irreps) != 1 or irreps[0].mul != 1 or irreps[0].ir.l != 1:
-        raise ValueError(f"input must be a single vector (1x1o or 1x1e), got {irreps}")
-    return irreps[0].ir.p
