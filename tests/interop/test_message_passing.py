@@ -104,5 +104,23 @@ def test_function_form_and_bad_input():
         mp(x, e3nn.IrrepsArray("0e", jnp.ones((E, 1))), w, SENDERS, RECEIVERS)
     with pytest.raises(ValueError, match="senders and receivers, or graph"):
         mp(x, y, w)
+    with pytest.raises(TypeError, match=r"graph must be an e3j.Graph \(e3j.Graph.from_edges.*got tuple"):
+        mp(x, y, w, graph=(SENDERS, RECEIVERS))
     with pytest.raises(ValueError, match="irrep_normalization='component'"):
         interop.MessagePassing("2x0e", "1o", self_connection="0e", irrep_normalization="norm")
+
+
+@pytest.mark.parametrize("grouping", ["multiplicity", "gcd"])
+def test_flax_module_takes_the_function_forms_options(grouping):
+    from e3j.flax import MessagePassing as FlaxMessagePassing
+
+    x, y, w = operands("8x0e + 4x1o + 2x2e", "1o + 2e", 48)
+    ref = e3nn_pattern(x, y, w, "0e + 1o + 2e", "0e + 1o + 2e")
+    module = FlaxMessagePassing(filter_ir_out="0e + 1o + 2e", self_connection="0e + 1o + 2e", grouping=grouping)
+    graph = e3j.Graph.from_edges(SENDERS, RECEIVERS, N)
+    out, params = module.init_with_output(jax.random.key(0), x, y, w, graph=graph, backend="reference")
+    assert params == {}
+    assert out.irreps == ref.irreps
+    np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="grouping"):
+        FlaxMessagePassing(filter_ir_out="0e", grouping="bad").init(jax.random.key(0), x, y, w, SENDERS, RECEIVERS)

@@ -13,7 +13,8 @@ class MessagePassing(nn.Module):
     No parameters of its own (the per-edge weights ``w`` come from the caller's radial network, as
     in NequIP and MACE), so a model that swaps e3nn-jax's pattern for this module keeps its parameter
     tree. Arguments and result are those of :func:`e3j.interop.message_passing` (``IrrepsArray``
-    in and out; needs the ``e3nn`` extra).
+    in and out; needs the ``e3nn`` extra): its keyword options are the module's attributes, and
+    ``graph=`` and ``backend=`` are arguments of the call.
 
     >>> import jax, jax.numpy as jnp, numpy as np, e3nn_jax as e3nn
     >>> mp = MessagePassing(filter_ir_out="0e + 1o", self_connection="0e + 1o")
@@ -27,9 +28,10 @@ class MessagePassing(nn.Module):
     filter_ir_out: object = None
     self_connection: object = None
     irrep_normalization: str | None = None
+    grouping: str = "multiplicity"
 
     @nn.compact
-    def __call__(self, node_feats, edge_attrs, weights, senders=None, receivers=None, *, graph=None):
+    def __call__(self, node_feats, edge_attrs, weights, senders=None, receivers=None, *, graph=None, backend=None):
         from ..interop import message_passing
 
         return message_passing(
@@ -41,5 +43,7 @@ class MessagePassing(nn.Module):
             filter_ir_out=self.filter_ir_out,
             self_connection=self.self_connection,
             irrep_normalization=self.irrep_normalization,
+            grouping=self.grouping,
             graph=graph,
+            backend=backend,
         )

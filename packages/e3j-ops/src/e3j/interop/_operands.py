@@ -65,6 +65,11 @@ def message_passing_operands(
                          f"got shape {jnp.shape(edge_attrs)}")  # fmt: skip
     num_edges, num_nodes = edge_attrs.shape[0], node_feats.shape[0]
     check_weights("weights", weights, num_edges, num_weights, weights_layout)
+    if graph is not None and not isinstance(graph, Graph):
+        raise TypeError(
+            "graph must be an e3j.Graph (e3j.Graph.from_edges(senders, receivers, num_nodes)), "
+            f"got {type(graph).__name__}"
+        )
     if graph is None:
         if senders is None or receivers is None:
             raise ValueError("give senders and receivers, or graph=e3j.Graph")
