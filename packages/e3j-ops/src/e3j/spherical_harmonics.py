@@ -33,7 +33,7 @@ def spherical_harmonics(
     ``"integral"``. Conventions are e3nn's (``y`` polar, ``l=1`` components ``(x, y, z)``).
     Monomials of the coordinates are formed once and mixed by a small constant matrix. With
     ``normalize=True`` the input is divided by its norm; the zero vector maps to ``Y_0`` and
-    zeros, with finite (zero) gradients (e3nn-jax's gradient there is not zero).
+    zeros, with e3nn-jax's finite derivatives there (those of the polynomials at the origin).
 
     >>> spherical_harmonics("0e + 1o", jnp.array([0.0, 2.0, 0.0], jnp.float32), normalize=True)
     Array([1.       , 0.       , 1.7320508, 0.       ], dtype=float32)
@@ -62,8 +62,10 @@ def spherical_harmonics(
         nonzero = scale > 0
         x = x / jnp.where(nonzero, scale, 1)
         r2 = jnp.sum(x * x, axis=-1, keepdims=True)
-        # double where: the gradient of sqrt is never evaluated at 0
-        x = jnp.where(nonzero, x / jnp.sqrt(jnp.where(nonzero, r2, 1)), 0)
+        # double where: the gradient of sqrt is never evaluated at 0. The zero vector stays itself,
+        # as in e3nn-jax: the polynomials of x there give Y_0 and zeros, and e3nn-jax's derivatives
+        # of every order
+        x = jnp.where(nonzero, x / jnp.sqrt(jnp.where(nonzero, r2, 1)), x)
     degree = int(polys.exponents.max(initial=0))
     # the monomials from static slices: indexing with the exponent arrays instead is a gather, whose
     # gradient is a scatter-add: ~1.5x slower in value and in gradient on a CPU
