@@ -141,6 +141,44 @@ def test_spherical_harmonics_bad_irreps_named():
 
 
 @pytest.mark.parametrize(
+    "irreps_out, expected",
+    [
+        (np.int64(2), "1x2e"),
+        ([np.int64(1), 2], "1x1e+1x2e"),
+        ((1, 3), "1x1e+1x3e"),  # degrees, as e3nn-jax reads a tuple of ints, not the irrep 1e
+        (range(2), "1x0e+1x1e"),
+        ("1e + 2e", "1x1e+1x2e"),
+        (e3nn.Irrep("1e"), "1x1e"),
+        ([e3nn.Irrep("1e"), "2e"], "1x1e+1x2e"),
+    ],
+    ids=repr,
+)
+def test_spherical_harmonics_read_degrees_and_irreps_by_one_rule(irreps_out, expected):
+    from e3j import interop
+    from e3j_core.spherical_harmonics import spherical_harmonic_polynomials
+
+    v = e3nn.IrrepsArray("1e", jnp.asarray(VECTORS))
+    ref = e3nn.spherical_harmonics(e3nn.Irreps(expected), v, True).array
+    # the core polynomials, the function form with an IrrepsArray and the drop-in all read it alike
+    assert spherical_harmonic_polynomials(irreps_out).ls == tuple(ir.l for _, ir in e3nn.Irreps(expected))
+    np.testing.assert_allclose(e3j.spherical_harmonics(irreps_out, v, True), ref, rtol=1e-12, atol=1e-12)
+    ours = interop.spherical_harmonics(irreps_out, v, True)
+    assert ours.irreps == e3nn.Irreps(expected)
+    np.testing.assert_allclose(ours.array, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_spherical_harmonics_bad_degrees_named():
+    from e3j import interop
+
+    v = e3nn.IrrepsArray("1o", jnp.ones(3))
+    for f in (e3j.spherical_harmonics, lambda ls, x, n: interop.spherical_harmonics(ls, x, n)):
+        with pytest.raises(ValueError, match="each l must be >= 0, got -1"):
+            f((1, -1), v, True)
+        with pytest.raises(ValueError, match=r"each l must be an int >= 0, got 1\.5"):
+            f([0, 1.5], v, True)
+
+
+@pytest.mark.parametrize(
     "irreps_out, vector",
     [
         (3, "1o"),

@@ -39,6 +39,7 @@ from .irreps import Irrep, Irreps, _is_irrep_like, _is_mul_irrep_like
 __all__ = [
     "NORMALIZATIONS",
     "SphericalHarmonicPolynomials",
+    "is_degrees",
     "spherical_harmonic_polynomials",
     "spherical_harmonics",
 ]
@@ -169,27 +170,40 @@ def _polynomials(ls: tuple[int, ...], normalization: str) -> SphericalHarmonicPo
     return SphericalHarmonicPolynomials(ls, normalization, exponents, coefficients)
 
 
+def is_degrees(ls: object) -> bool:
+    """Whether ``ls`` gives degrees (an int or a sequence of numbers, no parities) rather than irreps.
+
+    The one rule every spherical-harmonics function reads its ``ls``/``irreps_out`` by: degrees take
+    their parity from the vector (``p**l``), irreps carry their own. A string, an ``Irreps``, an
+    irrep (e3j's or e3nn-jax's) or a sequence holding anything but numbers is irreps.
+
+    >>> is_degrees(2), is_degrees([0, 1, 2]), is_degrees(range(3)), is_degrees("1o"), is_degrees(["1o"])
+    (True, True, True, False, False)
+    """
+    if isinstance(ls, (int, np.integer)) and not isinstance(ls, bool):
+        return True
+    if isinstance(ls, (str, Irreps, Irrep)) or _is_irrep_like(ls) or _is_mul_irrep_like(ls):
+        return False
+    # e3nn-jax's Irreps is a tuple of MulIrreps: a sequence, but not of numbers
+    return isinstance(ls, Sequence) and all(isinstance(l, (int, float, np.number)) for l in ls)
+
+
 def _as_ls(ls: int | Sequence[int] | Irreps | str) -> tuple[int, ...]:
     if isinstance(ls, (int, np.integer)) and not isinstance(ls, bool):
         return (_check_l(ls),)
-    irreps_like = isinstance(ls, (str, Irreps, Irrep)) or _is_irrep_like(ls) or _is_mul_irrep_like(ls)
-    if not irreps_like and isinstance(ls, Sequence) and not all(isinstance(l, (int, float, np.number)) for l in ls):
-        irreps_like = True  # e.g. e3nn-jax's Irreps, a tuple of MulIrreps, or a list of irreps
-    if irreps_like:
-        try:
-            irreps = Irreps(ls)
-        except ValueError as err:
-            raise ValueError(f"expected an int, a list of ints or Irreps, got {ls!r} ({err})") from None
-        odd = {ir.p for _, ir in irreps if ir.l % 2}
-        if len(odd) > 1 or any(ir.p != 1 for _, ir in irreps if ir.l % 2 == 0):
-            raise ValueError(
-                f"irreps {irreps} mix parities: spherical harmonics of a vector (1o) or a "
-                "pseudovector (1e) have parity p**l for one p, so even degrees are always 'e'"
-            )
-        return tuple(ir.l for mul, ir in irreps for _ in range(mul))
-    if isinstance(ls, Sequence):
+    if is_degrees(ls):
         return tuple(_check_l(l, "each l") for l in ls)
-    raise ValueError(f"expected an int, a list of ints or Irreps, got {ls!r}")
+    try:
+        irreps = Irreps(ls)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"expected an int, a list of ints or Irreps, got {ls!r} ({err})") from None
+    odd = {ir.p for _, ir in irreps if ir.l % 2}
+    if len(odd) > 1 or any(ir.p != 1 for _, ir in irreps if ir.l % 2 == 0):
+        raise ValueError(
+            f"irreps {irreps} mix parities: spherical harmonics of a vector (1o) or a "
+            "pseudovector (1e) have parity p**l for one p, so even degrees are always 'e'"
+        )
+    return tuple(ir.l for mul, ir in irreps for _ in range(mul))
 
 
 def spherical_harmonic_polynomials(

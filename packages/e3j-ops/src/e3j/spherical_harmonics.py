@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from e3j_core import NORMALIZATIONS, Irreps, as_irreps, spherical_harmonic_polynomials
+from e3j_core.spherical_harmonics import is_degrees
 
 from ._checks import float_dtype
 
@@ -100,18 +101,8 @@ def _check_vector_parity(irreps_out, p: int) -> None:
 
     Degrees given as ints carry no parity and pass; e3nn-jax gives them the vector's, ``p**l``.
     """
-    if _is_degrees(irreps_out):
+    if is_degrees(irreps_out):
         return
     irreps = as_irreps(irreps_out, "irreps_out")
     if any(ir.p != p for _, ir in irreps if ir.l % 2):
         raise ValueError(f"input (1{'e' if p == 1 else 'o'}) and irreps_out ({irreps}) have incompatible parities")
-
-
-def _is_degrees(irreps_out) -> bool:
-    """Whether ``irreps_out`` is degrees (an int or ints, no parities) rather than irreps."""
-    return isinstance(irreps_out, int) or (
-        isinstance(irreps_out, Sequence | range)
-        and not isinstance(irreps_out, str)
-        and all(isinstance(l, int) for l in irreps_out)
-        and not hasattr(irreps_out, "l")  # an e3nn Irrep is a sequence of ints too
-    )

@@ -7,9 +7,10 @@ from collections.abc import Sequence
 import e3nn_jax as e3nn
 import jax
 
-from e3j_core import Irreps, as_irreps
+from e3j_core import Irreps, as_irreps, spherical_harmonic_polynomials
+from e3j_core.spherical_harmonics import is_degrees
 
-from ..spherical_harmonics import _is_degrees, _vector_parity
+from ..spherical_harmonics import _vector_parity
 from ..spherical_harmonics import spherical_harmonics as _sh
 from .layout import to_e3nn_irreps
 
@@ -35,10 +36,10 @@ def spherical_harmonics(
     if normalization is None:
         normalization = e3nn.config("spherical_harmonics_normalization")
     vec_p = _vector_parity(input.irreps) if isinstance(input, e3nn.IrrepsArray) else None
-    if _is_degrees(irreps_out):
+    if is_degrees(irreps_out):
         if vec_p is None:
             raise ValueError("irreps_out given as degrees needs input as an IrrepsArray (1o or 1e), as in e3nn-jax")
-        ls = [irreps_out] if isinstance(irreps_out, int) else list(irreps_out)
+        ls = spherical_harmonic_polynomials(irreps_out).ls  # checked ints
         irreps = as_irreps([(1, (l, vec_p**l)) for l in ls], "irreps_out")
     else:
         irreps = as_irreps(irreps_out, "irreps_out")
