@@ -125,7 +125,8 @@ def models_bench(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def slow(session: nox.Session) -> None:
-    """The heavier CPU checks the tests session leaves out (marker ``slow``: a few minutes)."""
+    """The heavier CPU checks the tests session leaves out (marker ``slow``; its random-irreps interop cases
+    alone take ~12 min on 2 cores, one process)."""
     session.install(*TEST_REQUIREMENTS)
     _install_packages(session)
     session.run("python", "-m", "pytest", *(session.posargs or ["tests", "-m", "slow and not gpu"]))
