@@ -193,6 +193,8 @@ def _as_ls(ls: int | Sequence[int] | Irreps | str) -> tuple[int, ...]:
         return (_check_l(ls),)
     if is_degrees(ls):
         return tuple(_check_l(l, "each l") for l in ls)
+    if not (isinstance(ls, (str, Irreps, Irrep, Sequence)) or _is_irrep_like(ls) or _is_mul_irrep_like(ls)):
+        raise ValueError(f"expected an int, a list of ints or Irreps, got {ls!r}")  # None, a set, ...
     try:
         irreps = Irreps(ls)
     except (TypeError, ValueError) as err:

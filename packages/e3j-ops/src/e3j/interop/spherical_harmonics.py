@@ -39,7 +39,10 @@ def spherical_harmonics(
     if is_degrees(irreps_out):
         if vec_p is None:
             raise ValueError("irreps_out given as degrees needs input as an IrrepsArray (1o or 1e), as in e3nn-jax")
-        ls = spherical_harmonic_polynomials(irreps_out).ls  # checked ints
+        try:
+            ls = spherical_harmonic_polynomials(irreps_out).ls  # checked ints
+        except ValueError as err:
+            raise ValueError(f"irreps_out: {err}") from None
         irreps = as_irreps([(1, (l, vec_p**l)) for l in ls], "irreps_out")
     else:
         irreps = as_irreps(irreps_out, "irreps_out")
