@@ -170,6 +170,11 @@ def _polynomials(ls: tuple[int, ...], normalization: str) -> SphericalHarmonicPo
     return SphericalHarmonicPolynomials(ls, normalization, exponents, coefficients)
 
 
+def _names_irreps(ls: object) -> bool:
+    """Whether ``ls`` is, on its face, irreps: a string, an ``Irreps`` or an irrep (e3j's or e3nn-jax's)."""
+    return isinstance(ls, (str, Irreps, Irrep)) or _is_irrep_like(ls) or _is_mul_irrep_like(ls)
+
+
 def is_degrees(ls: object) -> bool:
     """Whether ``ls`` gives degrees (an int or a sequence of numbers, no parities) rather than irreps.
 
@@ -182,7 +187,7 @@ def is_degrees(ls: object) -> bool:
     """
     if isinstance(ls, (int, np.integer)) and not isinstance(ls, bool):
         return True
-    if isinstance(ls, (str, Irreps, Irrep)) or _is_irrep_like(ls) or _is_mul_irrep_like(ls):
+    if _names_irreps(ls):
         return False
     # e3nn-jax's Irreps is a tuple of MulIrreps: a sequence, but not of numbers
     return isinstance(ls, Sequence) and all(isinstance(l, (int, float, np.number)) for l in ls)
@@ -193,7 +198,7 @@ def _as_ls(ls: int | Sequence[int] | Irreps | str) -> tuple[int, ...]:
         return (_check_l(ls),)
     if is_degrees(ls):
         return tuple(_check_l(l, "each l") for l in ls)
-    if not (isinstance(ls, (str, Irreps, Irrep, Sequence)) or _is_irrep_like(ls) or _is_mul_irrep_like(ls)):
+    if not (_names_irreps(ls) or isinstance(ls, Sequence)):
         raise ValueError(f"expected an int, a list of ints or Irreps, got {ls!r}")  # None, a set, ...
     try:
         irreps = Irreps(ls)
