@@ -164,7 +164,7 @@ def test_cache_and_hash():
 @pytest.mark.parametrize(
     "args, kwargs, match",
     [
-        (("1o", "1o", "1o"), {}, "filter 1o leave no path"),
+        (("1o", "1o", "1o"), {}, "filter 1o leaves no path"),
         (("1o", "1o", "3e"), {}, "outputs this product can have: 0e\\+1e\\+2e"),
         (("", "1o"), {}, "no path"),
         (("1o", "1o", "1q"), {}, "filter.*1q"),

@@ -141,7 +141,7 @@ def test_bad_input():
         e3j.MulIrConvolution("4x0e", "1o", self_connection="0e", normalization="norm")
     with pytest.raises(ValueError, match="irreps_x"):
         e3j.MulIrConvolution("4x0q", "1o")
-    with pytest.raises(ValueError, match="filter 3o leave no path"):
+    with pytest.raises(ValueError, match="filter 3o leaves no path"):
         e3j.MulIrConvolution("4x0e + 2x1o", "1o", filter="3o")
     tp = e3j.MulIrTensorProduct("4x0e + 2x1o", "1o")
     with pytest.raises(ValueError, match=r"y must be \[B=3, 3\]"):

@@ -651,10 +651,10 @@ def _build(
             paths.append(Path(ir_x, ir_y, ir_out, rx, ry, out_row))
             out_row += ir_out.dim
     if not paths:
-        what = f"filter {'+'.join(map(str, filter))}" if filter is not None else "the inputs"
+        what = f"filter {'+'.join(map(str, filter)) or '(empty)'} leaves" if filter is not None else "the inputs leave"
         possible = sorted({ir for _, a in irreps_x for _, b in irreps_y for ir in a * b})
         raise ValueError(
-            f"{what} leave no path in {irreps_x or '(empty)'} ⊗ {irreps_y or '(empty)'} "
+            f"{what} no path in {irreps_x or '(empty)'} ⊗ {irreps_y or '(empty)'} "
             f"(outputs this product can have: {'+'.join(map(str, possible)) or 'none'})"
         )
 
