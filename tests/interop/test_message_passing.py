@@ -59,6 +59,23 @@ def test_equals_e3nn_pattern(irreps_x, irreps_y, filter_, self_connection, folde
         assert not mp.plan.gathers
 
 
+def test_irreps_array_weights_as_e3nn_multiplies_them():
+    """``e3nn.flax.MultiLayerPerceptron`` returns ``IrrepsArray("Wx0e")`` for an IrrepsArray input, and
+    e3nn's ``m * w`` takes it; the drop-in takes it too, values and gradients equal."""
+    irreps_x, irreps_y, filter_ = "8x0e + 4x1o + 2x2e", "0e + 1o + 2e", "0e + 1o + 2e"
+    mp = interop.MessagePassing(irreps_x, irreps_y, filter_)
+    x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=4)
+
+    def loss(f):
+        return lambda x, w: jnp.sum(f(x, e3nn.IrrepsArray(f"{mp.num_weights}x0e", w)).array ** 2)
+
+    ref = loss(lambda x, w: e3nn_pattern(x, y, w, filter_, None))
+    got = loss(lambda x, w: mp(x, y, w, SENDERS, RECEIVERS))
+    np.testing.assert_allclose(got(x, w), ref(x, w), rtol=1e-12)
+    for g, r in zip(jax.grad(got, (0, 1))(x, w), jax.grad(ref, (0, 1))(x, w)):
+        np.testing.assert_allclose(getattr(g, "array", g), getattr(r, "array", r), rtol=1e-11, atol=1e-12)
+
+
 @pytest.mark.parametrize("backend", ["reference", "cuda_host", "pallas_gpu_interpret"])
 def test_gradients_equal_e3nn_on_cpu_backends(backend):
     if backend not in {b.name for b in e3j.available_backends()}:

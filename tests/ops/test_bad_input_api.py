@@ -266,6 +266,21 @@ BAD = {
         TypeError,
         r"weights must be an array \[E=3, num_weights=\d+\] or FactoredWeights, got list",
     ),
+    "interop MP weights complex": (
+        lambda: MP(X3, Y3, jnp.ones((3, MP.num_weights), jnp.complex64), SENDERS, RECEIVERS),
+        TypeError,
+        r"weights must be a floating-point array, got dtype complex64",
+    ),
+    "interop MP edge_attrs complex": (
+        lambda: MP(X3, jnp.ones((3, 4), jnp.complex64), ones(3, MP.num_weights), SENDERS, RECEIVERS),
+        TypeError,
+        r"edge_attrs must be a floating-point array, got dtype complex64",
+    ),
+    "interop MP weights IrrepsArray not scalars": (
+        lambda: MP(X3, Y3, e3nn.IrrepsArray(f"{MP.num_weights}x0o", ones(3, MP.num_weights)), SENDERS, RECEIVERS),
+        ValueError,
+        r"weights given as an IrrepsArray must be scalars \(\d+x0e\), got \d+x0o",
+    ),
     "interop message_passing node_feats": (
         lambda: interop.message_passing(np.ones((3, 5)).tolist(), Y3, ones(3, 1), SENDERS, RECEIVERS),
         TypeError,

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from e3j_core import Irreps
 from e3j_core.coo import TP_NORMALIZATIONS
 
+from .._checks import float_dtype
 from ..factored import FactoredWeights, check_weights
 from ..graph import Graph
 
@@ -39,7 +40,8 @@ def message_passing_operands(
     """``(x [N, irreps_node.dim], y [E, irreps_edge.dim], w [E, num_weights], graph)`` in one dtype.
 
     ``node_feats`` must be an ``IrrepsArray [N, irreps_node]``, ``edge_attrs`` one of ``irreps_edge``
-    or a plain ``[E, irreps_edge.dim]`` array, ``weights`` ``[E, num_weights]`` or
+    or a plain ``[E, irreps_edge.dim]`` array, ``weights`` ``[E, num_weights]`` (an array, or an
+    ``IrrepsArray`` of scalars as ``e3nn.flax.MultiLayerPerceptron`` returns) or
     :class:`e3j.FactoredWeights` (``weights_layout`` names their order in the error); the graph is
     ``graph`` or built from ``senders``/``receivers``.
     ``simplify``: compare irreps after merging equal neighbouring blocks (as ``rechunk`` allows).
@@ -64,7 +66,19 @@ def message_passing_operands(
         raise ValueError(f"edge_attrs must be [E, {irreps_edge.dim}] for {irreps_edge}, "
                          f"got shape {jnp.shape(edge_attrs)}")  # fmt: skip
     num_edges, num_nodes = edge_attrs.shape[0], node_feats.shape[0]
+    if isinstance(weights, e3nn.IrrepsArray):
+        # what e3nn.flax.MultiLayerPerceptron returns for an IrrepsArray input; e3nn's ``m * w``
+        # scales each copy by its scalar, which is what plain weights mean here
+        if any(ir != e3nn.Irrep("0e") for _, ir in weights.irreps):
+            raise ValueError(
+                f"weights given as an IrrepsArray must be scalars ({num_weights}x0e), got {weights.irreps}"
+            )
+        weights = weights.array
     check_weights("weights", weights, num_edges, num_weights, weights_layout)
+    # each operand's dtype checked under its own name before they are promoted to one
+    float_dtype("node_feats", node_feats.array)
+    float_dtype("edge_attrs", edge_attrs)
+    float_dtype("weights", jnp.zeros((), weights.dtype))
     if graph is not None and not isinstance(graph, Graph):
         raise TypeError(
             "graph must be an e3j.Graph (e3j.Graph.from_edges(senders, receivers, num_nodes)), "
