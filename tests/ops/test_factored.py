@@ -76,8 +76,39 @@ def test_zero_rows():
     np.testing.assert_array_equal(got, [[2, 2, 2], [0, 0, 0], [2, 2, 2], [0, 0, 0]])
     with pytest.raises(ValueError, match="without bias"):
         FactoredWeights(jnp.ones((4, 2)), jnp.ones((2, 3)), jnp.ones(3)).zero_rows(jnp.ones(4, bool))
-    with pytest.raises(ValueError, match=r"where must be \[E=4\]"):
+    with pytest.raises(ValueError, match=r"where must be \[E=4\] or \[E, 1\]"):
         w.zero_rows(jnp.ones(3, bool))
+    np.testing.assert_array_equal(w.zero_rows(jnp.array([[False], [True], [False], [True]])).materialize(), got)
+
+
+def test_products_stay_factored_and_equal_the_materialized_products():
+    """``w * env[:, None]`` (an envelope), ``w * c`` per column or scalar and ``w / c``, each against the
+    same product of the materialized array; the factor that would need the per-edge array is refused."""
+    rng = np.random.default_rng(3)
+    hidden, kernel, bias = (jnp.asarray(rng.normal(size=s)) for s in ((6, 4), (4, 5), (5,)))
+    env, col = jnp.asarray(rng.normal(size=(6, 1))), jnp.asarray(rng.normal(size=5))
+    plain, biased = FactoredWeights(hidden, kernel), FactoredWeights(hidden, kernel, bias)
+    a, b = plain.materialize(), biased.materialize()
+    cases = {
+        "w * env": (plain * env, a * env),
+        "env * w": (env * plain, env * a),
+        "numpy env * w": (np.asarray(env) * plain, a * env),
+        "w * 2": (plain * 2.0, a * 2.0),
+        "2 * biased": (2 * biased, 2 * b),
+        "biased * col": (biased * col, b * col),
+        "biased * col[None]": (biased * col[None], b * col),
+        "w / env": (plain / env, a / env),
+        "biased / 3": (biased / 3.0, b / 3.0),
+    }
+    for name, (got, want) in cases.items():
+        assert isinstance(got, FactoredWeights), name
+        np.testing.assert_allclose(got.materialize(), want, rtol=1e-13, atol=1e-13, err_msg=name)
+    with pytest.raises(TypeError, match=r"got shape \(6, 5\); for others materialize\(\)"):
+        plain * jnp.ones((6, 5))
+    with pytest.raises(TypeError, match=r"got shape \(6,\)"):  # [E] broadcasts on the columns, as in numpy
+        plain * jnp.ones(6)
+    with pytest.raises(ValueError, match="per-edge factor needs FactoredWeights without bias"):
+        biased * env
 
 
 def test_bad_factored_weights_are_named():

@@ -30,6 +30,11 @@ import jax.numpy as jnp
 __all__ = ["FactoredWeights", "check_weights", "take_columns"]
 
 
+def _is_factor(value) -> bool:
+    """An array or a Python number: what ``FactoredWeights`` may be multiplied or divided by."""
+    return isinstance(value, (int, float)) or (hasattr(value, "shape") and not isinstance(value, FactoredWeights))
+
+
 @jax.tree_util.register_dataclass
 @dataclass(frozen=True)
 class FactoredWeights:
@@ -61,13 +66,58 @@ class FactoredWeights:
         return FactoredWeights(self.hidden.astype(dtype), self.kernel.astype(dtype), bias)
 
     def zero_rows(self, where: jax.Array) -> FactoredWeights:
-        """The weights with the edges ``where [E]`` (bool) set to zero, e.g. zero-length edges:
-        ``jnp.where(where[:, None], 0, w)``, applied to ``hidden`` (needs ``bias`` None)."""
+        """The weights with the edges ``where [E]`` or ``[E, 1]`` (bool) set to zero, e.g. zero-length
+        edges: ``jnp.where(where[:, None], 0, w)``, applied to ``hidden`` (needs ``bias`` None)."""
         if self.bias is not None:
             raise ValueError("zero_rows needs FactoredWeights without bias (a bias is not per edge)")
-        if jnp.shape(where) != (jnp.shape(self.hidden)[0],):
-            raise ValueError(f"where must be [E={jnp.shape(self.hidden)[0]}], got shape {jnp.shape(where)}")
-        return FactoredWeights(jnp.where(where[:, None], jnp.zeros((), self.hidden.dtype), self.hidden), self.kernel)
+        num_edges = jnp.shape(self.hidden)[0]
+        if jnp.shape(where) not in ((num_edges,), (num_edges, 1)):
+            raise ValueError(f"where must be [E={num_edges}] or [E, 1], got shape {jnp.shape(where)}")
+        where = jnp.reshape(where, (num_edges, 1))
+        return FactoredWeights(jnp.where(where, jnp.zeros((), self.hidden.dtype), self.hidden), self.kernel)
+
+    # numpy defers ``ndarray * FactoredWeights`` to __rmul__ instead of making an object array
+    __array_ufunc__ = None
+
+    def __mul__(self, factor) -> FactoredWeights:
+        """``w * factor``, still factored, for the factors that keep it so (broadcast as numpy does):
+
+        - a scalar: scales ``kernel`` and ``bias``;
+        - per edge, ``[E, 1]`` (an envelope ``env[:, None]``): scales ``hidden`` (needs ``bias`` None);
+        - per column, ``[W]`` or ``[1, W]``: scales ``kernel``'s columns and ``bias``.
+
+        Anything else (a full ``[E, W]`` array) would need the per-edge array: ``materialize()`` it.
+
+        >>> w = FactoredWeights(jnp.ones((5, 3)), jnp.ones((3, 4)))
+        >>> (w * jnp.arange(5.0)[:, None]).materialize()[:, 0].tolist()
+        [0.0, 3.0, 6.0, 9.0, 12.0]
+        """
+        if not _is_factor(factor):
+            return NotImplemented
+        (num_edges, num_weights), shape = self.shape, jnp.shape(factor)
+        if shape in ((), (1,), (1, 1)):
+            factor = jnp.reshape(factor, ())
+            return FactoredWeights(self.hidden, self.kernel * factor, None if self.bias is None else self.bias * factor)
+        if shape in ((num_weights,), (1, num_weights)):
+            factor = jnp.reshape(factor, (num_weights,))
+            bias = None if self.bias is None else self.bias * factor
+            return FactoredWeights(self.hidden, self.kernel * factor, bias)
+        if shape == (num_edges, 1):
+            if self.bias is not None:
+                raise ValueError("a per-edge factor needs FactoredWeights without bias (a bias is not per edge)")
+            return FactoredWeights(self.hidden * factor, self.kernel)
+        raise TypeError(
+            f"FactoredWeights [E={num_edges}, W={num_weights}] can be multiplied by a scalar, a per-edge [E, 1] "
+            f"or a per-column [W] factor, got shape {shape}; for others materialize() the weights first"
+        )
+
+    __rmul__ = __mul__
+
+    def __truediv__(self, factor) -> FactoredWeights:
+        """``w / factor``: ``w * (1 / factor)`` for the factors :meth:`__mul__` takes."""
+        if not _is_factor(factor):
+            return NotImplemented
+        return self * (1 / jnp.asarray(factor))
 
     def materialize(self) -> jax.Array:
         """The weights ``[E, W]``."""
