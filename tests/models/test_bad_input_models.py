@@ -282,6 +282,22 @@ BAD = {
         TypeError,
         r"batch.positions are float32 but params are float64",
     ),
+    # configs
+    "nequip radial_mlp 0": (lambda: M.nequip((1,), radial_mlp=(0,)), ValueError, r"radial_mlp must be a tuple of"),
+    "mace radial_mlp str": (lambda: M.mace_a((1,), radial_mlp="64"), ValueError, r"radial_mlp must be a tuple of"),
+    "nequip atomic_energies str": (
+        lambda: M.nequip((1, 8), atomic_energies=("a", "b")),
+        ValueError,
+        r"atomic_energies must be None or a tuple of numbers",
+    ),
+    "mace cutoff str": (lambda: M.mace_a((1,), cutoff="5"), ValueError, r"cutoff must be a number > 0 \(Å\), got '5'"),
+    "nequip avg_num_neighbors 0": (
+        lambda: M.nequip((1,), avg_num_neighbors=0),
+        ValueError,
+        r"avg_num_neighbors must be a number > 0, got 0",
+    ),
+    "nequip node_irreps None": (lambda: M.nequip((1,), node_irreps=None), ValueError, r"node_irreps must be irreps"),
+    "nequip node_irreps bad": (lambda: M.nequip((1,), node_irreps="2z"), ValueError, r"node_irreps: invalid irrep"),
     # neighbours
     "bucket_size n": (lambda: M.bucket_size(-1), ValueError, r"n must be an int >= 0, got -1"),
     "bucket_size multiple": (lambda: M.bucket_size(10, multiple=0), ValueError, r"multiple must be an int > 0, got 0"),
@@ -308,3 +324,22 @@ def test_valid_edge_cases():
     assert POT(params32, BATCH, forces=False)["energy"].dtype == f64
     isolated = POT(PARAMS, M.make_batch(POS, SPECIES, [], []), forces=False)["energy"]
     assert np.isfinite(isolated).all()
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_configs_take_every_form_and_save(tmp_path, form):
+    """A config built from any irreps form, lists or numpy values is hashable (a Flax attribute) and
+    survives save and load equal to the one built from plain strings, tuples and ints."""
+    plain = M.nequip((1, 8), num_layers=1, node_irreps="0e + 1o", radial_mlp=(4,), atomic_energies=(-1.5, -2.0))
+    cfg = M.nequip(
+        np.array([1, 8]),
+        num_layers=1,
+        node_irreps=FORMS[form],
+        radial_mlp=[4],
+        atomic_energies=np.array([-1.5, -2.0], np.float32),
+        cutoff=np.float32(5.0),
+    )
+    assert cfg == plain and hash(cfg) == hash(plain)
+    M.save(tmp_path / "m.npz", cfg, {"params": {"w": np.zeros(2)}})
+    loaded, _ = M.load(tmp_path / "m.npz")
+    assert loaded == plain

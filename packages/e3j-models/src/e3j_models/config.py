@@ -14,10 +14,14 @@ True
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from e3j import Irreps
+from e3j_core import as_irreps
 
 __all__ = [
     "MACEConfig",
@@ -30,8 +34,21 @@ __all__ = [
 ]
 
 
+def _freeze(cfg, name: str, value) -> None:
+    object.__setattr__(cfg, name, value)  # a frozen dataclass's own __post_init__ may normalize
+
+
 def _check_common(cfg) -> None:
+    """Check the fields every model has; sequences given as lists become tuples (hashable, as a Flax
+    module attribute must be)."""
+    for name in ("atomic_numbers", "radial_mlp", "atomic_energies"):
+        v = getattr(cfg, name)
+        if isinstance(v, (list, tuple, np.ndarray)):
+            _freeze(cfg, name, tuple(v.tolist() if isinstance(v, np.ndarray) else v))
     z = cfg.atomic_numbers
+    if isinstance(z, tuple) and all(isinstance(a, numbers.Integral) and not isinstance(a, bool) for a in z):
+        z = tuple(int(a) for a in z)  # numpy integers (np.unique(atoms.numbers)) become ints
+        _freeze(cfg, "atomic_numbers", z)
     if not z or any(isinstance(a, bool) or not isinstance(a, int) or not 1 <= a <= 118 for a in z):
         raise ValueError(f"atomic_numbers must be a non-empty tuple of ints in [1, 118], got {z!r}")
     if len(set(z)) != len(z):
@@ -40,10 +57,19 @@ def _check_common(cfg) -> None:
         v = getattr(cfg, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "l_max" else 1):
             raise ValueError(f"{name} must be a positive int, got {v!r}")
-    if not cfg.cutoff > 0:
-        raise ValueError(f"cutoff must be > 0 (Å), got {cfg.cutoff!r}")
-    if not cfg.avg_num_neighbors > 0:
-        raise ValueError(f"avg_num_neighbors must be > 0, got {cfg.avg_num_neighbors!r}")
+    for name, unit in (("cutoff", " (Å)"), ("avg_num_neighbors", "")):
+        v = getattr(cfg, name)
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0:
+            raise ValueError(f"{name} must be a number > 0{unit}, got {v!r}")
+        _freeze(cfg, name, float(v))
+    r = cfg.radial_mlp
+    if not isinstance(r, tuple) or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in r):
+        raise ValueError(f"radial_mlp must be a tuple of positive ints (the hidden widths), got {r!r}")
+    e0 = cfg.atomic_energies
+    if e0 is not None:
+        if not isinstance(e0, tuple) or any(isinstance(e, bool) or not isinstance(e, numbers.Real) for e in e0):
+            raise ValueError(f"atomic_energies must be None or a tuple of numbers (eV), got {e0!r}")
+        _freeze(cfg, "atomic_energies", tuple(float(e) for e in e0))  # JSON-able: no numpy scalars
     if cfg.atomic_energies is not None and len(cfg.atomic_energies) != len(z):
         raise ValueError(f"atomic_energies must have one value per atomic number ({len(z)}), got {cfg.atomic_energies}")
 
@@ -106,7 +132,8 @@ class MACEConfig:
 class NequIPConfig:
     """NequIP (Batzner et al. 2022): gated interaction blocks with a self-connection.
 
-    ``node_irreps`` are per channel (``num_channels`` channels each block).
+    ``node_irreps`` are per channel (``num_channels`` channels each block); any irreps form is
+    taken (a string, e3j's or e3nn-jax's ``Irreps``, ``(mul, (l, p))`` pairs) and kept as its string.
     """
 
     atomic_numbers: tuple[int, ...]
@@ -126,12 +153,12 @@ class NequIPConfig:
 
     def __post_init__(self) -> None:
         _check_common(self)
-        try:
-            irreps = Irreps(self.node_irreps)
-        except (ValueError, TypeError) as err:
-            raise ValueError(f"node_irreps must be irreps like '2x0e + 1o', got {self.node_irreps!r}") from err
+        irreps = as_irreps(self.node_irreps, "node_irreps")
         if irreps.dim == 0:
             raise ValueError(f"node_irreps must not be empty, got {self.node_irreps!r}")
+        # stored as its string, whatever form it came in (e3j or e3nn-jax Irreps, (mul, (l, p))
+        # pairs): the config stays hashable and JSON-able, so it saves and loads
+        _freeze(self, "node_irreps", str(irreps))
 
     @property
     def irreps_sh(self) -> Irreps:
