@@ -138,6 +138,9 @@ def test_flax_module_takes_the_function_forms_options(grouping):
     out, params = module.init_with_output(jax.random.key(0), x, y, w, graph=graph, backend="reference")
     assert params == {}
     assert out.irreps == ref.irreps
+    # known before the call, from the irreps alone (e3nn's count: one weight per copy of the messages)
+    assert module.num_weights(x.irreps, y.irreps) == 48 == ref.irreps.num_irreps
+    assert module.irreps_out(x.irreps, y.irreps) == ref.irreps
     np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="grouping"):
         FlaxMessagePassing(filter_ir_out="0e", grouping="bad").init(jax.random.key(0), x, y, w, SENDERS, RECEIVERS)

@@ -29,12 +29,25 @@ class Linear(nn.Module):
     copy ``u // C``, channel ``u % C`` of e3j's (:func:`e3j.from_mul_ir`), so the same parameters
     give the same function: ``to_mul_ir(Linear(...)(x)) == e3nn.flax.Linear(...)(to_mul_ir(x))``.
 
+    ``channel_axis=True`` reads the same parameters as ``e3nn.flax.Linear(irreps_out,
+    channel_out=C_out)`` applied to e3nn's channel-axis features ``[..., C_in, irreps_in]`` (e3j's
+    array with its last two axes swapped): e3nn's ``axis_to_mul`` numbers a block's copies
+    channel-major, copy ``c · mul + u``, where the flat layout above numbers them ``u · C + c``. The
+    two agree when each irrep has one copy per channel; with more, loading an e3nn ``channel_out``
+    checkpoint without ``channel_axis=True`` computes a different function.
+
     With ``num_indexed_weights=S`` every parameter gains a leading ``[S]`` axis and the call takes
     integer indices first, ``lin(index, x)`` with ``index: int [...]`` (e.g. the species of each
-    node), as ``e3nn.flax.Linear(..., num_indexed_weights=S)(index, x)``.
+    node; broadcast to x's batch shape, so one index serves all), as
+    ``e3nn.flax.Linear(..., num_indexed_weights=S)(index, x)``.
 
     Output irreps: ``irreps_out`` simplified and, unless ``force_irreps_out``, without the irreps
-    the input lacks (zeros for them otherwise), as in e3nn-jax. Biases are not supported.
+    the input lacks (zeros for them otherwise), as in e3nn-jax (:meth:`output_irreps` gives them).
+    ``biases=True`` adds e3nn's ``b[j]`` parameters to the scalar (``0e``) outputs.
+
+    ``path_normalization`` and ``gradient_normalization`` default to e3nn-jax's defaults
+    (``"element"`` and ``"path"``); e3nn-jax's ``None`` reads its global ``e3nn.config``, which this
+    module does not: pass the values explicitly if a model set them there.
 
     >>> import jax, jax.numpy as jnp
     >>> lin = Linear("2x0e + 1o", channels_out=4, irreps_in="0e + 1o", num_indexed_weights=3)
@@ -57,6 +70,14 @@ class Linear(nn.Module):
     path_normalization: str | float = "element"
     gradient_normalization: str | float = "path"
     biases: bool = False
+    channel_axis: bool = False
+
+    def output_irreps(self) -> Irreps:
+        """The irreps of the output's rows: ``irreps_out`` simplified and, unless ``force_irreps_out``,
+        filtered to the irreps of ``irreps_in``. Callable on an unbound module."""
+        blocks_in = _blocks(as_irreps(self.irreps_in, "irreps_in"), regroup=True)
+        irreps_out = as_irreps(self.irreps_out, "irreps_out").simplify()
+        return irreps_out if self.force_irreps_out else irreps_out.filter(keep=[ir for ir, _ in blocks_in])
 
     @nn.compact
     def __call__(self, index_or_x: jax.Array, x: jax.Array | None = None) -> jax.Array:
@@ -71,17 +92,23 @@ class Linear(nn.Module):
             if not jnp.issubdtype(index.dtype, jnp.integer):
                 raise TypeError(f"index must be an integer array, got dtype {index.dtype}")
         irreps_in = as_irreps(self.irreps_in, "irreps_in")
+        hint = " (e3j's layout: an e3nn IrrepsArray [..., irreps] is x.array[..., None], or e3j.from_mul_ir)"
+        if hasattr(x, "irreps") and hasattr(x, "array"):
+            raise TypeError(f"x must be an array [..., D_in={irreps_in.dim}, C_in], got an IrrepsArray{hint}")
         check_rank("x", x, tuple(range(2, 10)), f"[..., D_in={irreps_in.dim}, C_in]")
         dtype = float_dtype("x", x)
         if x.shape[-2] != irreps_in.dim:
-            raise ValueError(f"x must be [..., {irreps_in.dim}, C_in] for irreps_in {irreps_in}, got {x.shape}")
-        if index is not None:
-            if index.shape != x.shape[:-2]:
+            raise ValueError(f"x must be [..., {irreps_in.dim}, C_in] for irreps_in {irreps_in}, got {x.shape}{hint}")
+        if index is not None and index.shape != x.shape[:-2]:
+            try:
+                index = jnp.broadcast_to(index, x.shape[:-2])
+            except ValueError:
                 raise ValueError(
-                    f"index must be [{', '.join(map(str, x.shape[:-2]))}] like x's batch, got {index.shape}"
-                )
-        if not isinstance(self.biases, bool):
-            raise TypeError(f"biases must be a bool, got {self.biases!r}")
+                    f"index must broadcast to x's batch [{', '.join(map(str, x.shape[:-2]))}], got {index.shape}"
+                ) from None
+        for name in ("biases", "channel_axis"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
         c_in, c_out = x.shape[-1], self.channels_out
         check_positive_int("channels_out", c_out)
         if self.num_indexed_weights is not None:
@@ -90,10 +117,7 @@ class Linear(nn.Module):
         grad_norm = _parse(self.gradient_normalization, "gradient_normalization", "path")
 
         blocks_in = _blocks(irreps_in, regroup=True)  # (ir, rows of each copy), e3nn's regrouped input
-        irreps_out = as_irreps(self.irreps_out, "irreps_out").simplify()
-        if not self.force_irreps_out:
-            irreps_out = irreps_out.filter(keep=[ir for ir, _ in blocks_in])
-        blocks_out = _blocks(irreps_out, regroup=False)
+        blocks_out = _blocks(self.output_irreps(), regroup=False)
         flat_in = [(len(rows) * c_in, ir) for ir, rows in blocks_in]
         flat_out = [(len(rows) * c_out, ir) for ir, rows in blocks_out]
         instructions = [(i, j) for i, (_, a) in enumerate(flat_in) for j, (_, b) in enumerate(flat_out) if a == b]
@@ -127,19 +151,32 @@ class Linear(nn.Module):
                 rows_in = blocks_in[i][1]
                 xi = x[..., jnp.asarray(rows_in).reshape(-1), :].reshape(*lead, len(rows_in), ir.dim, c_in)
                 if index is None:
-                    w = w.reshape(len(rows_in), c_in, mul_out, c_out)
+                    w = _copy_major(w, len(rows_in), c_in, mul_out, c_out, self.channel_axis)
                     y = jnp.einsum("...kdc,kcmo->...mdo", xi, w)
                 else:
-                    w = w[index].reshape(*lead, len(rows_in), c_in, mul_out, c_out)
+                    w = _copy_major(w[index], len(rows_in), c_in, mul_out, c_out, self.channel_axis)
                     y = jnp.einsum("...kdc,...kcmo->...mdo", xi, w)
                 acc = acc + path_weight * y
             if j in biases:
                 b = biases[j] if index is None else biases[j][index]
-                acc = acc + b.reshape(*b.shape[:-1], mul_out, 1, c_out)
+                b_lead = b.shape[:-1]
+                if self.channel_axis:  # [.., C_out · mul_out] channel-major -> [.., mul_out, C_out]
+                    b = jnp.swapaxes(b.reshape(*b_lead, c_out, mul_out), -1, -2)
+                acc = acc + b.reshape(*b_lead, mul_out, 1, c_out)
             outs.append(acc.reshape(*lead, mul_out * ir.dim, c_out))
         if not outs:
             return jnp.zeros((*lead, 0, c_out), dtype)
         return jnp.concatenate(outs, axis=-2)
+
+
+def _copy_major(w: jax.Array, m_in: int, c_in: int, m_out: int, c_out: int, channel_major: bool) -> jax.Array:
+    """``w [..., m_in · c_in, m_out · c_out]`` as ``[..., m_in, c_in, m_out, c_out]``: rows and columns
+    numbered copy-major (``u · C + c``), or channel-major (``c · m + u``, e3nn's ``axis_to_mul``)."""
+    lead = w.shape[:-2]
+    if not channel_major:
+        return w.reshape(*lead, m_in, c_in, m_out, c_out)
+    w = w.reshape(*lead, c_in, m_in, c_out, m_out)
+    return jnp.swapaxes(jnp.swapaxes(w, -4, -3), -2, -1)
 
 
 def _parse(value, name: str, default: str) -> float:

@@ -23,12 +23,35 @@ class MessagePassing(nn.Module):
     >>> out, _ = mp.init_with_output(jax.random.key(0), x, y, jnp.ones((2, 20)), np.array([0, 1]), np.array([1, 2]))
     >>> out.irreps
     8x0e+12x1o
+    >>> mp.num_weights(x.irreps, y.irreps)  # the radial network's output size, known before the call
+    20
     """
 
     filter_ir_out: object = None
     self_connection: object = None
     irrep_normalization: str | None = None
     grouping: str = "multiplicity"
+
+    def _pattern(self, irreps_node, irreps_edge):
+        from ..interop import MessagePassing as Pattern
+
+        return Pattern(
+            irreps_node,
+            irreps_edge,
+            self.filter_ir_out,
+            self_connection=self.self_connection,
+            irrep_normalization=self.irrep_normalization,
+            grouping=self.grouping,
+        )
+
+    def num_weights(self, irreps_node, irreps_edge) -> int:
+        """The per-edge weights' count (one per irrep copy of the messages) for node features of
+        ``irreps_node`` and edge attributes of ``irreps_edge``; callable on an unbound module."""
+        return self._pattern(irreps_node, irreps_edge).num_weights
+
+    def irreps_out(self, irreps_node, irreps_edge):
+        """The result's irreps (e3nn's) for these inputs; callable on an unbound module."""
+        return self._pattern(irreps_node, irreps_edge).irreps_out
 
     @nn.compact
     def __call__(self, node_feats, edge_attrs, weights, senders=None, receivers=None, *, graph=None, backend=None):

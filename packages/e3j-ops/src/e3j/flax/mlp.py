@@ -23,7 +23,8 @@ class MultiLayerPerceptron(nn.Module):
 
     ``list_neurons``: the width of each layer; ``act``: the activation, normalized as e3nn-jax does
     (divided by its root mean square under a standard normal input); ``gradient_normalization``:
-    ``"path"`` (e3nn-jax's default, also for ``None``), ``"element"`` or a float in [0, 1];
+    ``"path"`` (e3nn-jax's default, also for ``None``: e3nn-jax's global ``e3nn.config`` is not
+    read), ``"element"`` or a float in [0, 1];
     ``output_activation``: ``True`` (``act``), ``False`` or a callable; ``with_bias``.
     Input ``[..., F]`` (a plain array, or an e3nn ``IrrepsArray`` of scalars, returned as one).
 
