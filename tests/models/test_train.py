@@ -88,6 +88,32 @@ def test_training_decreases_loss_and_matches_e3nn_twin():
         fit(cfg, s[:2], [], steps=1)
 
 
+def test_repeated_evaluation_compiles_once():
+    """fit validates every eval_every steps through evaluate: the second call on the same potential
+    and batch shapes must not compile again (each one cost a compile of energy and forces)."""
+    import jax
+
+    from e3j_models import Potential
+    from e3j_models.train import _batches, evaluate
+
+    s = emt_structures(2, repeats=[(2, 2, 2)])
+    cfg = prepare_config(nequip((28, 29), **TINY), s)
+    pot = Potential(cfg)
+    batches = _batches(s, cfg, 2, None, np.float32)
+    params = pot.init(jax.random.key(0), batches[0][0])
+    compiles = []
+    listener = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        first = evaluate(pot, params, batches)
+        n_first = len(compiles)
+        second = evaluate(pot, params, batches)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert n_first >= 1 and len(compiles) == n_first, f"compiled {len(compiles) - n_first} more times"
+    assert first == second and np.isfinite(first["force_mae"])
+
+
 def test_smoothed_loss_decreases_monotonically():
     # the smoothed curve is the epoch mean (epoch_losses): 4 batches of 2 structures, 6 epochs
     s = emt_structures(9, repeats=[(2, 2, 2)])

@@ -25,6 +25,7 @@ the training energies by least squares and stored in the config's ``atomic_energ
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -179,12 +180,21 @@ def loss_fn(
     return loss, parts
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _energy_and_forces(potential: Potential, params, batch):
+    # one jitted function for every call: keyed by the potential (its identity) and the batch's
+    # shapes, so fit's validation compiles once, not at every eval_every step
+    return potential(params, batch, forces=True)
+
+
 def evaluate(potential: Potential, params, batches) -> dict[str, float]:
-    """Mean absolute errors over ``batches``: ``energy_mae_per_atom`` (eV/atom), ``force_mae`` (eV/Å)."""
-    run = jax.jit(lambda p, b: potential(p, b, forces=True))
+    """Mean absolute errors over ``batches``: ``energy_mae_per_atom`` (eV/atom), ``force_mae`` (eV/Å).
+
+    Compiles once per potential and batch shape (repeated calls, as ``fit``'s validation makes,
+    reuse it)."""
     e_err, f_err, n_graphs, n_comp = 0.0, 0.0, 0, 0
     for batch, labels in batches:
-        out = run(params, batch)
+        out = _energy_and_forces(potential, params, batch)
         e_err += float(jnp.sum(jnp.abs(out["energy"] - labels.energy) / labels.num_atoms))
         mask = np.asarray(batch.node_mask)
         f_err += float(np.sum(np.abs(np.asarray(out["forces"] - labels.forces))[mask]))
