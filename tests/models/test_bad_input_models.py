@@ -282,6 +282,17 @@ BAD = {
         TypeError,
         r"batch.positions are float32 but params are float64",
     ),
+    # potential
+    "Potential species out of range": (
+        lambda: POT(PARAMS, M.make_batch(POS, [0, 0, 2, 1], [0, 1, 2, 3], [1, 2, 3, 0])),
+        ValueError,
+        r"batch.species must be < 2 \(the model's atomic_numbers\), got 2",
+    ),
+    "Potential stress traced": (
+        lambda: jax.jit(POT)(PARAMS, BATCH, stress=True),
+        TypeError,
+        r"stress must be a Python bool \(static under jit: jax.jit\(pot, static_argnames",
+    ),
     # configs
     "nequip radial_mlp 0": (lambda: M.nequip((1,), radial_mlp=(0,)), ValueError, r"radial_mlp must be a tuple of"),
     "mace radial_mlp str": (lambda: M.mace_a((1,), radial_mlp="64"), ValueError, r"radial_mlp must be a tuple of"),
@@ -290,12 +301,18 @@ BAD = {
         ValueError,
         r"atomic_energies must be None or a tuple of numbers",
     ),
-    "mace cutoff str": (lambda: M.mace_a((1,), cutoff="5"), ValueError, r"cutoff must be a number > 0 \(Å\), got '5'"),
+    "mace cutoff str": (
+        lambda: M.mace_a((1,), cutoff="5"),
+        ValueError,
+        r"cutoff must be a finite number > 0 \(Å\), got '5'",
+    ),
+    "mace cutoff inf": (lambda: M.mace_a((1,), cutoff=float("inf")), ValueError, r"cutoff must be a finite number"),
     "nequip avg_num_neighbors 0": (
         lambda: M.nequip((1,), avg_num_neighbors=0),
         ValueError,
-        r"avg_num_neighbors must be a number > 0, got 0",
+        r"avg_num_neighbors must be a finite number > 0, got 0",
     ),
+    "mace node_symmetry bool": (lambda: M.mace_a((1,), node_symmetry=True), ValueError, r"node_symmetry must be"),
     "nequip node_irreps None": (lambda: M.nequip((1,), node_irreps=None), ValueError, r"node_irreps must be irreps"),
     "nequip node_irreps bad": (lambda: M.nequip((1,), node_irreps="2z"), ValueError, r"node_irreps: invalid irrep"),
     # neighbours
@@ -324,6 +341,9 @@ def test_valid_edge_cases():
     assert POT(params32, BATCH, forces=False)["energy"].dtype == f64
     isolated = POT(PARAMS, M.make_batch(POS, SPECIES, [], []), forces=False)["energy"]
     assert np.isfinite(isolated).all()
+    # forces/stress static, as the docstring says: the same numbers as the eager call
+    jitted = jax.jit(POT, static_argnames=("forces", "stress"))(PARAMS, BATCH, forces=True)
+    np.testing.assert_allclose(jitted["forces"], POT(PARAMS, BATCH)["forces"], rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("form", list(FORMS))

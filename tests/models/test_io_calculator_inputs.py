@@ -97,6 +97,28 @@ def test_neighbour_list_is_brute_force(periodic):
     assert got == sorted(want) and len(got) > 0
 
 
+def test_slab_without_vacuum_equals_slab_with_vacuum(tiny):
+    """ASE's slabs without vacuum have a zero lattice vector along their open direction; nothing
+    crosses it, so the energy and forces are those of the same slab given a vacuum vector."""
+    from ase.build import fcc111
+
+    pot, _, params = tiny
+    bare = fcc111("Cu", size=(2, 2, 2), a=3.6)
+    bare.positions += np.random.default_rng(0).normal(scale=0.05, size=bare.positions.shape)
+    assert bare.pbc.tolist() == [True, True, False] and not bare.cell[2].any()
+    padded = bare.copy()
+    padded.cell[2] = [0.0, 0.0, 30.0]
+    bare.numbers[:] = padded.numbers[:] = Z[0]
+    out = [pot(params, em.batch_structures([a], Z, CUTOFF)) for a in (bare, padded)]
+    np.testing.assert_allclose(out[0]["energy"], out[1]["energy"], rtol=1e-12)
+    np.testing.assert_allclose(out[0]["forces"], out[1]["forces"], rtol=1e-10, atol=1e-12)
+    chain = {"positions": np.array([[0.0, 0, 0]]), "numbers": np.array([Z[0]]), "cell": np.diag([2.5, 0, 0]),
+             "pbc": [True, False, False]}  # fmt: skip
+    assert em.batch_structures([chain], Z, CUTOFF).graph.num_valid > 0
+    with pytest.raises(ValueError, match=r"periodic vectors .* are degenerate"):
+        em.batch_structures([{**chain, "pbc": [True, True, False]}], Z, CUTOFF)
+
+
 def test_given_neighbours_give_the_same_batch():
     s = structure(1)
     edges = em.neighbour_list(s["positions"], CUTOFF, s.get("cell"), s.get("pbc", False))

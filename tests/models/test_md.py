@@ -90,4 +90,10 @@ def test_cli_md_outputs_and_bad_input(model, tmp_path):
         main(["md", "--model", str(ckpt), "--steps", "0", "--out", str(bad_out)])
     with pytest.raises(SystemExit, match="--supercell must be >= 1"):
         main(["md", "--model", str(ckpt), "--supercell", "0", "--out", str(bad_out)])
+    with pytest.raises(SystemExit, match="--log-every must be >= 1, got 0"):
+        main(["md", "--model", str(ckpt), "--log-every", "0", "--out", str(bad_out)])
+    with pytest.raises(SystemExit, match=r"--temperature must be >= 0 \(K\), got -5"):
+        main(["md", "--model", str(ckpt), "--temperature", "-5", "--out", str(bad_out)])
+    with pytest.raises(SystemExit, match=r"--timestep must be > 0 \(fs\), got -1"):
+        main(["md", "--model", str(ckpt), "--timestep", "-1", "--out", str(bad_out)])
     assert not os.path.exists(bad_out)  # refused before anything is written

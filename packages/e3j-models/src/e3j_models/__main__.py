@@ -118,6 +118,13 @@ def _md(args) -> None:
         raise FileNotFoundError(f"--model {args.model!r} does not exist")
     if args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    # checked before --out is made, and named as the command line names them
+    if args.log_every < 1:
+        raise ValueError(f"--log-every must be >= 1, got {args.log_every}")
+    if not args.timestep > 0:
+        raise ValueError(f"--timestep must be > 0 (fs), got {args.timestep}")
+    if not args.temperature >= 0:
+        raise ValueError(f"--temperature must be >= 0 (K), got {args.temperature}")
     if args.structure is None and args.supercell < 1:
         raise ValueError(f"--supercell must be >= 1, got {args.supercell}")
     try:

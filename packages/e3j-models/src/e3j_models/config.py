@@ -59,8 +59,8 @@ def _check_common(cfg) -> None:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     for name, unit in (("cutoff", " (Å)"), ("avg_num_neighbors", "")):
         v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0:
-            raise ValueError(f"{name} must be a number > 0{unit}, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < float("inf"):
+            raise ValueError(f"{name} must be a finite number > 0{unit}, got {v!r}")
         _freeze(cfg, name, float(v))
     r = cfg.radial_mlp
     if not isinstance(r, tuple) or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in r):
@@ -106,7 +106,8 @@ class MACEConfig:
         _check_common(self)
         if isinstance(self.correlation, bool) or not isinstance(self.correlation, int) or self.correlation < 1:
             raise ValueError(f"correlation must be an int >= 1, got {self.correlation!r}")
-        if not isinstance(self.node_symmetry, int) or not 0 <= self.node_symmetry <= self.l_max * self.correlation:
+        ns = self.node_symmetry
+        if isinstance(ns, bool) or not isinstance(ns, int) or not 0 <= ns <= self.l_max * self.correlation:
             raise ValueError(f"node_symmetry must be an int in [0, l_max·correlation], got {self.node_symmetry!r}")
 
     def _irreps(self, lmax: int) -> Irreps:

@@ -70,6 +70,10 @@ def run_md(
         raise ValueError(f"steps must be a positive int, got {steps!r}")
     if not timestep_fs > 0:
         raise ValueError(f"timestep_fs must be > 0, got {timestep_fs!r}")
+    if not temperature_K >= 0:
+        raise ValueError(f"temperature_K must be >= 0 (K), got {temperature_K!r}")
+    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
+        raise ValueError(f"log_every must be a positive int, got {log_every!r}")
     if ensemble == "npt" and not atoms.pbc.all():
         raise ValueError("ensemble 'npt' needs a fully periodic structure (atoms.pbc all True)")
     atoms.calc = calculator

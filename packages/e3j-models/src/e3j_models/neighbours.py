@@ -50,8 +50,15 @@ def _check_structure(positions, cell, pbc, where: str = ""):
         raise ValueError(f"cell{where} must be a 3×3 matrix (rows: lattice vectors), got shape {cell.shape}")
     if not np.all(np.isfinite(cell)):
         raise ValueError(f"cell{where} must be finite")
-    if pbc.any() and abs(np.linalg.det(cell)) < 1e-12:
+    if pbc.all() and abs(np.linalg.det(cell)) < 1e-12:
         raise ValueError(f"cell{where} is singular but pbc{where} is {pbc.tolist()}: a periodic cell needs volume")
+    # mixed periodicity (slabs, wires): only the periodic lattice vectors must span their directions;
+    # the others may be zero (ASE's slabs without vacuum), as no edge crosses them
+    if pbc.any() and not pbc.all() and np.linalg.svd(cell[pbc], compute_uv=False).min() < 1e-6:
+        raise ValueError(
+            f"cell{where}'s periodic vectors {cell[pbc].tolist()} are degenerate (pbc{where} {pbc.tolist()}): "
+            "each periodic direction needs a lattice vector of its own"
+        )
     return positions, cell, pbc
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .batch import GraphBatch
 from .config import MACEConfig, NequIPConfig
@@ -37,7 +38,9 @@ class Potential:
 
     The dict has ``energy [G]`` and, as asked, ``forces [N, 3]`` (zero on padding nodes) and
     ``stress [G, 3, 3]``. The methods are pure functions of ``params`` and ``batch``: wrap them in
-    ``jax.jit`` (the batch's shapes are the compile key).
+    ``jax.jit`` (the batch's shapes are the compile key; ``forces`` and ``stress`` are static:
+    ``jax.jit(pot, static_argnames=("forces", "stress"))``). Called eagerly, the species of real
+    nodes are checked against the model's elements; under ``jit`` they cannot be read.
     """
 
     def __init__(self, config: MACEConfig | NequIPConfig, backend: str | None = None) -> None:
@@ -62,6 +65,7 @@ class Potential:
     def node_energies(self, params, batch: GraphBatch) -> jax.Array:
         """``[N]``, zero on padding nodes."""
         _check_call(params, batch)
+        _check_species(batch, len(self.config.atomic_numbers))
         e = self.module.apply(params, batch.positions, batch.cell, batch)
         return jnp.where(batch.node_mask, e, 0)
 
@@ -79,6 +83,13 @@ class Potential:
 
     def __call__(self, params, batch: GraphBatch, *, forces: bool = True, stress: bool = False) -> dict[str, jax.Array]:
         _check_call(params, batch)
+        _check_species(batch, len(self.config.atomic_numbers))
+        for name, flag in (("forces", forces), ("stress", stress)):
+            if not isinstance(flag, bool):
+                raise TypeError(
+                    f"{name} must be a Python bool (static under jit: jax.jit(pot, static_argnames=('forces', "
+                    f"'stress'))), got {type(flag).__name__}"
+                )
         strain = jnp.zeros((batch.num_graphs, 3, 3), batch.positions.dtype)
         if not (forces or stress):
             return {"energy": self._energy_of(params, batch.positions, strain, batch)[1]}
@@ -95,6 +106,20 @@ class Potential:
 def _check_batch(batch: object) -> None:
     if not isinstance(batch, GraphBatch):
         raise TypeError(f"batch must be an e3j_models.GraphBatch (see make_batch), got {type(batch).__name__}")
+
+
+def _check_species(batch: GraphBatch, num_species: int) -> None:
+    """Concrete species (an eager call) must index the model's elements; traced ones cannot be read
+    and, like any out-of-range index in JAX, are clamped."""
+    species, mask = batch.species, batch.node_mask
+    if isinstance(species, jax.core.Tracer) or isinstance(mask, jax.core.Tracer):
+        return
+    bad = np.asarray(species)[np.asarray(mask)] >= num_species
+    if bad.any():
+        raise ValueError(
+            f"batch.species must be < {num_species} (the model's atomic_numbers), got "
+            f"{int(np.asarray(species)[np.asarray(mask)][bad].max())}"
+        )
 
 
 def _check_call(params: object, batch: object) -> None:
