@@ -31,7 +31,7 @@ run_e2e() {
     return 1
   fi
   local backends kind
-  backends=${E3J_E2E_BACKENDS:-$(python3 -c "import jax, e3j; p = jax.devices()[0].platform; print(*[b.name for b in e3j.available_backends() if p in b.platforms and b.auto and b.name != 'reference'] or ['reference'])")}
+  backends=${E3J_E2E_BACKENDS:-$(python3 -c "import jax, e3j; from e3j.backends import device_platform; p = device_platform(jax.devices()[0]); print(*[b.name for b in e3j.available_backends() if p in b.platforms and b.auto and b.name != 'reference'] or ['reference'])")}
   kind=$(device_slug) || return 1
   log "backends: $backends e3nn ($kind)"
   local sizes out="benchmarks/results/$kind-e2e.json"
