@@ -193,7 +193,7 @@ _MOSAIC: dict[str, Any] = {
     # Mosaic GPU's TMA has no float64 transfers: float64 ops go to the Triton kernels
     "dtypes": ("float32",),
     # the Mosaic kernels always unroll the records: lowering them at lmax 3, 128 channels already
-    # takes 14-214 s on this project's CPU (docs/mosaic_gpu.md); higher degrees go to the Triton
+    # takes 2.5-20 s per kernel on this project's CPU (docs/mosaic_gpu.md); higher degrees go to the Triton
     # kernels, which walk the records there
     "max_l": 3,
     "notes": ("records always unrolled; tables above lmax 3 go to pallas_gpu, which walks them",),
