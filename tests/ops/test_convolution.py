@@ -282,6 +282,23 @@ def test_check_grads_order2():
     check_grads(lambda x, y, s: conv(x, y, s, graph), (x, y, s), order=2, modes=("fwd", "rev"), atol=1e-7, rtol=1e-7)
 
 
+def test_third_derivatives_match_e3nn():
+    """d³/dx³ and d³/dx² ds of a non-multilinear energy: JVPs of ``L`` with symbolic zero tangents."""
+    senders, receivers, graph, x, y, s = tiny_problem(False)
+    conv = get_conv("l1")
+
+    def third(f, x, y, s):
+        def energy(x, s):
+            return jnp.sum(f(x, y, s) ** 4)
+
+        return jax.jacfwd(jax.jacfwd(jax.grad(energy)))(x, s), jax.jacfwd(jax.jacfwd(jax.grad(energy), 1))(x, s)
+
+    got = jax.jit(partial(third, lambda x, y, s: conv(x, y, s, graph)))(x, y, s)
+    want = jax.jit(partial(third, partial(conv_ref, "l1", senders, receivers, 4)))(x, y, s)
+    for g, r in zip(got, want):
+        assert np.max(np.abs(np.asarray(r))) > 1e-3 and rel_err(g, r) <= 1e-11
+
+
 def test_hessian_matches_e3nn():
     senders, receivers, graph, x, y, s = tiny_problem(False)
     conv = get_conv("l1")

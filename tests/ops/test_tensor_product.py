@@ -250,6 +250,23 @@ def test_hessian_matches_e3nn():
     )
 
 
+def test_third_derivatives_match_e3nn():
+    """Forward over forward over reverse in one operand: the JVP of the linear rule ``L`` with a
+    symbolic zero tangent (it crashed on JAX 0.11.2 before), and the mixed x, y case."""
+    tp = get_tp("l1")
+    x, y = make_inputs("l1", False, seed=12, batch=1, channels=1)
+
+    def third(f, x, y):
+        def energy(x, y):
+            return jnp.sum(f(x, y) ** 4)
+
+        return jax.jacfwd(jax.jacfwd(jax.grad(energy)))(x, y), jax.jacfwd(jax.jacfwd(jax.grad(energy), 1))(x, y)
+
+    got, want = third(tp, x, y), jax.jit(partial(third, get_ref("l1")))(x, y)
+    for g, r in zip(got, want):
+        assert np.max(np.abs(np.asarray(r))) > 1e-3 and rel_err(g, r) <= 1e-12
+
+
 # -- transformations -----------------------------------------------------------------------------
 
 

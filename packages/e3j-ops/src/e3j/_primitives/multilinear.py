@@ -176,7 +176,7 @@ class Primitives:
         Qdot = {k: v for k, v in dQ.items() if type(v) is not ad.Zero}
         lin = self.bind_L(spec, Q, Qdot, aux, outs, backend)
         primal_out = [out[j] for j in outs]
-        tangent_out = [lin[j] if j in lin else ad.Zero.from_primal_value(out[j]) for j in outs]
+        tangent_out = [lin[j] if j in lin else _zero_tangent(out[j]) for j in outs]
         return primal_out, tangent_out
 
     def _jvp_L(self, primals, tangents, *, spec, q_slots, t_slots, outs, n_aux, backend):
@@ -192,7 +192,7 @@ class Primitives:
         tangent_out = []
         for j in outs:
             parts = [t[j] for t in terms if j in t]
-            tangent_out.append(_sum(parts) if parts else ad.Zero.from_primal_value(out[j]))
+            tangent_out.append(_sum(parts) if parts else _zero_tangent(out[j]))
         return [out[j] for j in outs], tangent_out
 
     # -- transpose ----------------------------------------------------------------------------
@@ -340,6 +340,11 @@ def slot_of(key: str) -> str:
     """The slot name of an operand key (batching rules key tangent slots as ``"~" + slot``)."""
     return key.lstrip("~")
 
+
+
+def _zero_tangent(primal) -> ad.Zero:
+    """A symbolic zero tangent for ``primal`` (``ad.Zero.from_primal_value`` is gone in JAX 0.11.2)."""
+    return ad.Zero(jax.typeof(primal).to_tangent_aval())
 
 def _sum(parts):
     out = parts[0]
