@@ -70,6 +70,25 @@ def test_factored_runs_without_a_per_edge_copy_of_the_weights():
     assert len(dots) == len(conv.groups) == 3
 
 
+def test_padding_edges_hidden_rows_never_reach_the_gradients():
+    """A padding edge's row of ``hidden`` may hold NaN (as padding weights may): value and gradients
+    with respect to ``x``, ``hidden`` and ``kernel`` equal those with the row zeroed, and are finite."""
+    conv = e3j.MulIrConvolution("4x0e + 2x1o", "0e + 1o", "0e + 1o")
+    graph = e3j.Graph.from_edges(np.array([0, 1, 9]), np.array([1, 0, 9]), 2, np.array([True, True, False]))
+    rng = np.random.default_rng(5)
+    x, y = jnp.asarray(rng.normal(size=(2, conv.irreps_x.dim))), jnp.asarray(rng.normal(size=(3, 4)))
+    hidden, kernel = jnp.asarray(rng.normal(size=(3, 3))), jnp.asarray(rng.normal(size=(3, conv.num_weights)))
+
+    def loss(x, h, k):
+        return jnp.sum(conv(x, y, FactoredWeights(h, k), graph) ** 2)
+
+    clean = jax.value_and_grad(loss, (0, 1, 2))(x, hidden.at[2].set(0.0), kernel)
+    dirty = jax.value_and_grad(loss, (0, 1, 2))(x, hidden.at[2].set(jnp.nan), kernel)
+    for a, b in zip(jax.tree.leaves(dirty), jax.tree.leaves(clean)):
+        assert np.isfinite(a).all()
+        np.testing.assert_array_equal(a, b)
+
+
 def test_zero_rows():
     w = FactoredWeights(jnp.ones((4, 2)), jnp.ones((2, 3)))
     got = w.zero_rows(jnp.array([False, True, False, True])).materialize()

@@ -152,6 +152,10 @@ class MulIrConvolution:
             raise ValueError(
                 f"y must be [E={e}, {self.irreps_y.dim}] for {self.irreps_y} and this graph, got {y.shape}"
             )
+        if isinstance(w, FactoredWeights):
+            # padding edges' rows of hidden may hold anything (NaN): zeroed, so that the kernel's
+            # cotangent hidden^T @ dw never reads them, as no route reads padding edges' weights
+            w = FactoredWeights(jnp.where(graph.edge_mask[:, None], w.hidden, 0), w.kernel, w.bias)
         if isinstance(w, FactoredWeights) or not p.in_place:
             return self.join_out(self.grouped(self.split_x(x), y, self.split_weights(w), graph, backend=backend))
         # an array of weights: one primitive for all groups, reading them where e3nn puts them

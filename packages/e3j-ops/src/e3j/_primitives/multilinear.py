@@ -341,10 +341,10 @@ def slot_of(key: str) -> str:
     return key.lstrip("~")
 
 
-
 def _zero_tangent(primal) -> ad.Zero:
     """A symbolic zero tangent for ``primal`` (``ad.Zero.from_primal_value`` is gone in JAX 0.11.2)."""
     return ad.Zero(jax.typeof(primal).to_tangent_aval())
+
 
 def _sum(parts):
     out = parts[0]
