@@ -77,6 +77,30 @@ def test_dense_formulation_for_broadcast_operands(operands, monkeypatch):
         )
 
 
+def test_gathered_formulation_with_a_broadcast_operand(operands, monkeypatch):
+    """Large tables whose dense per-row matrix is too big (a full lmax-6 product with spherical
+    harmonics) take the gathered formulation with one operand broadcast, not thousands of unrolled
+    records; here forced on a small table, every mix of channels against core's numpy evaluation."""
+    monkeypatch.setattr(ref_tp, "_UNROLL_LIMIT", 0)
+    monkeypatch.setattr(ref_tp, "_DENSE_LIMIT", 0)
+    coo, x, y, dz = operands
+    yb, rep = y[..., 0], lambda v: np.repeat(v[..., None], 5, -1)
+    cases = [  # (table, a, b, a_channels, b_channels, out_channels, numpy result)
+        (coo.table, x, yb, True, False, True, numpy_apply(coo.table, x, rep(yb))),
+        (coo.vjp_x, yb, dz, False, True, True, numpy_apply(coo.vjp_x, rep(yb), dz)),
+        (coo.vjp_y, x, dz, True, True, False, numpy_apply(coo.vjp_y, x, dz, out_channels=False)),
+        (coo.table, x[..., 0], yb, False, False, False, coo.table(x[..., 0], yb)),
+    ]
+    for table, a, b, ac, bc, oc, want in cases:
+
+        def apply(a, b, t=table, ac=ac, bc=bc, oc=oc):
+            return ref_tp.apply_table(t, a, b, a_channels=ac, b_channels=bc, out_channels=oc)
+
+        np.testing.assert_allclose(jax.jit(apply)(a, b), want, atol=1e-11)
+        # one gather-multiply-sum per row, not one equation per record
+        assert len(jax.make_jaxpr(apply)(a, b).jaxpr.eqns) < 20 < table.num_records
+
+
 def test_large_table_compiles_fast_and_matches_e3nn():
     import time
 
