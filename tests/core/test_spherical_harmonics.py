@@ -149,5 +149,10 @@ def test_bad_input(call, match):
         call()
 
 
+def test_normalize_must_be_a_bool():
+    with pytest.raises(TypeError, match="normalize must be a bool, got 'no'"):
+        spherical_harmonics(1, np.ones(3), "no")
+
+
 def test_irreps_type_accepted():
     assert spherical_harmonic_polynomials(Irreps("2x1o")).ls == (1, 1)

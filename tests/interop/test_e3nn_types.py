@@ -138,6 +138,10 @@ def test_spherical_harmonics_bad_irreps_named():
         e3j.spherical_harmonics(e3nn.Irreps("1o + 1e"), jnp.ones(3), True)
     with pytest.raises(ValueError, match="expected an int, a list of ints or Irreps"):
         e3j.spherical_harmonics(["0e", "bad"], jnp.ones(3), True)
+    from e3j import interop
+
+    with pytest.raises(TypeError, match="normalize must be a bool, got 'no'"):
+        interop.spherical_harmonics("1o", jnp.ones(3), "no")
 
 
 @pytest.mark.parametrize(

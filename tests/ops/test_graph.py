@@ -177,31 +177,35 @@ def test_check_indices_under_jit_reports_through_checkify():
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "match"),
+    ("kwargs", "error", "match"),
     [
-        ({"senders": np.zeros((2, 2), int)}, r"senders must be 1-D \[E\], got shape \(2, 2\)"),
-        ({"receivers": np.array(1)}, r"receivers must be 1-D \[E\], got shape \(\)"),
-        ({"senders": np.array([0.0, 1.0, 0.0])}, "senders must have an integer dtype, got float64"),
-        ({"receivers": np.array([True, False, True])}, "receivers must have an integer dtype, got bool"),
-        ({"senders": np.array([0, 1])}, r"senders \(2,\) and receivers \(3,\) must have one shape"),
-        ({"edge_mask": np.array([1, 0, 1])}, r"edge_mask must be bool \[3\], got int64 \(3,\)"),
-        ({"edge_mask": np.array([True, False])}, r"edge_mask must be bool \[3\], got bool \(2,\)"),
-        ({"num_nodes": -1}, "num_nodes must be a static int >= 0, got -1"),
-        ({"num_nodes": 3.0}, "num_nodes must be a static int >= 0, got 3.0"),
-        ({"num_nodes": True}, "num_nodes must be a static int >= 0, got True"),
+        ({"senders": np.zeros((2, 2), int)}, ValueError, r"senders must be 1-D \[E\], got shape \(2, 2\)"),
+        ({"receivers": np.array(1)}, ValueError, r"receivers must be 1-D \[E\], got shape \(\)"),
+        ({"senders": np.array([0.0, 1.0, 0.0])}, TypeError, "senders must have an integer dtype, got float64"),
+        ({"receivers": np.array([True, False, True])}, TypeError, "receivers must have an integer dtype, got bool"),
+        ({"senders": np.array([0, 1])}, ValueError, r"senders \(2,\) and receivers \(3,\) must have one shape"),
+        ({"edge_mask": np.array([1, 0, 1])}, TypeError, r"edge_mask must be bool \[3\], got dtype int64"),
+        ({"edge_mask": np.array([True, False])}, ValueError, r"edge_mask must be bool \[3\], got shape \(2,\)"),
+        ({"num_nodes": -1}, ValueError, "num_nodes must be a static int >= 0, got -1"),
+        ({"num_nodes": 3.0}, ValueError, "num_nodes must be a static int >= 0, got 3.0"),
+        ({"num_nodes": True}, ValueError, "num_nodes must be a static int >= 0, got True"),
     ],
 )
-def test_bad_arguments_raise_value_error(kwargs, match):
+def test_bad_arguments_raise(kwargs, error, match):
+    # inputs.md's rule: the wrong kind of array (dtype) is a TypeError, a wrong shape or count a ValueError
     args = {"senders": np.array([0, 1, 2]), "receivers": np.array([1, 2, 0]), "num_nodes": 3, "edge_mask": None}
     args.update(kwargs)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match):
         Graph.from_edges(args["senders"], args["receivers"], args["num_nodes"], args["edge_mask"])
+    if "num_nodes" not in kwargs:  # partition_graph checks its edge arrays by the same rule
+        with pytest.raises(error, match=match):
+            e3j.partition_graph(args["senders"], args["receivers"], 3, 1, edge_mask=args["edge_mask"])
 
 
 def test_bad_arguments_raise_under_jit_too():
-    with pytest.raises(ValueError, match="senders must have an integer dtype"):
+    with pytest.raises(TypeError, match="senders must have an integer dtype"):
         jax.jit(lambda s, r: Graph.from_edges(s, r, 3))(jnp.zeros(3), jnp.zeros(3, jnp.int32))
-    with pytest.raises(ValueError, match=r"edge_mask must be bool \[3\]"):
+    with pytest.raises(TypeError, match=r"edge_mask must be bool \[3\]"):
         jax.jit(lambda s, r, m: Graph.from_edges(s, r, 3, m))(
             jnp.zeros(3, jnp.int32), jnp.zeros(3, jnp.int32), jnp.ones(3)
         )

@@ -151,11 +151,20 @@ def test_validation_errors(lin, params, x):
         lin(params, x[..., :2])
     with pytest.raises(TypeError, match="x must be a floating-point array"):
         lin(params, x.astype(jnp.int32))
-    for bad in (0, -1, True, 2.0):
+    for bad in (0, -1, True, np.bool_(True), 2.0, np.int64(0), np.ones(2, int)):
         with pytest.raises(ValueError, match="channels_in must be an int > 0"):
             e3j.Linear("0e", "0e", channels_in=bad, channels_out=1)
         with pytest.raises(ValueError, match="channels_out must be an int > 0"):
             e3j.Linear("0e", "0e", channels_in=1, channels_out=bad)
+
+
+def test_numpy_integer_counts_are_taken(lin, params, x):
+    # counts often come from numpy arithmetic (np.prod, an array's size): same layer as Python ints
+    lin_np = e3j.Linear(IRREPS_IN, IRREPS_OUT, channels_in=np.int64(C_IN), channels_out=np.int32(C_OUT))
+    assert type(lin_np.channels_in) is int and type(lin_np.channels_out) is int
+    assert lin_np.weight_shapes() == lin.weight_shapes()
+    np.testing.assert_array_equal(lin_np(params, x), lin(params, x))
+    assert e3j.layout.mul_ir_irreps("0e + 1o", np.int64(3)) == e3j.layout.mul_ir_irreps("0e + 1o", 3)
 
 
 # -- layout ----------------------------------------------------------------------------------------

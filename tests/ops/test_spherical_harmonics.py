@@ -224,3 +224,8 @@ def test_bad_inputs_raise():
     for irreps in ("1o + 1e", "0o", "2o", "0e + 1o + 3e"):
         with pytest.raises(ValueError, match="mix parities"):
             e3j.spherical_harmonics(irreps, v, True)
+    # a truthy non-bool (a string, an array) would silently pick one branch
+    for normalize in ("no", None, jnp.array(True), 0):
+        with pytest.raises(TypeError, match="normalize must be a bool"):
+            e3j.spherical_harmonics(1, v, normalize)
+    np.testing.assert_array_equal(e3j.spherical_harmonics(1, v, np.bool_(False)), e3j.spherical_harmonics(1, v, False))

@@ -63,6 +63,13 @@ def _check_normalization(normalization: str) -> str:
     return normalization
 
 
+def check_normalize(normalize: object) -> bool:
+    """``normalize`` is a static bool (a string like ``"no"`` would otherwise read as True)."""
+    if not isinstance(normalize, (bool, np.bool_)):
+        raise TypeError(f"normalize must be a bool, got {normalize!r}")
+    return bool(normalize)
+
+
 def _lower(p: poly.Poly) -> poly.Poly:
     """``L₋ p`` with ``L₋ = −i(Y∂_Z − Z∂_Y) − (Z∂_X − X∂_Z)`` in standard axes (Z polar)."""
     return poly.add(
@@ -236,6 +243,7 @@ def spherical_harmonics(
     With ``normalize=True`` the vectors are first divided by their norm; a zero vector then gives
     ``Y_0 = const`` and zeros for ``l > 0``, as in e3nn-jax.
     """
+    normalize = check_normalize(normalize)
     sh = spherical_harmonic_polynomials(ls, normalization)
     v = np.asarray(vectors)
     if v.ndim == 0 or v.shape[-1] != 3:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 
 def check_array(name: str, a) -> None:
@@ -26,10 +27,15 @@ def float_dtype(name: str, a) -> jnp.dtype:
     return dtype
 
 
-def check_positive_int(name: str, value: object, what: str = "") -> None:
-    """A static count (channels, layers, species): a Python int > 0, never a bool or a float."""
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+def check_positive_int(name: str, value: object, what: str = "") -> int:
+    """A static count (channels, layers, species) > 0 as a Python int.
+
+    Python and numpy integers are taken (``x.shape[-1]``, ``np.prod(...)``); bools, floats and
+    arrays are not.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value <= 0:
         raise ValueError(f"{name} must be an int > 0{what}, got {value!r}")
+    return int(value)
 
 
 def check_rank(name: str, a, ranks: tuple[int, ...], layout: str) -> None:
@@ -44,3 +50,27 @@ def check_same_dtype(**arrays) -> jnp.dtype:
         listed = ", ".join(f"{n}: {d}" for n, d in dtypes.items())
         raise TypeError(f"operands must share one floating dtype, got {listed}")
     return next(iter(dtypes.values()))
+
+
+def edge_arrays(xp, senders, receivers, edge_mask):
+    """``senders``, ``receivers`` (integer ``[E]``) and ``edge_mask`` (bool ``[E]``, all True for
+    ``None``) as ``xp`` arrays, checked: a wrong dtype is a ``TypeError``, a wrong shape a
+    ``ValueError``, each naming its argument."""
+    senders = xp.asarray(senders)
+    receivers = xp.asarray(receivers)
+    for name, a in (("senders", senders), ("receivers", receivers)):
+        if a.ndim != 1:
+            raise ValueError(f"{name} must be 1-D [E], got shape {a.shape}")
+        if not jnp.issubdtype(a.dtype, jnp.integer):
+            raise TypeError(f"{name} must have an integer dtype, got {a.dtype}")
+    if senders.shape != receivers.shape:
+        raise ValueError(f"senders {senders.shape} and receivers {receivers.shape} must have one shape")
+    num_edges = senders.shape[0]
+    if edge_mask is None:
+        return senders, receivers, xp.ones((num_edges,), bool)
+    mask = xp.asarray(edge_mask)
+    if mask.dtype != bool:
+        raise TypeError(f"edge_mask must be bool [{num_edges}], got dtype {mask.dtype}")
+    if mask.shape != (num_edges,):
+        raise ValueError(f"edge_mask must be bool [{num_edges}], got shape {mask.shape}")
+    return senders, receivers, mask

@@ -42,7 +42,7 @@ import numpy as np
 from jax import shard_map
 from jax.sharding import Mesh, PartitionSpec
 
-from ._checks import check_rank
+from ._checks import check_rank, edge_arrays
 from .convolution import Convolution
 from .graph import Graph
 
@@ -125,19 +125,8 @@ def partition_graph(
     num_devices = _static_int("num_devices", num_devices, 1)
     if any(isinstance(a, jax.core.Tracer) for a in (senders, receivers, edge_mask)):
         raise TypeError("partition_graph runs on the host: pass concrete (numpy) arrays, not traced values")
-    senders, receivers = np.asarray(senders), np.asarray(receivers)
-    for name, a in (("senders", senders), ("receivers", receivers)):
-        if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
-            raise ValueError(f"{name} must be a 1-D integer array [E], got {a.dtype} {a.shape}")
-    if senders.shape != receivers.shape:
-        raise ValueError(f"senders {senders.shape} and receivers {receivers.shape} must have one shape")
+    senders, receivers, mask = edge_arrays(np, senders, receivers, edge_mask)
     num_edges = senders.shape[0]
-    if edge_mask is None:
-        mask = np.ones(num_edges, bool)
-    else:
-        mask = np.asarray(edge_mask)
-        if mask.shape != (num_edges,) or mask.dtype != bool:
-            raise ValueError(f"edge_mask must be bool [{num_edges}], got {mask.dtype} {mask.shape}")
     for name, a in (("senders", senders), ("receivers", receivers)):
         bad = np.flatnonzero(mask & ((a < 0) | (a >= num_nodes)))
         if bad.size:

@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
+from ._checks import edge_arrays
+
 __all__ = ["Graph"]
 
 
@@ -81,22 +83,7 @@ class Graph(NamedTuple):
         num_nodes = int(num_nodes)
         traced = any(isinstance(a, jax.core.Tracer) for a in (senders, receivers, edge_mask))
         xp = jnp if traced else np
-        senders = xp.asarray(senders)
-        receivers = xp.asarray(receivers)
-        for name, a in (("senders", senders), ("receivers", receivers)):
-            if a.ndim != 1:
-                raise ValueError(f"{name} must be 1-D [E], got shape {a.shape}")
-            if not jnp.issubdtype(a.dtype, jnp.integer):
-                raise ValueError(f"{name} must have an integer dtype, got {a.dtype}")
-        if senders.shape != receivers.shape:
-            raise ValueError(f"senders {senders.shape} and receivers {receivers.shape} must have one shape")
-        num_edges = senders.shape[0]
-        if edge_mask is None:
-            mask = xp.ones((num_edges,), bool)
-        else:
-            mask = xp.asarray(edge_mask)
-            if mask.shape != (num_edges,) or mask.dtype != bool:
-                raise ValueError(f"edge_mask must be bool [{num_edges}], got {mask.dtype} {mask.shape}")
+        senders, receivers, mask = edge_arrays(xp, senders, receivers, edge_mask)
         in_range = (senders >= 0) & (senders < num_nodes) & (receivers >= 0) & (receivers < num_nodes)
         if not traced:
             bad = np.flatnonzero(mask & ~in_range)

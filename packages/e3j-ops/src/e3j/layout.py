@@ -29,7 +29,7 @@ __all__ = ["from_mul_ir", "irrep_blocks", "mul_ir_irreps", "to_mul_ir"]
 
 def mul_ir_irreps(irreps, channels: int) -> Irreps:
     """The e3nn irreps of the flat layout of ``irreps`` with ``channels`` channels."""
-    check_positive_int("channels", channels)
+    channels = check_positive_int("channels", channels)
     return Irreps([(mul * channels, ir) for mul, ir in as_irreps(irreps, "irreps")])
 
 
@@ -54,7 +54,7 @@ def to_mul_ir(x: jax.Array, irreps) -> jax.Array:
 def from_mul_ir(x: jax.Array, irreps, channels: int) -> jax.Array:
     """``[..., C·D] -> [..., D, C]``, the inverse of :func:`to_mul_ir`."""
     irreps = as_irreps(irreps, "irreps")
-    check_positive_int("channels", channels)
+    channels = check_positive_int("channels", channels)
     check_array("x", x)
     x = jnp.asarray(x)
     if x.ndim < 1 or x.shape[-1] != irreps.dim * channels:

@@ -23,7 +23,10 @@ class Linear:
     Weights are plain arrays: ``params = lin.init(key)`` gives one
     ``[mul_in(ir), mul_out(ir), C_in, C_out]`` array per output irrep (keyed by its string);
     ``lin(params, x)`` applies them with e3nn's fan-in normalization ``1/sqrt(mul_in · C_in)``.
-    Output irreps absent from the input get zeros.
+    Output irreps absent from the input get zeros. The computation runs in ``x``'s dtype: weights
+    of another floating dtype are cast to it (float32 weights with float64 features compute in
+    float64, float32 master weights with bfloat16 activations in bfloat16), as Flax's ``dtype=``
+    does; this is the one op whose operands may differ in dtype (docs/inputs.md).
 
     >>> import jax, jax.numpy as jnp
     >>> lin = Linear("2x0e + 1o", "0e + 2x1o", channels_in=4, channels_out=3)
@@ -37,9 +40,8 @@ class Linear:
     def __init__(self, irreps_in, irreps_out, *, channels_in: int, channels_out: int) -> None:
         self.irreps_in = as_irreps(irreps_in, "irreps_in")
         self.irreps_out = as_irreps(irreps_out, "irreps_out")
-        check_positive_int("channels_in", channels_in)
-        check_positive_int("channels_out", channels_out)
-        self.channels_in, self.channels_out = channels_in, channels_out
+        self.channels_in = check_positive_int("channels_in", channels_in)
+        self.channels_out = check_positive_int("channels_out", channels_out)
         self._rows_in = _rows_by_irrep(self.irreps_in)
         self._rows_out = _rows_by_irrep(self.irreps_out)
 

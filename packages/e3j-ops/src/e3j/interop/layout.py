@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from e3j_core import Irreps, as_irreps
 
+from .._checks import check_positive_int
 from .._mul_ir_plan import channels_of, split_channels
 from ..layout import from_mul_ir, mul_ir_irreps, to_mul_ir
 
@@ -35,8 +36,7 @@ def from_irreps_array(x: e3nn.IrrepsArray, channels: int | None = None) -> tuple
     irreps = Irreps(x.irreps)
     if channels is None:
         channels = channels_of(irreps)
-    if isinstance(channels, bool) or not isinstance(channels, int) or channels <= 0:
-        raise ValueError(f"channels must be an int > 0, got {channels!r}")
+    channels = check_positive_int("channels", channels)
     if any(mul % channels for mul, _ in irreps):
         raise ValueError(f"channels={channels} must divide every multiplicity of {irreps}")
     ours = split_channels(irreps, channels)
