@@ -32,17 +32,19 @@ class MessagePassing(nn.Module):
     irrep_normalization: str | None = None
     grouping: str = "multiplicity"
 
+    def _options(self) -> dict:
+        """The keyword options of :func:`e3j.interop.message_passing` that are the module's attributes."""
+        return {
+            "filter_ir_out": self.filter_ir_out,
+            "self_connection": self.self_connection,
+            "irrep_normalization": self.irrep_normalization,
+            "grouping": self.grouping,
+        }
+
     def _pattern(self, irreps_node, irreps_edge):
         from ..interop import MessagePassing as Pattern
 
-        return Pattern(
-            irreps_node,
-            irreps_edge,
-            self.filter_ir_out,
-            self_connection=self.self_connection,
-            irrep_normalization=self.irrep_normalization,
-            grouping=self.grouping,
-        )
+        return Pattern(irreps_node, irreps_edge, **self._options())
 
     def num_weights(self, irreps_node, irreps_edge) -> int:
         """The per-edge weights' count (one per irrep copy of the messages) for node features of
@@ -63,10 +65,7 @@ class MessagePassing(nn.Module):
             weights,
             senders,
             receivers,
-            filter_ir_out=self.filter_ir_out,
-            self_connection=self.self_connection,
-            irrep_normalization=self.irrep_normalization,
-            grouping=self.grouping,
             graph=graph,
             backend=backend,
+            **self._options(),
         )
