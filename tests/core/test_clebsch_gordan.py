@@ -2,7 +2,7 @@ import e3nn_jax as e3nn
 import numpy as np
 import pytest
 
-from e3j_core import clebsch_gordan, su2_clebsch_gordan, wigner_D
+from e3j_core import change_basis_real_to_complex, clebsch_gordan, su2_clebsch_gordan, wigner_D
 from e3j_core.wigner import angles_to_matrix
 
 LMAX = 8
@@ -82,3 +82,10 @@ def test_cached_result_is_protected():
 def test_bad_input(args, match):
     with pytest.raises(ValueError, match=match):
         clebsch_gordan(*args)
+
+
+def test_bad_degree_names_the_function_called():
+    with pytest.raises(ValueError, match=r"^su2_clebsch_gordan: l1 must be an int >= 0, got 0.5$"):
+        su2_clebsch_gordan(0.5, 1, 1)
+    with pytest.raises(ValueError, match=r"^l must be >= 0, got -1$"):
+        change_basis_real_to_complex(-1)

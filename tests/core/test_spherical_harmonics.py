@@ -149,6 +149,12 @@ def test_bad_input(call, match):
         call()
 
 
+def test_complex_vectors_are_refused():
+    # casting to float64 would drop the imaginary part (numpy only warns)
+    with pytest.raises(TypeError, match="vectors must be a real"):
+        spherical_harmonics(1, np.array([1j, 1.0, 0.0]), False)
+
+
 def test_normalize_must_be_a_bool():
     with pytest.raises(TypeError, match="normalize must be a bool, got 'no'"):
         spherical_harmonics(1, np.ones(3), "no")

@@ -87,6 +87,14 @@ MP = interop.MessagePassing("2x0e + 1o", "0e + 1o", "0e + 1o")
 SENDERS, RECEIVERS = jnp.array([0, 1, 2]), jnp.array([1, 2, 0])
 
 
+_MUL_CONV = e3j.MulIrConvolution("2x0e + 1o", "0e + 1o", filter="0e + 1o")
+
+
+def _mul_ir_factored(bias):
+    w = e3j.FactoredWeights(ones(3, 4), ones(4, _MUL_CONV.num_weights), bias)
+    return _MUL_CONV(ones(3, 5), ones(3, 4), w, e3j.Graph.from_edges(SENDERS, RECEIVERS, 3))
+
+
 def _mlp(x, **kw):
     return e3j_flax.MultiLayerPerceptron(**kw).init_with_output(KEY, x)[0]
 
@@ -341,6 +349,59 @@ BAD = {
     ),
     "flax MLP x list": (lambda: _mlp([[1.0, 2.0]], list_neurons=[4]), TypeError, r"x must be an array, got list"),
     "flax MLP x None": (lambda: _mlp(None, list_neurons=[4]), TypeError, r"x must be an array, got NoneType"),
+    "flax MLP list_neurons int": (
+        lambda: _mlp(ones(5, 3), list_neurons=4),
+        TypeError,
+        r"list_neurons must be a tuple of layer widths, got 4",
+    ),
+    "flax MLP act str": (lambda: _mlp(ones(5, 3), list_neurons=[4], act="silu"), TypeError, r"act must be a callable"),
+    # a string flag would read as True
+    "flax MLP with_bias str": (
+        lambda: _mlp(ones(5, 3), list_neurons=[4], with_bias="no"),
+        TypeError,
+        r"with_bias must be a bool, got 'no'",
+    ),
+    "flax MLP factored str": (
+        lambda: _mlp(ones(5, 3), list_neurons=[4], output_activation=False, factored="no"),
+        TypeError,
+        r"factored must be a bool, got 'no'",
+    ),
+    "flax MLP gradient_normalization bool": (
+        lambda: _mlp(ones(5, 3), list_neurons=[4], gradient_normalization=True),
+        ValueError,
+        r"gradient_normalization must be 'element', 'path' or a float, got True",
+    ),
+    "flax Linear force_irreps_out str": (
+        lambda: _flax_lin(force_irreps_out="no"),
+        TypeError,
+        r"force_irreps_out must be a bool, got 'no'",
+    ),
+    # complex input would lose its imaginary part (e3nn-jax keeps it; e3j's products are real)
+    "interop tensor_product complex": (
+        lambda: interop.tensor_product(X3, e3nn.IrrepsArray("0e + 1o", ones(3, 4) * 1j)),
+        TypeError,
+        r"input2 must be real .*got dtype complex128",
+    ),
+    "MulIrConvolution FactoredWeights bias dtype": (
+        lambda: _mul_ir_factored(bias=jnp.ones(_MUL_CONV.num_weights, jnp.float32)),
+        TypeError,
+        r"w.bias: float32",
+    ),
+    "MulIrConvolution FactoredWeights bias list": (
+        lambda: _mul_ir_factored(bias=[1.0] * _MUL_CONV.num_weights),
+        TypeError,
+        r"w: FactoredWeights.bias must be an array, got list",
+    ),
+    "Graph.from_edges None": (
+        lambda: e3j.Graph.from_edges(None, [0], 3),
+        TypeError,
+        r"senders must be an integer array \[E\], got None",
+    ),
+    "TensorProduct x str": (
+        lambda: e3j.TensorProduct("0e", "0e")("abc", ones(3, 1)),
+        TypeError,
+        r"x must be an array, got str",
+    ),
     "flax MLP x int": (
         lambda: _mlp(jnp.ones((5, 3), jnp.int32), list_neurons=[4]),
         TypeError,

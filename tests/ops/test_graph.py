@@ -202,6 +202,14 @@ def test_bad_arguments_raise(kwargs, error, match):
             e3j.partition_graph(args["senders"], args["receivers"], 3, 1, edge_mask=args["edge_mask"])
 
 
+def test_empty_lists_are_a_graph_without_edges():
+    # np.asarray([]) is float64; no edges is valid (inputs.md), as for an empty integer array
+    g = Graph.from_edges([], [], 3)
+    want = Graph.from_edges(np.zeros(0, int), np.zeros(0, int), 3)
+    assert g.num_edges == 0
+    assert jax.tree.map(lambda a: (a.shape, a.dtype), g) == jax.tree.map(lambda a: (a.shape, a.dtype), want)
+
+
 def test_bad_arguments_raise_under_jit_too():
     with pytest.raises(TypeError, match="senders must have an integer dtype"):
         jax.jit(lambda s, r: Graph.from_edges(s, r, 3))(jnp.zeros(3), jnp.zeros(3, jnp.int32))

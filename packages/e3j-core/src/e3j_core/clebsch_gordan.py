@@ -28,18 +28,16 @@ from functools import cache
 
 import numpy as np
 
+from ._checks import check_degree
+
 __all__ = ["change_basis_real_to_complex", "clebsch_gordan", "su2_clebsch_gordan"]
 
 
-def _check(l1: object, l2: object, l3: object) -> tuple[int, int, int]:
-    ls = []
-    for name, l in (("l1", l1), ("l2", l2), ("l3", l3)):
-        if isinstance(l, bool) or not isinstance(l, (int, np.integer)):
-            raise ValueError(f"clebsch_gordan: {name} must be an int >= 0, got {l!r}")
-        if l < 0:
-            raise ValueError(f"clebsch_gordan: {name} must be >= 0, got {l}")
-        ls.append(int(l))
-    return ls[0], ls[1], ls[2]
+def _check(where: str, l1: object, l2: object, l3: object) -> tuple[int, int, int]:
+    try:
+        return check_degree(l1, "l1"), check_degree(l2, "l2"), check_degree(l3, "l3")
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
 
 
 _PRECISION = 60  # decimal digits for the su(2) solve; the result is then rounded to float64
@@ -101,7 +99,7 @@ def _su2(l1: int, l2: int, L: int) -> np.ndarray:
 def su2_clebsch_gordan(l1: int, l2: int, l3: int) -> np.ndarray:
     """Complex-basis coefficients ``⟨l1 m1, l2 m2 | l3 m3⟩`` as ``[2l1+1, 2l2+1, 2l3+1]``
     (index ``l + m``; Condon–Shortley phase; each ``|l3 m3⟩`` column has unit norm)."""
-    l1, l2, l3 = _check(l1, l2, l3)
+    l1, l2, l3 = _check("su2_clebsch_gordan", l1, l2, l3)
     if not abs(l1 - l2) <= l3 <= l1 + l2:
         return np.zeros((2 * l1 + 1, 2 * l2 + 1, 2 * l3 + 1))
     return _su2(l1, l2, l3).copy()
@@ -126,7 +124,7 @@ def _change_basis(l: int) -> np.ndarray:
 
 def change_basis_real_to_complex(l: int) -> np.ndarray:
     """e3nn's unitary change of basis ``Q`` for degree ``l`` (real components from ``|l m⟩``)."""
-    (l,) = _check(l, 0, l)[:1]
+    l = check_degree(l)
     return _change_basis(l).copy()
 
 
@@ -149,7 +147,7 @@ def clebsch_gordan(l1: int, l2: int, l3: int) -> np.ndarray:
     Raises ``ValueError`` unless ``|l1 - l2| <= l3 <= l1 + l2`` (e3nn-jax returns zeros there; a
     path that does not exist is a caller's mistake here).
     """
-    l1, l2, l3 = _check(l1, l2, l3)
+    l1, l2, l3 = _check("clebsch_gordan", l1, l2, l3)
     if not abs(l1 - l2) <= l3 <= l1 + l2:
         raise ValueError(f"clebsch_gordan({l1}, {l2}, {l3}): the triangle condition |l1 - l2| <= l3 <= l1 + l2 fails")
     return _real(l1, l2, l3).copy()

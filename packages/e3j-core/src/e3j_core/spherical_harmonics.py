@@ -34,6 +34,7 @@ from math import comb
 import numpy as np
 
 from . import _polynomials as poly
+from ._checks import check_degree
 from .irreps import Irrep, Irreps, _is_irrep_like, _is_mul_irrep_like
 
 __all__ = [
@@ -47,14 +48,6 @@ __all__ = [
 NORMALIZATIONS = ("component", "norm", "integral")
 
 _GAUSSIAN_POWERS_OF_I = ((1, 0), (0, 1), (-1, 0), (0, -1))
-
-
-def _check_l(l: object, name: str = "l") -> int:
-    if isinstance(l, bool) or not isinstance(l, (int, np.integer)):
-        raise ValueError(f"{name} must be an int >= 0, got {l!r}")
-    if l < 0:
-        raise ValueError(f"{name} must be >= 0, got {l}")
-    return int(l)
 
 
 def _check_normalization(normalization: str) -> str:
@@ -89,7 +82,7 @@ def integer_harmonics(l: int) -> tuple[tuple[dict[tuple[int, int, int], int], Fr
     ``"component"`` normalization. Signs follow the standard real table: the coefficient of
     ``X^m Z^(l-m)`` (m > 0), ``X^(|m|-1) Y Z^(l-|m|)`` (m < 0) or ``Z^l`` (m = 0) is positive.
     """
-    l = _check_l(l)
+    l = check_degree(l)
     top: poly.Poly = {}
     for b in range(l + 1):
         re, im = _GAUSSIAN_POWERS_OF_I[b % 4]
@@ -202,9 +195,9 @@ def is_degrees(ls: object) -> bool:
 
 def _as_ls(ls: int | Sequence[int] | Irreps | str) -> tuple[int, ...]:
     if isinstance(ls, (int, np.integer)) and not isinstance(ls, bool):
-        return (_check_l(ls),)
+        return (check_degree(ls),)
     if is_degrees(ls):
-        return tuple(_check_l(l, "each l") for l in ls)
+        return tuple(check_degree(l, "each l") for l in ls)
     if not (_names_irreps(ls) or isinstance(ls, Sequence)):
         raise ValueError(f"expected an int, a list of ints or Irreps, got {ls!r}")  # None, a set, ...
     try:
@@ -248,6 +241,8 @@ def spherical_harmonics(
     v = np.asarray(vectors)
     if v.ndim == 0 or v.shape[-1] != 3:
         raise ValueError(f"vectors must have shape [..., 3], got {v.shape}")
+    if not (np.issubdtype(v.dtype, np.floating) or np.issubdtype(v.dtype, np.integer)):
+        raise TypeError(f"vectors must be a real (float or integer) array, got dtype {v.dtype}")
     dtype = v.dtype if np.issubdtype(v.dtype, np.floating) else np.dtype(np.float64)
     v = v.astype(np.float64)
     if normalize:

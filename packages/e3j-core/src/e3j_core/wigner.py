@@ -24,6 +24,7 @@ from functools import cache
 import numpy as np
 
 from . import _polynomials as poly
+from ._checks import check_degree
 from .spherical_harmonics import integer_harmonics
 
 __all__ = [
@@ -44,12 +45,6 @@ _G = (
     [[0, 0, 1], [0, 0, 0], [-1, 0, 0]],
     [[0, -1, 0], [1, 0, 0], [0, 0, 0]],
 )
-
-
-def _check_l(l: object) -> int:
-    if isinstance(l, bool) or not isinstance(l, (int, np.integer)) or l < 0:
-        raise ValueError(f"l must be an int >= 0, got {l!r}")
-    return int(l)
 
 
 @cache
@@ -73,7 +68,7 @@ def _generators(l: int) -> np.ndarray:
 
 def so3_generators(l: int) -> np.ndarray:
     """``float64 [3, 2l+1, 2l+1]``: antisymmetric ``J_x, J_y, J_z`` with ``D(exp(t G_k)) = expm(t J_k)``."""
-    return _generators(_check_l(l)).copy()
+    return _generators(check_degree(l)).copy()
 
 
 def _expm_antisymmetric(A: np.ndarray) -> np.ndarray:
@@ -84,7 +79,7 @@ def _expm_antisymmetric(A: np.ndarray) -> np.ndarray:
 
 def wigner_D_from_log_coordinates(l: int, log: np.ndarray) -> np.ndarray:
     """``D^l`` of the rotation with rotation vector ``log [..., 3]`` (axis × angle)."""
-    J = _generators(_check_l(l))
+    J = _generators(check_degree(l))
     log = np.asarray(log, dtype=np.float64)
     if log.ndim == 0 or log.shape[-1] != 3:
         raise ValueError(f"log must have shape [..., 3], got {log.shape}")
@@ -184,7 +179,7 @@ def angles_to_matrix(alpha: np.ndarray, beta: np.ndarray, gamma: np.ndarray) -> 
 
 def wigner_D_from_angles(l: int, alpha: np.ndarray, beta: np.ndarray, gamma: np.ndarray) -> np.ndarray:
     """``D^l(Y(α) X(β) Y(γ)) = expm(α J_y) expm(β J_x) expm(γ J_y)``."""
-    J = _generators(_check_l(l))
+    J = _generators(check_degree(l))
     alpha, beta, gamma = np.broadcast_arrays(_angles("alpha", alpha), _angles("beta", beta), _angles("gamma", gamma))
     return (
         _expm_antisymmetric(alpha[..., None, None] * J[1])

@@ -12,7 +12,7 @@ def check_array(name: str, a) -> None:
     jnp would read ``None`` as a float or a rank-0 array and a list as an array (deprecated), and
     its errors would not name the argument.
     """
-    if a is None or isinstance(a, (list, tuple)):
+    if a is None or isinstance(a, (list, tuple, str, bytes, dict)):
         raise TypeError(f"{name} must be an array, got {type(a).__name__}")
 
 
@@ -38,6 +38,13 @@ def check_positive_int(name: str, value: object, what: str = "") -> int:
     return int(value)
 
 
+def check_bool(name: str, value: object) -> bool:
+    """A static flag: a Python or numpy bool (a string such as ``"no"`` would read as True)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
 def check_rank(name: str, a, ranks: tuple[int, ...], layout: str) -> None:
     check_array(name, a)
     if jnp.ndim(a) not in ranks:
@@ -56,8 +63,13 @@ def edge_arrays(xp, senders, receivers, edge_mask):
     """``senders``, ``receivers`` (integer ``[E]``) and ``edge_mask`` (bool ``[E]``, all True for
     ``None``) as ``xp`` arrays, checked: a wrong dtype is a ``TypeError``, a wrong shape a
     ``ValueError``, each naming its argument."""
-    senders = xp.asarray(senders)
-    receivers = xp.asarray(receivers)
+    for name, a in (("senders", senders), ("receivers", receivers)):
+        if a is None:
+            raise TypeError(f"{name} must be an integer array [E], got None")
+    senders, receivers = xp.asarray(senders), xp.asarray(receivers)
+    if senders.size == 0 and receivers.size == 0 and senders.ndim == receivers.ndim == 1:
+        # np.asarray([]) is float64: no edges is a valid graph
+        senders, receivers = senders.astype(xp.int32), receivers.astype(xp.int32)
     for name, a in (("senders", senders), ("receivers", receivers)):
         if a.ndim != 1:
             raise ValueError(f"{name} must be 1-D [E], got shape {a.shape}")

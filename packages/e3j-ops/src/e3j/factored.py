@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
+from ._checks import check_array
+
 __all__ = ["FactoredWeights", "check_weights", "take_columns"]
 
 
@@ -135,6 +137,9 @@ def check_weights(name: str, w, num_edges: int, num_weights: int, layout: str) -
     """Raise ``ValueError`` naming ``name`` unless ``w`` is ``[num_edges, num_weights]`` weights: an array
     or :class:`FactoredWeights` (``layout`` says their order in the message)."""
     if isinstance(w, FactoredWeights):
+        for part in ("hidden", "kernel", "bias"):
+            if part != "bias" or w.bias is not None:
+                check_array(f"{name}: FactoredWeights.{part}", getattr(w, part))
         h, k = jnp.shape(w.hidden), jnp.shape(w.kernel)
         if len(h) != 2 or h[0] != num_edges:
             raise ValueError(f"{name}: FactoredWeights.hidden must be [E={num_edges}, H], got shape {h}")

@@ -143,7 +143,8 @@ class MulIrConvolution:
         n, e = graph.num_nodes, graph.num_edges
         check_weights("w", w, e, p.num_weights, "one per output copy")
         if isinstance(w, FactoredWeights):
-            check_same_dtype(x=x, y=y, **{"w.hidden": w.hidden, "w.kernel": w.kernel})
+            parts = {"w.hidden": w.hidden, "w.kernel": w.kernel, "w.bias": w.bias}
+            check_same_dtype(x=x, y=y, **{k: v for k, v in parts.items() if v is not None})
         else:
             check_same_dtype(x=x, y=y, w=w)
         if x.shape != (n, p.irreps_x.dim):

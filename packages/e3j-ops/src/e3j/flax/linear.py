@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from e3j_core import Irreps, as_irreps
 
-from .._checks import check_positive_int, check_rank, float_dtype
+from .._checks import check_bool, check_positive_int, check_rank, float_dtype
 
 __all__ = ["Linear"]
 
@@ -106,15 +106,14 @@ class Linear(nn.Module):
                 raise ValueError(
                     f"index must broadcast to x's batch [{', '.join(map(str, x.shape[:-2]))}], got {index.shape}"
                 ) from None
-        for name in ("biases", "channel_axis"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"{name} must be a bool, got {getattr(self, name)!r}")
+        for name in ("biases", "channel_axis", "force_irreps_out"):
+            check_bool(name, getattr(self, name))
         c_in, c_out = x.shape[-1], self.channels_out
         check_positive_int("channels_out", c_out)
         if self.num_indexed_weights is not None:
             check_positive_int("num_indexed_weights", self.num_indexed_weights, " or None")
-        path_norm = _parse(self.path_normalization, "path_normalization", "element")
-        grad_norm = _parse(self.gradient_normalization, "gradient_normalization", "path")
+        path_norm = parse_normalization(self.path_normalization, "path_normalization", "element")
+        grad_norm = parse_normalization(self.gradient_normalization, "gradient_normalization", "path")
 
         blocks_in = _blocks(irreps_in, regroup=True)  # (ir, rows of each copy), e3nn's regrouped input
         blocks_out = _blocks(self.output_irreps(), regroup=False)
@@ -179,7 +178,9 @@ def _copy_major(w: jax.Array, m_in: int, c_in: int, m_out: int, c_out: int, chan
     return jnp.swapaxes(jnp.swapaxes(w, -4, -3), -2, -1)
 
 
-def _parse(value, name: str, default: str) -> float:
+def parse_normalization(value, name: str, default: str) -> float:
+    """e3nn-jax's ``"element"`` (0), ``"path"`` (1) or a number between (or beyond: e3nn-jax
+    interpolates the exponent and so do we); ``None`` is ``default``."""
     if value is None:  # e3nn-jax's None: its configured default, which is ours
         value = default
     if isinstance(value, str):

@@ -9,13 +9,11 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special as jsp
 
-from .._checks import check_positive_int, check_rank, float_dtype
+from .._checks import check_bool, check_positive_int, check_rank, float_dtype
 from ..factored import FactoredWeights
+from .linear import parse_normalization
 
 __all__ = ["MultiLayerPerceptron"]
-
-# e3nn-jax's default of ``gradient_normalization`` (its config key of that name)
-_DEFAULT_GRADIENT_NORMALIZATION = "path"
 
 
 class MultiLayerPerceptron(nn.Module):
@@ -24,7 +22,7 @@ class MultiLayerPerceptron(nn.Module):
     ``list_neurons``: the width of each layer; ``act``: the activation, normalized as e3nn-jax does
     (divided by its root mean square under a standard normal input); ``gradient_normalization``:
     ``"path"`` (e3nn-jax's default, also for ``None``: e3nn-jax's global ``e3nn.config`` is not
-    read), ``"element"`` or a float in [0, 1];
+    read), ``"element"`` or a float (0 is ``"element"``, 1 ``"path"``);
     ``output_activation``: ``True`` (``act``), ``False`` or a callable; ``with_bias``.
     Input ``[..., F]`` (a plain array, or an e3nn ``IrrepsArray`` of scalars, returned as one).
 
@@ -51,8 +49,14 @@ class MultiLayerPerceptron(nn.Module):
 
     @nn.compact
     def __call__(self, x):
+        if not isinstance(self.list_neurons, (tuple, list)):
+            raise TypeError(f"list_neurons must be a tuple of layer widths, got {self.list_neurons!r}")
         if len(self.list_neurons) == 0:
             raise ValueError("list_neurons must name at least one layer")
+        check_bool("with_bias", self.with_bias)
+        check_bool("factored", self.factored)
+        if self.act is not None and not callable(self.act):
+            raise TypeError(f"act must be a callable (e.g. jax.nn.silu) or None, got {self.act!r}")
         for n in self.list_neurons:
             check_positive_int("list_neurons", n, f" per layer (its width): {tuple(self.list_neurons)}")
         last_act = self.act if self.output_activation is True else self.output_activation or None
@@ -61,12 +65,7 @@ class MultiLayerPerceptron(nn.Module):
                 raise TypeError(f"output_activation must be a bool or a callable, got {self.output_activation!r}")
         if self.factored and last_act is not None:
             raise ValueError("factored=True needs a linear last layer: output_activation=False (or act=None)")
-        gn = self.gradient_normalization
-        gn = _DEFAULT_GRADIENT_NORMALIZATION if gn is None else gn
-        if isinstance(gn, str):
-            if gn not in ("element", "path"):
-                raise ValueError(f"gradient_normalization must be 'element', 'path' or a float, got {gn!r}")
-            gn = {"element": 0.0, "path": 1.0}[gn]
+        gn = parse_normalization(self.gradient_normalization, "gradient_normalization", "path")
 
         irreps_array = hasattr(x, "irreps") and hasattr(x, "array")  # an e3nn IrrepsArray, without importing e3nn
         if irreps_array:

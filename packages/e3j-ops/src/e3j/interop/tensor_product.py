@@ -48,6 +48,9 @@ def tensor_product(
             raise TypeError(f"{name} must be an e3nn.IrrepsArray (or an array of scalars), got None")
     input1, input2 = e3nn.as_irreps_array(input1), e3nn.as_irreps_array(input2)
     filter_ir_out = normalize_filter(filter_ir_out, "filter_ir_out")  # any irreps form, e3j's included
+    for name, value in (("input1", input1), ("input2", input2)):
+        if jnp.issubdtype(value.dtype, jnp.complexfloating):  # the kernels are real: never drop the imaginary part
+            raise TypeError(f"{name} must be real (e3j's products are real), got dtype {value.dtype}")
     dtype = jnp.result_type(input1.array, input2.array)
     if not jnp.issubdtype(dtype, jnp.floating):
         dtype = jnp.ones(()).dtype
