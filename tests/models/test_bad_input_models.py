@@ -72,17 +72,25 @@ def _embed(species, num_species=3):
     return M.SpeciesEmbedding(num_species, 4).init_with_output(KEY, species)[0]
 
 
+def _h2o():
+    return {"positions": np.array([[0.0, 0, 0], [0.96, 0, 0], [-0.24, 0.93, 0]]), "numbers": np.array([8, 1, 1])}
+
+
+def _h2o_nl(receiver=1):
+    return np.array([0, 1]), np.array([receiver, 0]), np.zeros((2, 3), int)
+
+
 BAD = {
     # id: (call, exception, message fragment naming the argument)
     # make_batch
     "make_batch senders float": (
         lambda: M.make_batch(POS, SPECIES, [0.5, 1.0], [1, 2]),
-        ValueError,
+        TypeError,
         r"senders must be an int array, got float64",
     ),
     "make_batch receivers float": (
         lambda: M.make_batch(POS, SPECIES, [0, 1], np.array([1.0, 2.0])),
-        ValueError,
+        TypeError,
         r"receivers must be an int array",
     ),
     "make_batch species negative": (
@@ -92,7 +100,7 @@ BAD = {
     ),
     "make_batch node_graph float": (
         lambda: M.make_batch(POS, SPECIES, [0], [1], node_graph=[0.0, 0, 1, 1]),
-        ValueError,
+        TypeError,
         r"node_graph must be an int array",
     ),
     "make_batch node_graph out of range": (
@@ -286,7 +294,83 @@ BAD = {
     "Potential species out of range": (
         lambda: POT(PARAMS, M.make_batch(POS, [0, 0, 2, 1], [0, 1, 2, 3], [1, 2, 3, 0])),
         ValueError,
-        r"batch.species must be < 2 \(the model's atomic_numbers\), got 2",
+        r"batch.species must be in \[0, 2\) \(the model's atomic_numbers\), got 2",
+    ),
+    "Potential species negative": (  # would wrap around to the last species
+        lambda: POT(
+            PARAMS,
+            M.make_batch(POS, [0, 0, 0, 1], [0, 1, 2, 3], [1, 2, 3, 0])._replace(species=jnp.array([0, -1, 0, 1])),
+        ),
+        ValueError,
+        r"batch.species must be in \[0, 2\) \(the model's atomic_numbers\), got -1",
+    ),
+    "Potential.init dtype int": (
+        lambda: POT.init(KEY, BATCH, dtype=jnp.int32),
+        TypeError,
+        r"dtype must be a floating dtype \(the parameters'\), got int32",
+    ),
+    "make_batch positions int": (
+        lambda: M.make_batch(np.zeros((4, 3), int), SPECIES, [0], [1]),
+        TypeError,
+        r"positions must be a float \[N, 3\] array, got dtype int64",
+    ),
+    "make_batch num_graphs float": (
+        lambda: M.make_batch(POS, SPECIES, [0], [1], num_graphs=2.0),
+        ValueError,
+        r"num_graphs must be an int > 0, got 2.0",
+    ),
+    "neighbour_list pbc 2": (
+        lambda: M.neighbour_list(POS, 2.0, np.eye(3) * 5, pbc=[True, False]),
+        ValueError,
+        r"pbc must be a bool or 3 bools, got \[True, False\]",
+    ),
+    "neighbour_list cutoff str": (lambda: M.neighbour_list(POS, "5"), ValueError, r"cutoff must be a number > 0"),
+    "config_to_dict dict": (
+        lambda: M.config_to_dict({"model": "mace"}),
+        TypeError,
+        r"config must be a MACEConfig or NequIPConfig, got dict",
+    ),
+    # flags given as strings would read as True
+    "mace include_pseudotensors str": (
+        lambda: M.mace_a((1,), include_pseudotensors="False"),
+        TypeError,
+        r"include_pseudotensors must be a bool, got 'False'",
+    ),
+    "mace node_gating str": (
+        lambda: M.mace_a((1,), node_gating="False"),
+        TypeError,
+        r"node_gating must be a bool, got 'False'",
+    ),
+    # batch_structures: each would put an atom or an edge in the wrong place without an error
+    "batch_structures atomic_numbers repeat": (
+        lambda: M.batch_structures([_h2o()], [1, 8, 1], 2.0),
+        ValueError,
+        r"atomic_numbers must not repeat, got \(1, 8, 1\)",
+    ),
+    "batch_structures atomic_numbers float": (
+        lambda: M.batch_structures([_h2o()], [1.9, 8.0], 2.0),
+        ValueError,
+        r"atomic_numbers must be a non-empty tuple of ints in \[1, 118\]",
+    ),
+    "batch_structures numbers float": (
+        lambda: M.batch_structures([{**_h2o(), "numbers": np.array([1.7, 8.2, 1.0])}], [1, 8], 2.0),
+        TypeError,
+        r"numbers must be integer atomic numbers, got dtype float64",
+    ),
+    "batch_structures neighbours past the structure": (
+        lambda: M.batch_structures([_h2o(), _h2o()], [1, 8], 2.0, neighbours=[_h2o_nl(receiver=3), _h2o_nl()]),
+        ValueError,
+        r"neighbours \(structure 0\): receivers\[0\] = 3 is out of range for its 3 atoms",
+    ),
+    "batch_structures neighbours shifts": (
+        lambda: M.batch_structures([_h2o()], [1, 8], 2.0, neighbours=[_h2o_nl()[:2] + (np.zeros((2, 2), int),)]),
+        ValueError,
+        r"neighbours \(structure 0\) must be senders \[E\], receivers \[E\], shifts \[E, 3\]",
+    ),
+    "batch_structures num_nodes float": (
+        lambda: M.batch_structures([_h2o()], [1, 8], 2.0, num_nodes=8.0),
+        ValueError,
+        r"num_nodes must be an int or None, got 8.0",
     ),
     "Potential stress traced": (
         lambda: jax.jit(POT)(PARAMS, BATCH, stress=True),
@@ -363,3 +447,29 @@ def test_configs_take_every_form_and_save(tmp_path, form):
     M.save(tmp_path / "m.npz", cfg, {"params": {"w": np.zeros(2)}})
     loaded, _ = M.load(tmp_path / "m.npz")
     assert loaded == plain
+
+
+def test_numpy_scalars_are_taken_as_python_ones():
+    # counts and flags often come from numpy (array sizes, np.unique, masks): the same model
+    cfg = M.nequip(np.unique(np.array([8, 1, 1])), num_channels=np.int64(4), num_layers=np.int64(1),
+                   radial_mlp=tuple(np.array([4])), l_max=np.int32(1))  # fmt: skip
+    assert cfg == M.nequip((1, 8), num_channels=4, num_layers=1, radial_mlp=(4,), l_max=1)
+    assert type(cfg.num_channels) is int and type(cfg.radial_mlp[0]) is int
+    assert M.config_from_dict(M.config_to_dict(cfg)) == cfg
+    mace = M.mace_a((1, 8), num_channels=4, correlation=np.int64(1), node_symmetry=np.int64(1), l_max=1,
+                    node_gating=np.bool_(False))  # fmt: skip
+    assert mace.node_gating is False and type(mace.correlation) is int
+    got = POT(PARAMS, BATCH, forces=np.bool_(True), stress=np.bool_(False))
+    want = POT(PARAMS, BATCH, forces=True, stress=False)
+    np.testing.assert_array_equal(got["forces"], want["forces"])
+    assert set(got) == set(want)
+
+
+def test_given_neighbours_equal_computed_ones():
+    structures = [_h2o(), {**_h2o(), "positions": _h2o()["positions"] * 1.1}]
+    computed = M.batch_structures(structures, [1, 8], 2.0)
+    given = M.batch_structures(
+        structures, [1, 8], 2.0, neighbours=[M.neighbour_list(s["positions"], 2.0) for s in structures]
+    )
+    for a, b in zip(jax.tree.leaves(computed), jax.tree.leaves(given)):
+        np.testing.assert_array_equal(a, b)

@@ -18,6 +18,8 @@ import numpy as np
 
 from e3j import Graph
 
+from ._checks import check_positive_int
+
 __all__ = ["GraphBatch", "edge_vectors", "make_batch"]
 
 
@@ -59,8 +61,10 @@ def make_batch(
     (1, 2, (1, 3, 3))
     """
     positions = np.asarray(positions)
-    if positions.ndim != 2 or positions.shape[1] != 3 or not np.issubdtype(positions.dtype, np.floating):
-        raise ValueError(f"positions must be a float [N, 3] array, got {positions.dtype} {positions.shape}")
+    if not np.issubdtype(positions.dtype, np.floating):
+        raise TypeError(f"positions must be a float [N, 3] array, got dtype {positions.dtype}")
+    if positions.ndim != 2 or positions.shape[1] != 3:
+        raise ValueError(f"positions must be a float [N, 3] array, got shape {positions.shape}")
     n = positions.shape[0]
     species = _host_indices("species", species)
     if species.shape != (n,):
@@ -72,6 +76,8 @@ def make_batch(
     node_graph = np.zeros(n, np.int32) if node_graph is None else _host_indices("node_graph", node_graph)
     if node_graph.shape != (n,):
         raise ValueError(f"node_graph must be int [N={n}], got {node_graph.shape}")
+    if num_graphs is not None:
+        num_graphs = check_positive_int("num_graphs", num_graphs)
     if num_graphs is None:
         num_graphs = (
             int(node_graph.max(initial=0)) + 1 if cell is None else int(np.shape(cell)[0]) if np.ndim(cell) == 3 else 1
@@ -119,5 +125,5 @@ def _host_indices(name: str, a) -> np.ndarray:
     if a.size == 0 and not np.issubdtype(a.dtype, np.integer):
         return a.astype(np.int64)  # np.asarray([]) is float64: an empty list of indices is fine
     if not np.issubdtype(a.dtype, np.integer):
-        raise ValueError(f"{name} must be an int array, got {a.dtype} {a.shape}")
+        raise TypeError(f"{name} must be an int array, got {a.dtype} {a.shape}")
     return a.astype(np.int64)

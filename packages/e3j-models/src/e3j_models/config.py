@@ -38,6 +38,35 @@ def _freeze(cfg, name: str, value) -> None:
     object.__setattr__(cfg, name, value)  # a frozen dataclass's own __post_init__ may normalize
 
 
+def _is_int(v) -> bool:
+    """A Python or numpy integer, not a bool (numpy integers come from np.unique, array sizes...)."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def _int_at_least(name: str, v, minimum: int) -> int:
+    if not _is_int(v) or v < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
+    return int(v)  # JSON-able: no numpy scalars
+
+
+def _bool(name: str, v) -> bool:
+    if not isinstance(v, (bool, np.bool_)):  # a string such as "False" would read as True
+        raise TypeError(f"{name} must be a bool, got {v!r}")
+    return bool(v)
+
+
+def check_atomic_numbers(z) -> tuple[int, ...]:
+    """``atomic_numbers`` (the model's elements, in species order) as a tuple of distinct ints in [1, 118]."""
+    if isinstance(z, np.ndarray):
+        z = z.tolist()
+    if not isinstance(z, (tuple, list)) or not z or not all(_is_int(a) and 1 <= a <= 118 for a in z):
+        raise ValueError(f"atomic_numbers must be a non-empty tuple of ints in [1, 118], got {z!r}")
+    z = tuple(int(a) for a in z)
+    if len(set(z)) != len(z):
+        raise ValueError(f"atomic_numbers must not repeat, got {z!r}")
+    return z
+
+
 def _check_common(cfg) -> None:
     """Check the fields every model has; sequences given as lists become tuples (hashable, as a Flax
     module attribute must be)."""
@@ -45,26 +74,20 @@ def _check_common(cfg) -> None:
         v = getattr(cfg, name)
         if isinstance(v, (list, tuple, np.ndarray)):
             _freeze(cfg, name, tuple(v.tolist() if isinstance(v, np.ndarray) else v))
-    z = cfg.atomic_numbers
-    if isinstance(z, tuple) and all(isinstance(a, numbers.Integral) and not isinstance(a, bool) for a in z):
-        z = tuple(int(a) for a in z)  # numpy integers (np.unique(atoms.numbers)) become ints
-        _freeze(cfg, "atomic_numbers", z)
-    if not z or any(isinstance(a, bool) or not isinstance(a, int) or not 1 <= a <= 118 for a in z):
-        raise ValueError(f"atomic_numbers must be a non-empty tuple of ints in [1, 118], got {z!r}")
-    if len(set(z)) != len(z):
-        raise ValueError(f"atomic_numbers must not repeat, got {z!r}")
+    z = check_atomic_numbers(cfg.atomic_numbers)
+    _freeze(cfg, "atomic_numbers", z)
     for name in ("num_layers", "num_channels", "l_max", "num_rbf", "envelope_p", "readout_hidden"):
-        v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "l_max" else 1):
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
+        minimum = 0 if name == "l_max" else 1
+        _freeze(cfg, name, _int_at_least(name, getattr(cfg, name), minimum))
     for name, unit in (("cutoff", " (Å)"), ("avg_num_neighbors", "")):
         v = getattr(cfg, name)
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < float("inf"):
             raise ValueError(f"{name} must be a finite number > 0{unit}, got {v!r}")
         _freeze(cfg, name, float(v))
     r = cfg.radial_mlp
-    if not isinstance(r, tuple) or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in r):
+    if not isinstance(r, tuple) or not all(_is_int(h) and h >= 1 for h in r):
         raise ValueError(f"radial_mlp must be a tuple of positive ints (the hidden widths), got {r!r}")
+    _freeze(cfg, "radial_mlp", tuple(int(h) for h in r))
     e0 = cfg.atomic_energies
     if e0 is not None:
         if not isinstance(e0, tuple) or any(isinstance(e, bool) or not isinstance(e, numbers.Real) for e in e0):
@@ -104,11 +127,13 @@ class MACEConfig:
 
     def __post_init__(self) -> None:
         _check_common(self)
-        if isinstance(self.correlation, bool) or not isinstance(self.correlation, int) or self.correlation < 1:
-            raise ValueError(f"correlation must be an int >= 1, got {self.correlation!r}")
+        _freeze(self, "correlation", _int_at_least("correlation", self.correlation, 1))
         ns = self.node_symmetry
-        if isinstance(ns, bool) or not isinstance(ns, int) or not 0 <= ns <= self.l_max * self.correlation:
+        if not _is_int(ns) or not 0 <= ns <= self.l_max * self.correlation:
             raise ValueError(f"node_symmetry must be an int in [0, l_max·correlation], got {self.node_symmetry!r}")
+        _freeze(self, "node_symmetry", int(ns))
+        for name in ("node_gating", "include_pseudotensors"):
+            _freeze(self, name, _bool(name, getattr(self, name)))
 
     def _irreps(self, lmax: int) -> Irreps:
         if self.include_pseudotensors:
@@ -175,6 +200,8 @@ _KINDS = {"mace": MACEConfig, "nequip": NequIPConfig}
 
 def config_to_dict(config: MACEConfig | NequIPConfig) -> dict[str, Any]:
     """A JSON-able dict with ``"model"`` naming the architecture."""
+    if not isinstance(config, (MACEConfig, NequIPConfig)):
+        raise TypeError(f"config must be a MACEConfig or NequIPConfig, got {type(config).__name__}")
     out = {"model": config.kind}
     for f in dataclasses.fields(config):
         v = getattr(config, f.name)

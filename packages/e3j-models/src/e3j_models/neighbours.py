@@ -24,8 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_positive_int
+from ._checks import check_positive_int, positive_float
 from .batch import GraphBatch, make_batch
+from .config import check_atomic_numbers
 
 __all__ = ["batch_structures", "bucket_size", "neighbour_list"]
 
@@ -40,9 +41,9 @@ def _check_structure(positions, cell, pbc, where: str = ""):
         raise ValueError(
             f"positions{where} must be finite, got NaN or inf at atom {int(np.argwhere(~np.isfinite(positions))[0, 0])}"
         )
-    pbc = np.broadcast_to(np.asarray(pbc, bool), (3,)) if np.ndim(pbc) <= 1 else None
-    if pbc is None:
-        raise ValueError(f"pbc{where} must be a bool or 3 bools")
+    if np.shape(pbc) not in ((), (1,), (3,)):
+        raise ValueError(f"pbc{where} must be a bool or 3 bools, got {pbc!r}")
+    pbc = np.broadcast_to(np.asarray(pbc, bool), (3,))
     if cell is None:
         cell = np.zeros((3, 3))
     cell = np.asarray(cell, dtype=np.float64)
@@ -62,6 +63,29 @@ def _check_structure(positions, cell, pbc, where: str = ""):
     return positions, cell, pbc
 
 
+def _given_neighbours(entry, num_atoms: int, where: str):
+    """A caller's ``(senders, receivers, shifts)`` of one structure, checked against its atom count
+    (an index past it would connect this structure to the next one in the batch)."""
+    if not isinstance(entry, (tuple, list)) or len(entry) != 3:
+        raise TypeError(f"neighbours{where} must be (senders, receivers, shifts), got {type(entry).__name__}")
+    s, r, shifts = (np.asarray(a) for a in entry)
+    for name, a in (("senders", s), ("receivers", r), ("shifts", shifts)):
+        if not np.issubdtype(a.dtype, np.integer) and a.size:
+            raise TypeError(f"neighbours{where}: {name} must be integers, got dtype {a.dtype}")
+    if s.ndim != 1 or r.shape != s.shape or shifts.shape != (s.shape[0], 3):
+        raise ValueError(
+            f"neighbours{where} must be senders [E], receivers [E], shifts [E, 3], got shapes "
+            f"{s.shape}, {r.shape}, {shifts.shape}"
+        )
+    for name, a in (("senders", s), ("receivers", r)):
+        bad = np.flatnonzero((a < 0) | (a >= num_atoms))
+        if bad.size:
+            raise ValueError(
+                f"neighbours{where}: {name}[{int(bad[0])}] = {int(a[bad[0]])} is out of range for its {num_atoms} atoms"
+            )
+    return s.astype(np.int64), r.astype(np.int64), shifts.astype(np.int64)
+
+
 def neighbour_list(positions, cutoff: float, cell=None, pbc=False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(senders, receivers, shifts)`` of all pairs closer than ``cutoff`` (both directions).
 
@@ -69,8 +93,7 @@ def neighbour_list(positions, cutoff: float, cell=None, pbc=False) -> tuple[np.n
     ``[E, 3]``). ``cell`` rows are lattice vectors; ``pbc`` a bool or 3 bools.
     """
     positions, cell, pbc = _check_structure(positions, cell, pbc)
-    if not cutoff > 0:
-        raise ValueError(f"cutoff must be > 0, got {cutoff!r}")
+    cutoff = positive_float("cutoff", cutoff)
     from vesin import NeighborList
 
     box = cell if pbc.any() else np.zeros((3, 3))
@@ -121,7 +144,11 @@ def batch_structures(
         raise ValueError("structures is empty: give at least one structure")
     if neighbours is not None and len(neighbours) != len(structures):
         raise ValueError(f"neighbours must hold one entry per structure ({len(structures)}), got {len(neighbours)}")
-    index = {int(z): k for k, z in enumerate(atomic_numbers)}
+    index = {z: k for k, z in enumerate(check_atomic_numbers(atomic_numbers))}
+    cutoff = positive_float("cutoff", cutoff)
+    for name, value in (("num_nodes", num_nodes), ("num_edges", num_edges)):
+        if value is not None and (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))):
+            raise ValueError(f"{name} must be an int or None, got {value!r}")
     pos_all, spec_all, graph_all, s_all, r_all, sh_all, cells = [], [], [], [], [], [], []
     offset = 0
     for g, st in enumerate(structures):
@@ -133,6 +160,8 @@ def batch_structures(
         where = f" (structure {g})" if len(structures) > 1 else ""
         positions, cell, pbc = _check_structure(positions, cell, pbc, where)
         numbers = np.asarray(numbers)
+        if not np.issubdtype(numbers.dtype, np.integer):  # a cast would truncate 1.7 to hydrogen
+            raise TypeError(f"numbers{where} must be integer atomic numbers, got dtype {numbers.dtype}")
         if numbers.shape != (positions.shape[0],):
             raise ValueError(f"numbers{where} must be [N={positions.shape[0]}], got {numbers.shape}")
         unknown = sorted({int(z) for z in numbers} - set(index))
@@ -141,7 +170,10 @@ def batch_structures(
                 f"numbers{where} holds atomic numbers {unknown} unknown to the model "
                 f"(atomic_numbers={list(atomic_numbers)})"
             )
-        s, r, shifts = neighbour_list(positions, cutoff, cell, pbc) if neighbours is None else neighbours[g]
+        if neighbours is None:
+            s, r, shifts = neighbour_list(positions, cutoff, cell, pbc)
+        else:
+            s, r, shifts = _given_neighbours(neighbours[g], positions.shape[0], where or f" (structure {g})")
         pos_all.append(positions)
         spec_all.append(np.array([index[int(z)] for z in numbers]))
         graph_all.append(np.full(positions.shape[0], g))

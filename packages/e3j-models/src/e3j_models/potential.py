@@ -59,6 +59,8 @@ class Potential:
         """Random parameters, floating leaves in ``dtype`` (default: the positions' dtype)."""
         _check_batch(batch)
         dtype = batch.positions.dtype if dtype is None else dtype
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise TypeError(f"dtype must be a floating dtype (the parameters'), got {jnp.dtype(dtype)}")
         params = jax.jit(self.module.init)(key, batch.positions, batch.cell, batch)
         return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
 
@@ -85,12 +87,13 @@ class Potential:
         _check_call(params, batch)
         _check_species(batch, len(self.config.atomic_numbers))
         for name, flag in (("forces", forces), ("stress", stress)):
-            if not isinstance(flag, bool):
+            if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(
                     f"{name} must be a Python bool (static under jit: jax.jit(pot, static_argnames=('forces', "
                     f"'stress'))), got {type(flag).__name__}"
                 )
         strain = jnp.zeros((batch.num_graphs, 3, 3), batch.positions.dtype)
+        forces, stress = bool(forces), bool(stress)
         if not (forces or stress):
             return {"energy": self._energy_of(params, batch.positions, strain, batch)[1]}
         grads, energy = jax.grad(self._energy_of, argnums=(1, 2), has_aux=True)(params, batch.positions, strain, batch)
@@ -110,16 +113,15 @@ def _check_batch(batch: object) -> None:
 
 def _check_species(batch: GraphBatch, num_species: int) -> None:
     """Concrete species (an eager call) must index the model's elements; traced ones cannot be read
-    and, like any out-of-range index in JAX, are clamped."""
+    and, like any out-of-range index in JAX, are clamped (a negative one wraps around)."""
     species, mask = batch.species, batch.node_mask
     if isinstance(species, jax.core.Tracer) or isinstance(mask, jax.core.Tracer):
         return
-    bad = np.asarray(species)[np.asarray(mask)] >= num_species
+    real = np.asarray(species)[np.asarray(mask)]
+    bad = (real < 0) | (real >= num_species)
     if bad.any():
-        raise ValueError(
-            f"batch.species must be < {num_species} (the model's atomic_numbers), got "
-            f"{int(np.asarray(species)[np.asarray(mask)][bad].max())}"
-        )
+        value = int(real[bad][0])
+        raise ValueError(f"batch.species must be in [0, {num_species}) (the model's atomic_numbers), got {value}")
 
 
 def _check_call(params: object, batch: object) -> None:
