@@ -166,6 +166,9 @@ def test_cache_and_hash():
     [
         (("1o", "1o", "1o"), {}, "filter 1o leaves no path"),
         (("1o", "1o", "3e"), {}, "outputs this product can have: 0e\\+1e\\+2e"),
+        # blocks of multiplicity 0 reach nothing, so they do not count as possible outputs
+        (("0x0e + 0x1o", "0e + 1o", "0e + 1o"), {}, r"filter 0e\+1o leaves no path .*can have: none\)"),
+        (("0x0e + 1o", "0e", "0e"), {}, r"filter 0e leaves no path .*can have: 1o\)"),
         (("", "1o"), {}, "no path"),
         (("1o", "1o", "1q"), {}, "filter.*1q"),
         (("1o", "2x"), {}, "irreps_y"),

@@ -63,3 +63,17 @@ def test_no_path_gives_e3nn_empty_output():
     out = interop.tensor_product(x, y, filter_ir_out="0e")
     ref = e3nn.tensor_product(x, y, filter_ir_out="0e")
     assert out.irreps == ref.irreps and out.shape == ref.shape == (3, 0)
+
+
+@pytest.mark.parametrize(
+    ("irreps1", "irreps2", "kwargs"),
+    [
+        ("2x1e + 2e", "2e", {"filter_ir_out": "0e + 1e + 2e"}),
+        (e3nn.Irreps("1o + 2x0e"), e3nn.Irreps("1o"), {}),
+        ("1o + 1o", "1e", {"regroup_output": False}),
+    ],
+)
+def test_irreps_without_arrays_give_the_output_irreps_as_e3nn(irreps1, irreps2, kwargs):
+    want = e3nn.tensor_product(irreps1, irreps2, **kwargs)
+    got = interop.tensor_product(irreps1, irreps2, **kwargs)
+    assert isinstance(got, e3nn.Irreps) and got == want

@@ -321,6 +321,16 @@ def test_explicit_backend_with_unsupported_dtype_raises():
         select_backend(req, "test")
 
 
+def test_reference_named_runs_what_the_fallback_runs():
+    # a 16-bit model on the default selection runs on the reference; naming it must not refuse it
+    x, y = tp_args(fresh())
+    for dtype in (jnp.bfloat16, jnp.float16):
+        want = TP(x.astype(dtype), y.astype(dtype))
+        got = TP(x.astype(dtype), y.astype(dtype), backend="reference")
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, want)
+
+
 # -- lowering for other platforms (on a CPU machine) -----------------------------------------------
 
 

@@ -652,7 +652,8 @@ def _build(
             out_row += ir_out.dim
     if not paths:
         what = f"filter {'+'.join(map(str, filter)) or '(empty)'} leaves" if filter is not None else "the inputs leave"
-        possible = sorted({ir for _, a in irreps_x for _, b in irreps_y for ir in a * b})
+        # blocks of multiplicity 0 reach nothing: they are left out of what is possible
+        possible = sorted({ir for mx, a in irreps_x if mx for my, b in irreps_y if my for ir in a * b})
         raise ValueError(
             f"{what} no path in {irreps_x or '(empty)'} ⊗ {irreps_y or '(empty)'} "
             f"(outputs this product can have: {'+'.join(map(str, possible)) or 'none'})"

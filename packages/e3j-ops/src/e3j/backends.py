@@ -208,6 +208,8 @@ def _reference() -> Backend:
         name="reference",
         version=__version__,
         platforms=("cpu", "cuda", "rocm", "tpu"),
+        # pure JAX: any floating dtype, as the fallback runs it (16-bit inputs round like e3nn-jax's)
+        dtypes=("bfloat16", "float16", "float32", "float64"),
         load=_load_reference,
         priority=0,
     )

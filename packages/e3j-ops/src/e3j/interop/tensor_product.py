@@ -34,7 +34,8 @@ def tensor_product(
     gcd as channels); ``input2`` is broadcast over them. Leading shapes broadcast as in e3nn-jax.
     The outputs are put in e3nn's flat layout and order by static slices; when ``input2`` has a
     multiplicity above 1, e3nn numbers those copies inside the channels and the output is gathered
-    with a static index instead.
+    with a static index instead. Given two irreps without arrays (strings, ``Irreps``), it returns
+    the output's irreps, as e3nn-jax does.
 
     >>> import jax.numpy as jnp
     >>> x = e3nn.IrrepsArray("4x0e + 4x1o", jnp.ones((2, 16)))
@@ -42,12 +43,18 @@ def tensor_product(
     >>> z = tensor_product(x, y, filter_ir_out="0e + 1o")
     >>> z.irreps, bool(jnp.allclose(z.array, e3nn.tensor_product(x, y, filter_ir_out="0e + 1o").array))
     (8x0e+8x1o, True)
+    >>> tensor_product("2x1e + 2e", "2e", filter_ir_out="0e + 1e + 2e")
+    1x0e+3x1e+3x2e
     """
     for name, value in (("input1", input1), ("input2", input2)):
         if value is None:
             raise TypeError(f"{name} must be an e3nn.IrrepsArray (or an array of scalars), got None")
-    input1, input2 = e3nn.as_irreps_array(input1), e3nn.as_irreps_array(input2)
     filter_ir_out = normalize_filter(filter_ir_out, "filter_ir_out")  # any irreps form, e3j's included
+    e3nn_filter = None if filter_ir_out is None else [e3nn.Irrep(ir.l, ir.p) for ir in filter_ir_out]
+    if _is_irreps(input1) and _is_irreps(input2):  # as e3nn-jax: irreps in, the output's irreps out
+        return e3nn.tensor_product(to_e3nn_irreps(Irreps(input1)), to_e3nn_irreps(Irreps(input2)),
+                                   filter_ir_out=e3nn_filter, regroup_output=regroup_output)  # fmt: skip
+    input1, input2 = e3nn.as_irreps_array(input1), e3nn.as_irreps_array(input2)
     for name, value in (("input1", input1), ("input2", input2)):
         if jnp.issubdtype(value.dtype, jnp.complexfloating):  # the kernels are real: never drop the imaginary part
             raise TypeError(f"{name} must be real (e3j's products are real), got dtype {value.dtype}")
@@ -63,7 +70,6 @@ def tensor_product(
             "input1 and input2 must have leading shapes that broadcast, "
             f"got {input1.shape[:-1]} and {input2.shape[:-1]}"
         ) from None
-    e3nn_filter = None if filter_ir_out is None else [e3nn.Irrep(ir.l, ir.p) for ir in filter_ir_out]
     expected = e3nn.tensor_product(input1.irreps, input2.irreps, filter_ir_out=e3nn_filter,
                                    regroup_output=regroup_output)  # fmt: skip
     if expected.dim == 0 or irreps_x.dim == 0 or irreps_y.dim == 0:
@@ -81,3 +87,8 @@ def tensor_product(
     y = jnp.broadcast_to(input2.array.astype(dtype), (*leading, irreps_y.dim)).reshape(batch, irreps_y.dim)
     out = tp(x, y, backend=backend).reshape(*leading, tp.irreps_out.dim)
     return e3nn.IrrepsArray(to_e3nn_irreps(tp.irreps_out), out)
+
+
+def _is_irreps(value) -> bool:
+    """Irreps without an array (a string, e3nn's or e3j's ``Irreps``), as e3nn-jax's overload reads them."""
+    return isinstance(value, (str, e3nn.Irreps, e3nn.Irrep, Irreps))
