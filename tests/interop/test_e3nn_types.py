@@ -229,3 +229,16 @@ def test_inputs_doc_examples_run():
     assert blocks, "docs/inputs.md has no python example"
     for block in blocks:
         exec(compile(block, "docs/inputs.md", "exec"), {})
+
+
+@pytest.mark.parametrize("algorithm", [("recursive", "sparse", "custom_jvp"), ("legendre", "dense")])
+def test_interop_spherical_harmonics_takes_e3nn_algorithm(algorithm):
+    from e3j import interop
+
+    v = e3nn.IrrepsArray("1o", jax.random.normal(jax.random.key(3), (5, 3), jnp.float64))
+    want = e3nn.spherical_harmonics([0, 1, 2, 3], v, True, algorithm=algorithm)
+    got = interop.spherical_harmonics([0, 1, 2, 3], v, True, algorithm=algorithm)
+    assert got.irreps == want.irreps
+    np.testing.assert_allclose(got.array, want.array, rtol=1e-13, atol=1e-14)
+    with pytest.raises(ValueError, match="algorithm must be None or a tuple of"):
+        interop.spherical_harmonics(1, v, True, algorithm="fast")

@@ -76,6 +76,32 @@ def test_irreps_array_weights_as_e3nn_multiplies_them():
         np.testing.assert_allclose(getattr(g, "array", g), getattr(r, "array", r), rtol=1e-11, atol=1e-12)
 
 
+@pytest.mark.parametrize("explicit", [False, True])
+def test_global_none_normalization_as_e3nn(explicit):
+    """Under ``e3nn.config("irrep_normalization", "none")`` e3nn's ``m * w`` scales each copy by
+    1/sqrt(2l+1) (its elementwise 0e ⊗ l product); the argument alone does not, so both ways are checked."""
+    irreps_x, irreps_y, filter_ = "8x0e + 4x1o + 2x2e", "0e + 1o + 2e", "0e + 1o + 2e"
+    x, y, _ = operands(irreps_x, irreps_y, 1)
+    if explicit:  # the argument, global setting left at its default: no rescale in e3nn's m * w
+        mp = interop.MessagePassing(irreps_x, irreps_y, filter_, irrep_normalization="none")
+        w = jax.random.normal(jax.random.key(5), (E, mp.num_weights), jnp.float64)
+        m = e3nn.tensor_product(x[SENDERS], y, filter_ir_out=filter_, irrep_normalization="none")
+        ref = e3nn.scatter_sum(m * w, dst=RECEIVERS, output_size=N)
+        out = mp(x, y, w, SENDERS, RECEIVERS)
+    else:
+        before = e3nn.config("irrep_normalization")
+        e3nn.config("irrep_normalization", "none")
+        try:
+            mp = interop.MessagePassing(irreps_x, irreps_y, filter_)
+            w = jax.random.normal(jax.random.key(5), (E, mp.num_weights), jnp.float64)
+            ref = e3nn_pattern(x, y, w, filter_, None)
+            out = mp(x, y, w, SENDERS, RECEIVERS)
+        finally:
+            e3nn.config("irrep_normalization", before)
+    assert out.irreps == ref.irreps
+    np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("backend", ["reference", "cuda_host", "pallas_gpu_interpret"])
 def test_gradients_equal_e3nn_on_cpu_backends(backend):
     if backend not in {b.name for b in e3j.available_backends()}:

@@ -118,6 +118,8 @@ def test_products_stay_factored_and_equal_the_materialized_products():
         "biased * col[None]": (biased * col[None], b * col),
         "w / env": (plain / env, a / env),
         "biased / 3": (biased / 3.0, b / 3.0),
+        "-biased": (-biased, -b),
+        "-w * env": (-plain * env, -a * env),
     }
     for name, (got, want) in cases.items():
         assert isinstance(got, FactoredWeights), name

@@ -115,6 +115,9 @@ class FactoredWeights:
 
     __rmul__ = __mul__
 
+    def __neg__(self) -> FactoredWeights:
+        return FactoredWeights(self.hidden, -self.kernel, None if self.bias is None else -self.bias)
+
     def __truediv__(self, factor) -> FactoredWeights:
         """``w / factor``: ``w * (1 / factor)`` for the factors :meth:`__mul__` takes."""
         if not _is_factor(factor):

@@ -28,8 +28,12 @@ channel, and then the weights and output are gathered with static indices instea
 
 from __future__ import annotations
 
+import math
+
 import e3nn_jax as e3nn
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from e3j_core import as_irreps
 from e3j_core.coo import normalize_filter
@@ -122,7 +126,17 @@ class MessagePassing:
             f"one per irrep copy of {self.irreps_out}, e3nn's order", senders, receivers, graph,
         )  # fmt: skip
         out = self.convolution(x, y, w, graph, backend=backend)
+        if e3nn.config("irrep_normalization") == "none":
+            # e3nn's ``m * w`` is an elementwise product 0e ⊗ l under the global setting, whose
+            # "none" Clebsch–Gordan coefficient is 1/sqrt(2l+1) (1 for "component" and "norm"):
+            # one static scale per output row, applied to the node-sized result
+            out = out * jnp.asarray(_none_normalization_rows(self.plan.irreps_out), out.dtype)
         return e3nn.IrrepsArray(self.irreps_out, out)
+
+
+def _none_normalization_rows(irreps) -> np.ndarray:
+    """``1/sqrt(2l+1)`` for each row of ``irreps`` (e3nn's flat layout)."""
+    return np.concatenate([np.full(mul * ir.dim, 1 / math.sqrt(ir.dim)) for mul, ir in irreps] or [np.zeros(0)])
 
 
 def message_passing(

@@ -16,24 +16,35 @@ from .layout import to_e3nn_irreps
 
 __all__ = ["spherical_harmonics"]
 
+# the names e3nn-jax's ``algorithm=`` takes (e3nn_jax.spherical_harmonics' docstring)
+_E3NN_ALGORITHMS = ("legendre", "recursive", "dense", "sparse", "custom_jvp")
+
 
 def spherical_harmonics(
     irreps_out: e3nn.Irreps | Irreps | str | int | Sequence[int],
     input: e3nn.IrrepsArray | jax.Array,
     normalize: bool,
     normalization: str | None = None,
+    *,
+    algorithm: tuple[str, ...] | None = None,
 ) -> e3nn.IrrepsArray:
-    """Equal to ``e3nn.spherical_harmonics(irreps_out, input, normalize, normalization)``.
+    """Equal to ``e3nn.spherical_harmonics(irreps_out, input, normalize, normalization, algorithm=...)``.
 
     ``input``: ``[..., 3]`` array or an ``IrrepsArray`` of one vector (``1o`` or ``1e``); degrees
     given as an int or ints take their parity from it (``p**l``), as in e3nn-jax, and need it.
-    ``normalization=None`` reads e3nn-jax's configured default.
+    ``normalization=None`` reads e3nn-jax's configured default. ``algorithm`` (e3nn-jax's choice of
+    how to evaluate the same polynomials: ``("recursive", "sparse", "custom_jvp")`` and so on) is
+    checked and otherwise ignored: e3j has one evaluation, exact to rounding for every choice.
 
     >>> import jax.numpy as jnp
     >>> spherical_harmonics([1, 2], e3nn.IrrepsArray("1e", jnp.array([0.0, 1.0, 0.0])), True).irreps
     1x1e+1x2e
     """
     normalize = check_normalize(normalize)
+    if algorithm is not None and (
+        not isinstance(algorithm, (tuple, list)) or not set(algorithm) <= set(_E3NN_ALGORITHMS)
+    ):
+        raise ValueError(f"algorithm must be None or a tuple of {_E3NN_ALGORITHMS}, got {algorithm!r}")
     if normalization is None:
         normalization = e3nn.config("spherical_harmonics_normalization")
     vec_p = _vector_parity(input.irreps) if isinstance(input, e3nn.IrrepsArray) else None
