@@ -74,7 +74,7 @@ def test_cached_result_is_protected():
     "args, match",
     [
         ((1, 1, 3), "triangle"),
-        ((-1, 1, 1), "l1 must be >= 0"),
+        ((-1, 1, 1), "l1 must be an int >= 0"),
         ((1, 1.5, 1), "l2 must be an int"),
         ((0, 2, 1), "triangle"),
     ],
@@ -87,5 +87,5 @@ def test_bad_input(args, match):
 def test_bad_degree_names_the_function_called():
     with pytest.raises(ValueError, match=r"^su2_clebsch_gordan: l1 must be an int >= 0, got 0.5$"):
         su2_clebsch_gordan(0.5, 1, 1)
-    with pytest.raises(ValueError, match=r"^l must be >= 0, got -1$"):
+    with pytest.raises(ValueError, match=r"^l must be an int >= 0, got -1$"):
         change_basis_real_to_complex(-1)

@@ -135,7 +135,7 @@ def test_zero_vector_with_normalize():
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda: spherical_harmonics(-1, np.ones(3), True), "l must be >= 0"),
+        (lambda: spherical_harmonics(-1, np.ones(3), True), "l must be an int >= 0"),
         (lambda: spherical_harmonics(1, np.ones(3), True, "unit"), "normalization must be one of"),
         (lambda: spherical_harmonics(1, np.ones((4, 2)), True), r"shape \[\.\.\., 3\]"),
         (lambda: spherical_harmonics("1o + 1e", np.ones(3), True), "mix parities"),

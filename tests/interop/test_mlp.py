@@ -20,6 +20,9 @@ CONFIGS = {
     "0.3, bias": dict(
         list_neurons=(8, 5), act=jnp.tanh, output_activation=False, gradient_normalization=0.3, with_bias=True
     ),
+    "numpy 0.5": dict(
+        list_neurons=(8, 5), act=jnp.tanh, output_activation=False, gradient_normalization=np.float32(0.5)
+    ),
     "act out": dict(list_neurons=(8, 5), act=jax.nn.gelu),
     "callable out": dict(list_neurons=(6,), act=jax.nn.silu, output_activation=jnp.tanh),
 }

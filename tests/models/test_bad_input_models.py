@@ -128,12 +128,12 @@ BAD = {
     "bessel_basis cutoff 0": (
         lambda: M.bessel_basis(ones(3), 4, 0.0),
         ValueError,
-        r"cutoff must be a number > 0, got 0.0",
+        r"cutoff must be a finite number > 0, got 0.0",
     ),
     "radial_embedding cutoff -1": (
         lambda: M.radial_embedding(ones(3), 4, -1.0),
         ValueError,
-        r"cutoff must be a number > 0, got -1.0",
+        r"cutoff must be a finite number > 0, got -1.0",
     ),
     "radial_embedding r None": (
         lambda: M.radial_embedding(None, 4, 5.0),
@@ -324,7 +324,11 @@ BAD = {
         ValueError,
         r"pbc must be a bool or 3 bools, got \[True, False\]",
     ),
-    "neighbour_list cutoff str": (lambda: M.neighbour_list(POS, "5"), ValueError, r"cutoff must be a number > 0"),
+    "neighbour_list cutoff str": (
+        lambda: M.neighbour_list(POS, "5"),
+        ValueError,
+        r"cutoff must be a finite number > 0",
+    ),
     "config_to_dict dict": (
         lambda: M.config_to_dict({"model": "mace"}),
         TypeError,
@@ -370,12 +374,12 @@ BAD = {
     "batch_structures num_nodes float": (
         lambda: M.batch_structures([_h2o()], [1, 8], 2.0, num_nodes=8.0),
         ValueError,
-        r"num_nodes must be an int or None, got 8.0",
+        r"num_nodes must be an int >= 0 or None, got 8.0",
     ),
     "Potential stress traced": (
         lambda: jax.jit(POT)(PARAMS, BATCH, stress=True),
         TypeError,
-        r"stress must be a Python bool \(static under jit: jax.jit\(pot, static_argnames",
+        r"stress must be a bool \(static under jit: jax.jit\(pot, static_argnames",
     ),
     # configs
     "nequip radial_mlp 0": (lambda: M.nequip((1,), radial_mlp=(0,)), ValueError, r"radial_mlp must be a tuple of"),
@@ -473,3 +477,20 @@ def test_given_neighbours_equal_computed_ones():
     )
     for a, b in zip(jax.tree.leaves(computed), jax.tree.leaves(given)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_numpy_reals_and_float_shifts_are_taken():
+    structure = _h2o()
+    nl = M.neighbour_list(structure["positions"], 2.0)
+    for cutoff in (np.float32(2.0), np.int64(2)):
+        got = M.neighbour_list(structure["positions"], cutoff)
+        assert all(np.array_equal(a, b) for a, b in zip(got, nl))
+    # shifts given as floats are cast with the positions, as make_batch does
+    with_float_shifts = M.batch_structures([structure], [1, 8], 2.0, neighbours=[(nl[0], nl[1], nl[2].astype(float))])
+    plain = M.batch_structures([structure], [1, 8], 2.0, neighbours=[nl])
+    for a, b in zip(jax.tree.leaves(with_float_shifts), jax.tree.leaves(plain)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match=r"neighbours \(structure 0\) must be \(senders, receivers, shifts\), got 2"):
+        M.batch_structures([structure], [1, 8], 2.0, neighbours=[nl[:2]])
+    with pytest.raises(ValueError, match="cutoff must be a finite number > 0"):
+        M.neighbour_list(structure["positions"], float("inf"))

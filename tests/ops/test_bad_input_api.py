@@ -174,7 +174,7 @@ BAD = {
     "spherical_harmonics l<0": (
         lambda: e3j.spherical_harmonics(-1, ones(4, 3), True),
         ValueError,
-        r"irreps_out: l must be >= 0",
+        r"irreps_out: l must be an int >= 0",
     ),
     "spherical_harmonics l float": (
         lambda: e3j.spherical_harmonics(2.0, ones(4, 3), True),
@@ -302,7 +302,7 @@ BAD = {
     "interop sh l<0": (
         lambda: interop.spherical_harmonics(-1, e3nn.IrrepsArray("1o", ones(3, 3)), True),
         ValueError,
-        r"irreps_out: .*l must be >= 0",
+        r"irreps_out: .*l must be an int >= 0",
     ),
     "interop to_irreps_array x list": (
         lambda: interop.to_irreps_array(np.ones((2, 4, 3)).tolist(), "0e + 1o"),

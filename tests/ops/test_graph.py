@@ -204,6 +204,7 @@ def test_bad_arguments_raise(kwargs, error, match):
 
 def test_empty_lists_are_a_graph_without_edges():
     # np.asarray([]) is float64; no edges is valid (inputs.md), as for an empty integer array
+    assert Graph.from_edges([], [], 3, edge_mask=[]).num_edges == 0
     g = Graph.from_edges([], [], 3)
     want = Graph.from_edges(np.zeros(0, int), np.zeros(0, int), 3)
     assert g.num_edges == 0

@@ -215,9 +215,9 @@ def test_bad_inputs_raise():
         e3j.spherical_harmonics(1, jnp.ones((4, 3), jnp.int32), True)
     with pytest.raises(ValueError, match="normalization must be one of"):
         e3j.spherical_harmonics(1, v, True, "unit")
-    with pytest.raises(ValueError, match="l must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="l must be an int >= 0, got -1"):
         e3j.spherical_harmonics(-1, v, True)
-    with pytest.raises(ValueError, match="each l must be >= 0, got -2"):
+    with pytest.raises(ValueError, match="each l must be an int >= 0, got -2"):
         e3j.spherical_harmonics([0, -2], v, True)
     with pytest.raises(ValueError, match="degree l must be >= 0"):
         e3j.spherical_harmonics("-1e", v, True)

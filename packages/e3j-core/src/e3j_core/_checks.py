@@ -1,14 +1,45 @@
-"""Argument checks shared by e3j-core's modules (private)."""
+"""Argument checks shared by e3j-core, e3j and e3j-models (private; one rule for each kind).
+
+Counts, degrees and flags are static: Python or numpy scalars are taken (numpy ones come from array
+sizes, ``np.unique``, masks) and returned as Python ones; bools are not counts, and only bools are
+flags (a string such as ``"no"`` would read as True).
+"""
 
 from __future__ import annotations
+
+import math
+import numbers
 
 import numpy as np
 
 
+def is_int(value: object) -> bool:
+    """A Python or numpy integer, not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
+def check_int(name: str, value: object, minimum: int = 0, what: str = "") -> int:
+    """``value`` as a Python int ``>= minimum``, else ``ValueError`` naming ``name``."""
+    if not is_int(value) or value < minimum:
+        bound = "> 0" if minimum == 1 else f">= {minimum}"
+        raise ValueError(f"{name} must be an int {bound}{what}, got {value!r}")
+    return int(value)
+
+
 def check_degree(l: object, name: str = "l") -> int:
-    """A degree ``l``: a Python or numpy int >= 0 (never a bool or a float), as a Python int."""
-    if isinstance(l, (bool, np.bool_)) or not isinstance(l, (int, np.integer)):
-        raise ValueError(f"{name} must be an int >= 0, got {l!r}")
-    if l < 0:
-        raise ValueError(f"{name} must be >= 0, got {l}")
-    return int(l)
+    """A degree ``l >= 0``."""
+    return check_int(name, l, 0)
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` as a Python bool, else ``TypeError`` naming ``name``."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def check_positive_real(name: str, value: object, what: str = "") -> float:
+    """A finite real number ``> 0`` (a length, a scale) as a Python float, else ``ValueError``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+        raise ValueError(f"{name} must be a finite number > 0{what}, got {value!r}")
+    return float(value)

@@ -34,7 +34,7 @@ from math import comb
 import numpy as np
 
 from . import _polynomials as poly
-from ._checks import check_degree
+from ._checks import check_bool, check_degree
 from .irreps import Irrep, Irreps, _is_irrep_like, _is_mul_irrep_like
 
 __all__ = [
@@ -54,13 +54,6 @@ def _check_normalization(normalization: str) -> str:
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
     return normalization
-
-
-def check_normalize(normalize: object) -> bool:
-    """``normalize`` is a static bool (a string like ``"no"`` would otherwise read as True)."""
-    if not isinstance(normalize, (bool, np.bool_)):
-        raise TypeError(f"normalize must be a bool, got {normalize!r}")
-    return bool(normalize)
 
 
 def _lower(p: poly.Poly) -> poly.Poly:
@@ -236,7 +229,7 @@ def spherical_harmonics(
     With ``normalize=True`` the vectors are first divided by their norm; a zero vector then gives
     ``Y_0 = const`` and zeros for ``l > 0``, as in e3nn-jax.
     """
-    normalize = check_normalize(normalize)
+    normalize = check_bool("normalize", normalize)
     sh = spherical_harmonic_polynomials(ls, normalization)
     v = np.asarray(vectors)
     if v.ndim == 0 or v.shape[-1] != 3:

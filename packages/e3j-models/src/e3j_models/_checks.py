@@ -8,9 +8,20 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from e3j._checks import check_array, check_positive_int, check_rank, float_dtype
+from e3j._checks import check_array, check_bool, check_int, check_positive_int, check_rank, float_dtype
+from e3j_core._checks import check_positive_real, is_int
 
-__all__ = ["check_array", "check_positive_int", "check_rank", "float_dtype", "index_array", "positive_float"]
+__all__ = [
+    "check_array",
+    "check_bool",
+    "check_int",
+    "check_positive_int",
+    "check_positive_real",
+    "check_rank",
+    "float_dtype",
+    "index_array",
+    "is_int",
+]
 
 
 def index_array(name: str, a, shape: tuple[int, ...] | None = None, layout: str = "") -> jax.Array:
@@ -27,10 +38,3 @@ def index_array(name: str, a, shape: tuple[int, ...] | None = None, layout: str 
     if shape is not None and a.shape != shape:
         raise ValueError(f"{name} must have shape {layout or list(shape)}, got shape {a.shape}")
     return a
-
-
-def positive_float(name: str, value: object) -> float:
-    """A static length or scale: a Python/numpy real number > 0."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a number > 0, got {value!r}")
-    return float(value)

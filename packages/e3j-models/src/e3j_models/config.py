@@ -23,6 +23,8 @@ import numpy as np
 from e3j import Irreps
 from e3j_core import as_irreps
 
+from ._checks import check_bool, check_int, check_positive_real, is_int
+
 __all__ = [
     "MACEConfig",
     "NequIPConfig",
@@ -38,28 +40,11 @@ def _freeze(cfg, name: str, value) -> None:
     object.__setattr__(cfg, name, value)  # a frozen dataclass's own __post_init__ may normalize
 
 
-def _is_int(v) -> bool:
-    """A Python or numpy integer, not a bool (numpy integers come from np.unique, array sizes...)."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
-
-
-def _int_at_least(name: str, v, minimum: int) -> int:
-    if not _is_int(v) or v < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
-    return int(v)  # JSON-able: no numpy scalars
-
-
-def _bool(name: str, v) -> bool:
-    if not isinstance(v, (bool, np.bool_)):  # a string such as "False" would read as True
-        raise TypeError(f"{name} must be a bool, got {v!r}")
-    return bool(v)
-
-
 def check_atomic_numbers(z) -> tuple[int, ...]:
     """``atomic_numbers`` (the model's elements, in species order) as a tuple of distinct ints in [1, 118]."""
     if isinstance(z, np.ndarray):
         z = z.tolist()
-    if not isinstance(z, (tuple, list)) or not z or not all(_is_int(a) and 1 <= a <= 118 for a in z):
+    if not isinstance(z, (tuple, list)) or not z or not all(is_int(a) and 1 <= a <= 118 for a in z):
         raise ValueError(f"atomic_numbers must be a non-empty tuple of ints in [1, 118], got {z!r}")
     z = tuple(int(a) for a in z)
     if len(set(z)) != len(z):
@@ -78,14 +63,11 @@ def _check_common(cfg) -> None:
     _freeze(cfg, "atomic_numbers", z)
     for name in ("num_layers", "num_channels", "l_max", "num_rbf", "envelope_p", "readout_hidden"):
         minimum = 0 if name == "l_max" else 1
-        _freeze(cfg, name, _int_at_least(name, getattr(cfg, name), minimum))
+        _freeze(cfg, name, check_int(name, getattr(cfg, name), minimum))
     for name, unit in (("cutoff", " (Å)"), ("avg_num_neighbors", "")):
-        v = getattr(cfg, name)
-        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v < float("inf"):
-            raise ValueError(f"{name} must be a finite number > 0{unit}, got {v!r}")
-        _freeze(cfg, name, float(v))
+        _freeze(cfg, name, check_positive_real(name, getattr(cfg, name), unit))
     r = cfg.radial_mlp
-    if not isinstance(r, tuple) or not all(_is_int(h) and h >= 1 for h in r):
+    if not isinstance(r, tuple) or not all(is_int(h) and h >= 1 for h in r):
         raise ValueError(f"radial_mlp must be a tuple of positive ints (the hidden widths), got {r!r}")
     _freeze(cfg, "radial_mlp", tuple(int(h) for h in r))
     e0 = cfg.atomic_energies
@@ -127,13 +109,13 @@ class MACEConfig:
 
     def __post_init__(self) -> None:
         _check_common(self)
-        _freeze(self, "correlation", _int_at_least("correlation", self.correlation, 1))
+        _freeze(self, "correlation", check_int("correlation", self.correlation, 1))
         ns = self.node_symmetry
-        if not _is_int(ns) or not 0 <= ns <= self.l_max * self.correlation:
+        if not is_int(ns) or not 0 <= ns <= self.l_max * self.correlation:
             raise ValueError(f"node_symmetry must be an int in [0, l_max·correlation], got {self.node_symmetry!r}")
         _freeze(self, "node_symmetry", int(ns))
         for name in ("node_gating", "include_pseudotensors"):
-            _freeze(self, name, _bool(name, getattr(self, name)))
+            _freeze(self, name, check_bool(name, getattr(self, name)))
 
     def _irreps(self, lmax: int) -> Irreps:
         if self.include_pseudotensors:

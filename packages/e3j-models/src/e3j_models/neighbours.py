@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_positive_int, positive_float
+from ._checks import check_int, check_positive_int, check_positive_real
 from .batch import GraphBatch, make_batch
 from .config import check_atomic_numbers
 
@@ -66,10 +66,12 @@ def _check_structure(positions, cell, pbc, where: str = ""):
 def _given_neighbours(entry, num_atoms: int, where: str):
     """A caller's ``(senders, receivers, shifts)`` of one structure, checked against its atom count
     (an index past it would connect this structure to the next one in the batch)."""
-    if not isinstance(entry, (tuple, list)) or len(entry) != 3:
-        raise TypeError(f"neighbours{where} must be (senders, receivers, shifts), got {type(entry).__name__}")
+    if not isinstance(entry, (tuple, list)):
+        raise TypeError(f"neighbours{where} must be a (senders, receivers, shifts) tuple, got {type(entry).__name__}")
+    if len(entry) != 3:
+        raise ValueError(f"neighbours{where} must be (senders, receivers, shifts), got {len(entry)} items")
     s, r, shifts = (np.asarray(a) for a in entry)
-    for name, a in (("senders", s), ("receivers", r), ("shifts", shifts)):
+    for name, a in (("senders", s), ("receivers", r)):
         if not np.issubdtype(a.dtype, np.integer) and a.size:
             raise TypeError(f"neighbours{where}: {name} must be integers, got dtype {a.dtype}")
     if s.ndim != 1 or r.shape != s.shape or shifts.shape != (s.shape[0], 3):
@@ -83,7 +85,7 @@ def _given_neighbours(entry, num_atoms: int, where: str):
             raise ValueError(
                 f"neighbours{where}: {name}[{int(bad[0])}] = {int(a[bad[0]])} is out of range for its {num_atoms} atoms"
             )
-    return s.astype(np.int64), r.astype(np.int64), shifts.astype(np.int64)
+    return s.astype(np.int64), r.astype(np.int64), shifts  # shifts: cast with the positions, as make_batch does
 
 
 def neighbour_list(positions, cutoff: float, cell=None, pbc=False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -93,7 +95,7 @@ def neighbour_list(positions, cutoff: float, cell=None, pbc=False) -> tuple[np.n
     ``[E, 3]``). ``cell`` rows are lattice vectors; ``pbc`` a bool or 3 bools.
     """
     positions, cell, pbc = _check_structure(positions, cell, pbc)
-    cutoff = positive_float("cutoff", cutoff)
+    cutoff = check_positive_real("cutoff", cutoff)
     from vesin import NeighborList
 
     box = cell if pbc.any() else np.zeros((3, 3))
@@ -106,8 +108,7 @@ def neighbour_list(positions, cutoff: float, cell=None, pbc=False) -> tuple[np.n
 
 def bucket_size(n: int, headroom: float = 0.1, multiple: int = 8) -> int:
     """The smallest size on the grid ``multiple · ceil((1 + headroom)^k)`` that holds ``n·(1 + headroom)``."""
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
-        raise ValueError(f"n must be an int >= 0, got {n!r}")
+    n = check_int("n", n, 0)
     if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not headroom >= 0:
         raise ValueError(f"headroom must be a number >= 0, got {headroom!r}")
     check_positive_int("multiple", multiple)
@@ -145,10 +146,9 @@ def batch_structures(
     if neighbours is not None and len(neighbours) != len(structures):
         raise ValueError(f"neighbours must hold one entry per structure ({len(structures)}), got {len(neighbours)}")
     index = {z: k for k, z in enumerate(check_atomic_numbers(atomic_numbers))}
-    cutoff = positive_float("cutoff", cutoff)
-    for name, value in (("num_nodes", num_nodes), ("num_edges", num_edges)):
-        if value is not None and (isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer))):
-            raise ValueError(f"{name} must be an int or None, got {value!r}")
+    cutoff = check_positive_real("cutoff", cutoff)
+    num_nodes = None if num_nodes is None else check_int("num_nodes", num_nodes, 0, " or None")
+    num_edges = None if num_edges is None else check_int("num_edges", num_edges, 0, " or None")
     pos_all, spec_all, graph_all, s_all, r_all, sh_all, cells = [], [], [], [], [], [], []
     offset = 0
     for g, st in enumerate(structures):

@@ -89,7 +89,7 @@ class Potential:
         for name, flag in (("forces", forces), ("stress", stress)):
             if not isinstance(flag, (bool, np.bool_)):
                 raise TypeError(
-                    f"{name} must be a Python bool (static under jit: jax.jit(pot, static_argnames=('forces', "
+                    f"{name} must be a bool (static under jit: jax.jit(pot, static_argnames=('forces', "
                     f"'stress'))), got {type(flag).__name__}"
                 )
         strain = jnp.zeros((batch.num_graphs, 3, 3), batch.positions.dtype)

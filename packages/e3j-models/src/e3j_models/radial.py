@@ -19,7 +19,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from ._checks import check_array, check_positive_int, float_dtype, positive_float
+from ._checks import check_array, check_positive_int, check_positive_real, float_dtype
 
 __all__ = ["bessel_basis", "polynomial_envelope", "radial_embedding"]
 
@@ -27,7 +27,7 @@ __all__ = ["bessel_basis", "polynomial_envelope", "radial_embedding"]
 def _check(r, cutoff, num_basis=None, p=None) -> None:
     # static arguments and abstract shapes/dtypes only: free under jit
     float_dtype("r", r)
-    positive_float("cutoff", cutoff)
+    check_positive_real("cutoff", cutoff)
     if num_basis is not None:
         check_positive_int("num_basis", num_basis)
     if p is not None:

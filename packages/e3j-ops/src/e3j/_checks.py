@@ -3,7 +3,19 @@
 from __future__ import annotations
 
 import jax.numpy as jnp
-import numpy as np
+
+from e3j_core._checks import check_bool, check_int
+
+__all__ = [
+    "check_array",
+    "check_bool",
+    "check_int",
+    "check_positive_int",
+    "check_rank",
+    "check_same_dtype",
+    "edge_arrays",
+    "float_dtype",
+]
 
 
 def check_array(name: str, a) -> None:
@@ -28,21 +40,8 @@ def float_dtype(name: str, a) -> jnp.dtype:
 
 
 def check_positive_int(name: str, value: object, what: str = "") -> int:
-    """A static count (channels, layers, species) > 0 as a Python int.
-
-    Python and numpy integers are taken (``x.shape[-1]``, ``np.prod(...)``); bools, floats and
-    arrays are not.
-    """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value <= 0:
-        raise ValueError(f"{name} must be an int > 0{what}, got {value!r}")
-    return int(value)
-
-
-def check_bool(name: str, value: object) -> bool:
-    """A static flag: a Python or numpy bool (a string such as ``"no"`` would read as True)."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-    return bool(value)
+    """A static count (channels, layers, species) > 0 as a Python int (numpy integers taken)."""
+    return check_int(name, value, 1, what)
 
 
 def check_rank(name: str, a, ranks: tuple[int, ...], layout: str) -> None:
@@ -62,14 +61,17 @@ def check_same_dtype(**arrays) -> jnp.dtype:
 def edge_arrays(xp, senders, receivers, edge_mask):
     """``senders``, ``receivers`` (integer ``[E]``) and ``edge_mask`` (bool ``[E]``, all True for
     ``None``) as ``xp`` arrays, checked: a wrong dtype is a ``TypeError``, a wrong shape a
-    ``ValueError``, each naming its argument."""
-    for name, a in (("senders", senders), ("receivers", receivers)):
+    ``ValueError``, each naming its argument. Empty lists are taken (``np.asarray([])`` is float64)."""
+    arrays = {}
+    for name, a, dtype in (("senders", senders, xp.int32), ("receivers", receivers, xp.int32),
+                           ("edge_mask", edge_mask, bool)):  # fmt: skip
         if a is None:
+            if name == "edge_mask":
+                continue
             raise TypeError(f"{name} must be an integer array [E], got None")
-    senders, receivers = xp.asarray(senders), xp.asarray(receivers)
-    if senders.size == 0 and receivers.size == 0 and senders.ndim == receivers.ndim == 1:
-        # np.asarray([]) is float64: no edges is a valid graph
-        senders, receivers = senders.astype(xp.int32), receivers.astype(xp.int32)
+        a = xp.asarray(a)
+        arrays[name] = a.astype(dtype) if a.size == 0 and a.ndim == 1 else a
+    senders, receivers = arrays["senders"], arrays["receivers"]
     for name, a in (("senders", senders), ("receivers", receivers)):
         if a.ndim != 1:
             raise ValueError(f"{name} must be 1-D [E], got shape {a.shape}")
@@ -78,9 +80,9 @@ def edge_arrays(xp, senders, receivers, edge_mask):
     if senders.shape != receivers.shape:
         raise ValueError(f"senders {senders.shape} and receivers {receivers.shape} must have one shape")
     num_edges = senders.shape[0]
-    if edge_mask is None:
+    if "edge_mask" not in arrays:
         return senders, receivers, xp.ones((num_edges,), bool)
-    mask = xp.asarray(edge_mask)
+    mask = arrays["edge_mask"]
     if mask.dtype != bool:
         raise TypeError(f"edge_mask must be bool [{num_edges}], got dtype {mask.dtype}")
     if mask.shape != (num_edges,):

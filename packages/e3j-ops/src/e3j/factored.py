@@ -137,8 +137,9 @@ class FactoredWeights:
 
 
 def check_weights(name: str, w, num_edges: int, num_weights: int, layout: str) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``w`` is ``[num_edges, num_weights]`` weights: an array
-    or :class:`FactoredWeights` (``layout`` says their order in the message)."""
+    """Check that ``w`` is ``[num_edges, num_weights]`` weights, an array or :class:`FactoredWeights`
+    (``layout`` says their order in the message): ``TypeError`` for another kind of thing, ``ValueError``
+    for a wrong shape, each naming ``name``."""
     if isinstance(w, FactoredWeights):
         for part in ("hidden", "kernel", "bias"):
             if part != "bias" or w.bias is not None:
@@ -153,7 +154,7 @@ def check_weights(name: str, w, num_edges: int, num_weights: int, layout: str) -
             )
         if w.bias is not None and jnp.shape(w.bias) != (num_weights,):
             raise ValueError(f"{name}: FactoredWeights.bias must be [{num_weights}] or None, got {jnp.shape(w.bias)}")
-    elif w is None or isinstance(w, (list, tuple)):
+    elif w is None or isinstance(w, (list, tuple, str, bytes, dict)):  # check_array's kinds, named in full
         raise TypeError(f"{name} must be an array [E={num_edges}, num_weights={num_weights}] or FactoredWeights, "
                         f"got {type(w).__name__}")  # fmt: skip
     elif jnp.ndim(w) != 2 or jnp.shape(w) != (num_edges, num_weights):

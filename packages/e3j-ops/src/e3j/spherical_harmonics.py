@@ -8,7 +8,8 @@ import jax
 import jax.numpy as jnp
 
 from e3j_core import NORMALIZATIONS, Irreps, as_irreps, spherical_harmonic_polynomials
-from e3j_core.spherical_harmonics import check_normalize, is_degrees
+from e3j_core._checks import check_bool
+from e3j_core.spherical_harmonics import is_degrees
 
 from ._checks import float_dtype
 
@@ -39,7 +40,7 @@ def spherical_harmonics(
     >>> spherical_harmonics("0e + 1o", jnp.array([0.0, 2.0, 0.0], jnp.float32), normalize=True)
     Array([1.       , 0.       , 1.7320508, 0.       ], dtype=float32)
     """
-    normalize = check_normalize(normalize)
+    normalize = check_bool("normalize", normalize)
     normalization = "component" if normalization is None else normalization
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")

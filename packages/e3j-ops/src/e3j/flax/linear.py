@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from e3j_core import Irreps, as_irreps
 
@@ -178,7 +180,7 @@ def _copy_major(w: jax.Array, m_in: int, c_in: int, m_out: int, c_out: int, chan
     return jnp.swapaxes(jnp.swapaxes(w, -4, -3), -2, -1)
 
 
-def parse_normalization(value, name: str, default: str) -> float:
+def parse_normalization(value, name: str, default: str) -> numbers.Real:
     """e3nn-jax's ``"element"`` (0), ``"path"`` (1) or a number between (or beyond: e3nn-jax
     interpolates the exponent and so do we); ``None`` is ``default``."""
     if value is None:  # e3nn-jax's None: its configured default, which is ours
@@ -187,9 +189,9 @@ def parse_normalization(value, name: str, default: str) -> float:
         if value not in _NORMALIZATION:
             raise ValueError(f"{name} must be 'element', 'path' or a float, got {value!r}")
         return _NORMALIZATION[value]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be 'element', 'path' or a float, got {value!r}")
-    return float(value)
+    return value  # as given: e3nn-jax computes with it (a numpy float32 rounds its scales in float32)
 
 
 def _mul_ir(mul_ir) -> str:

@@ -57,6 +57,8 @@ class MessagePassing:
     irrep copy of the messages, ``messages.irreps.num_irreps``). Returns ``IrrepsArray [N, mp.irreps_out]``.
     Mixed multiplicities run natively (one convolution per multiplicity, ``mp.groups``);
     ``grouping="gcd"`` runs them as gcd copies instead (see :class:`e3j.MulIrConvolution`).
+    As e3nn's ``m * w``, the call reads ``e3nn.config("irrep_normalization")``: under ``"none"``
+    each output copy of irrep ``l`` is scaled by ``1/sqrt(2l+1)``.
 
     >>> import numpy as np, jax.numpy as jnp
     >>> mp = MessagePassing("8x0e + 8x1o", "1o + 2e", "0e + 1o", self_connection="0e + 1o")

@@ -8,7 +8,8 @@ import e3nn_jax as e3nn
 import jax
 
 from e3j_core import Irreps, as_irreps, spherical_harmonic_polynomials
-from e3j_core.spherical_harmonics import check_normalize, is_degrees
+from e3j_core._checks import check_bool
+from e3j_core.spherical_harmonics import is_degrees
 
 from ..spherical_harmonics import _vector_parity
 from ..spherical_harmonics import spherical_harmonics as _sh
@@ -40,11 +41,12 @@ def spherical_harmonics(
     >>> spherical_harmonics([1, 2], e3nn.IrrepsArray("1e", jnp.array([0.0, 1.0, 0.0])), True).irreps
     1x1e+1x2e
     """
-    normalize = check_normalize(normalize)
-    if algorithm is not None and (
-        not isinstance(algorithm, (tuple, list)) or not set(algorithm) <= set(_E3NN_ALGORITHMS)
-    ):
-        raise ValueError(f"algorithm must be None or a tuple of {_E3NN_ALGORITHMS}, got {algorithm!r}")
+    normalize = check_bool("normalize", normalize)
+    if algorithm is not None:
+        if not isinstance(algorithm, (tuple, list)):
+            raise TypeError(f"algorithm must be None or a tuple of {_E3NN_ALGORITHMS}, got {algorithm!r}")
+        if not set(algorithm) <= set(_E3NN_ALGORITHMS):
+            raise ValueError(f"algorithm must be None or a tuple of {_E3NN_ALGORITHMS}, got {algorithm!r}")
     if normalization is None:
         normalization = e3nn.config("spherical_harmonics_normalization")
     vec_p = _vector_parity(input.irreps) if isinstance(input, e3nn.IrrepsArray) else None

@@ -26,7 +26,7 @@ def tensor_product(
     regroup_output: bool = True,
     grouping: str = "multiplicity",
     backend: str | None = None,
-) -> e3nn.IrrepsArray:
+) -> e3nn.IrrepsArray | e3nn.Irreps:
     """Equal to ``e3nn.tensor_product(input1, input2, filter_ir_out=..., ...)``: same irreps, same layout.
 
     This is :class:`e3j.MulIrTensorProduct`: ``input1``'s blocks are grouped by multiplicity, each
