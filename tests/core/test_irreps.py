@@ -155,3 +155,14 @@ def test_property_roundtrip_and_sort(text):
     assert str(regrouped) == str(e3nn.Irreps(text).regroup())
     assert len({ir for _, ir in regrouped}) == len(regrouped)
     assert regrouped.num_irreps == ours.num_irreps
+
+
+def test_numpy_integers_are_taken_as_python_ints():
+    # degrees and multiplicities often come from numpy (array sizes, np.arange); bools and floats are not ints
+    assert Irrep(np.int64(2), -1) == Irrep(2, -1) and type(Irrep(np.int64(2), -1).l) is int
+    assert Irreps.spherical_harmonics(np.int32(2)) == Irreps.spherical_harmonics(2)
+    assert Irreps([(np.int64(3), (1, -1))]) == Irreps("3x1o") and type(Irreps([(np.int64(3), (1, -1))])[0].mul) is int
+    assert Irreps("0e + 1o + 2e").filter(lmax=np.int64(1)) == Irreps("0e + 1o")
+    for bad in (lambda: Irrep(np.bool_(True), 1), lambda: Irreps([(2.0, (0, 1))])):
+        with pytest.raises(ValueError, match="int"):
+            bad()

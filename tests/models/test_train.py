@@ -82,7 +82,7 @@ def test_training_decreases_loss_and_matches_e3nn_twin():
     assert np.all(np.diff(loss) < 0)  # one batch, small steps: every step lowers the loss
     twin = fit(cfg, s[:2], s[2:], backend="e3nn", **kw)
     np.testing.assert_allclose(twin.history["train_loss"][:5], loss[:5], rtol=1e-5)
-    with pytest.raises(ValueError, match="steps must be a positive int"):
+    with pytest.raises(ValueError, match="steps must be an int > 0"):
         fit(cfg, s[:2], s[2:], steps=0)
     with pytest.raises(ValueError, match="valid is empty"):
         fit(cfg, s[:2], [], steps=1)
@@ -126,7 +126,7 @@ def test_smoothed_loss_decreases_monotonically():
     # the definition: a per-step curve with a hard batch every epoch is not monotone, its epoch means are
     history = {"train_loss": [3.0, 1.0, 2.9, 0.9, 2.8, 0.8], "steps_per_epoch": 2}
     np.testing.assert_allclose(epoch_losses(history), [2.0, 1.9, 1.8])
-    with pytest.raises(ValueError, match="steps_per_epoch must be a positive int"):
+    with pytest.raises(ValueError, match="steps_per_epoch must be an int > 0"):
         epoch_losses({"train_loss": [1.0]})
 
 

@@ -22,6 +22,8 @@ from typing import NamedTuple, Union
 
 import numpy as np
 
+from ._checks import check_int, is_int
+
 __all__ = ["IntoIrrep", "IntoIrreps", "Irrep", "Irreps", "MulIrrep", "as_irreps"]
 
 _IRREP_RE = re.compile(r"^(\d+)([eoy])$")
@@ -65,8 +67,9 @@ class Irrep:
                 raise ValueError(
                     f"cannot interpret {l!r} as an Irrep: expected a string like '1o', a pair (l, p) or an Irrep"
                 )
-        if isinstance(l, bool) or not isinstance(l, int):
+        if not is_int(l):
             raise ValueError(f"Irrep degree l must be an int, got {l!r}")
+        l = int(l)
         if l < 0:
             raise ValueError(f"Irrep degree l must be >= 0, got l={l}")
         if isinstance(p, bool) or p not in (1, -1):
@@ -362,8 +365,7 @@ class Irreps(tuple):
             dropped = _irrep_set(drop, "drop")
             return Irreps([mul_ir for mul_ir in self if mul_ir.ir not in dropped])
         if lmax is not None:
-            if isinstance(lmax, bool) or not isinstance(lmax, int) or lmax < 0:
-                raise ValueError(f"filter: lmax must be an int >= 0, got {lmax!r}")
+            lmax = check_int("filter: lmax", lmax, 0)
             return Irreps([mul_ir for mul_ir in self if mul_ir.ir.l <= lmax])
         return self
 
@@ -386,8 +388,7 @@ class Irreps(tuple):
         >>> Irreps.spherical_harmonics(3)
         1x0e+1x1o+1x2e+1x3o
         """
-        if isinstance(lmax, bool) or not isinstance(lmax, int) or lmax < 0:
-            raise ValueError(f"lmax must be an int >= 0, got {lmax!r}")
+        lmax = check_int("lmax", lmax, 0)
         if p not in (1, -1):
             raise ValueError(f"p must be 1 or -1, got {p!r}")
         return Irreps([(1, (l, p**l)) for l in range(lmax + 1)])
@@ -469,9 +470,9 @@ def _is_mul_irrep_like(obj: object) -> bool:
 
 
 def _mul_irrep(mul: object, ir: object, where: object) -> MulIrrep:
-    if isinstance(mul, bool) or not isinstance(mul, int) or mul < 0:
+    if not is_int(mul) or mul < 0:
         raise ValueError(f"invalid multiplicity in {where!r}: must be an int >= 0, got {mul!r}")
-    return MulIrrep(mul, Irrep(ir))  # type: ignore[arg-type]
+    return MulIrrep(int(mul), Irrep(ir))  # type: ignore[arg-type]
 
 
 def _into_mul_irrep(item: object) -> MulIrrep:

@@ -26,6 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._checks import check_int
+
 __all__ = ["LATTICE_CONSTANTS", "emt_structures", "read_dataset", "write_dataset"]
 
 LATTICE_CONSTANTS = {"Cu": 3.61, "Ni": 3.52}
@@ -51,8 +53,7 @@ def emt_structures(
     from ase.calculators.emt import EMT
     from ase.calculators.singlepoint import SinglePointCalculator
 
-    if isinstance(num_structures, bool) or not isinstance(num_structures, int) or num_structures < 1:
-        raise ValueError(f"num_structures must be a positive int, got {num_structures!r}")
+    num_structures = check_int("num_structures", num_structures, 1)
     if not repeats or any(len(r) != 3 or min(r) < 1 for r in repeats):
         raise ValueError(f"repeats must be a non-empty list of 3 positive ints each, got {repeats!r}")
     if not 0 <= strain < 0.2:

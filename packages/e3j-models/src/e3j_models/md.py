@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import check_int
+
 __all__ = ["ENSEMBLES", "plot_md", "run_md"]
 
 ENSEMBLES = ("nve", "nvt", "npt")
@@ -66,14 +68,12 @@ def run_md(
 
     if ensemble not in ENSEMBLES:
         raise ValueError(f"ensemble must be one of {ENSEMBLES}, got {ensemble!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    steps = check_int("steps", steps, 1)
     if not timestep_fs > 0:
         raise ValueError(f"timestep_fs must be > 0, got {timestep_fs!r}")
     if not temperature_K >= 0:
         raise ValueError(f"temperature_K must be >= 0 (K), got {temperature_K!r}")
-    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
-        raise ValueError(f"log_every must be a positive int, got {log_every!r}")
+    log_every = check_int("log_every", log_every, 1)
     if ensemble == "npt" and not atoms.pbc.all():
         raise ValueError("ensemble 'npt' needs a fully periodic structure (atoms.pbc all True)")
     atoms.calc = calculator

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from e3j import Irrep, Irreps
 from e3j_core import as_irreps, tensor_product_coo
 
-from ._checks import check_positive_int, check_rank, index_array
+from ._checks import check_int, check_positive_int, check_rank, index_array
 
 __all__ = ["SymmetricContraction", "SymmetricContractionSpec"]
 
@@ -47,8 +47,7 @@ class SymmetricContractionSpec:
 
     def __init__(self, irreps_in, irreps_out, correlation: int) -> None:
         irreps_in, irreps_out = as_irreps(irreps_in, "irreps_in"), as_irreps(irreps_out, "irreps_out")
-        if isinstance(correlation, bool) or not isinstance(correlation, int) or correlation < 1:
-            raise ValueError(f"correlation must be an int >= 1, got {correlation!r}")
+        correlation = check_int("correlation", correlation, 1)
         if any(mul != 1 for mul, _ in irreps_out) or len({ir for _, ir in irreps_out}) != len(irreps_out):
             raise ValueError(f"irreps_out must hold each irrep once (channels carry multiplicity), got {irreps_out}")
         object.__setattr__(self, "irreps_in", irreps_in)

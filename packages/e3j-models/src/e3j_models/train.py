@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import check_int
 from .batch import GraphBatch
 from .config import MACEConfig, NequIPConfig
 from .io import save
@@ -227,10 +228,8 @@ def fit(
     """
     import optax
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+    steps = check_int("steps", steps, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
     if not train:
         raise ValueError("train is empty: give at least one structure")
     if not valid:
@@ -313,8 +312,7 @@ def epoch_losses(history: dict[str, Any], steps_per_epoch: int | None = None) ->
     [3.0, 2.0]
     """
     k = history.get("steps_per_epoch") if steps_per_epoch is None else steps_per_epoch
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"steps_per_epoch must be a positive int (history has none recorded?), got {k!r}")
+    k = check_int("steps_per_epoch", k, 1, " (history has none recorded?)")
     loss = np.asarray(history["train_loss"], np.float64)
     return loss[: len(loss) // k * k].reshape(-1, k).mean(axis=1)
 
