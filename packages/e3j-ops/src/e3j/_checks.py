@@ -15,7 +15,13 @@ __all__ = [
     "check_same_dtype",
     "edge_arrays",
     "float_dtype",
+    "not_an_array",
 ]
+
+
+def not_an_array(a) -> bool:
+    """``None`` or a container/string that jnp would read as an array (or refuse unnamed)."""
+    return a is None or isinstance(a, (list, tuple, str, bytes, dict))
 
 
 def check_array(name: str, a) -> None:
@@ -24,7 +30,7 @@ def check_array(name: str, a) -> None:
     jnp would read ``None`` as a float or a rank-0 array and a list as an array (deprecated), and
     its errors would not name the argument.
     """
-    if a is None or isinstance(a, (list, tuple, str, bytes, dict)):
+    if not_an_array(a):
         raise TypeError(f"{name} must be an array, got {type(a).__name__}")
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 
-from ._checks import check_array
+from ._checks import check_array, not_an_array
 
 __all__ = ["FactoredWeights", "check_weights", "take_columns"]
 
@@ -154,7 +154,7 @@ def check_weights(name: str, w, num_edges: int, num_weights: int, layout: str) -
             )
         if w.bias is not None and jnp.shape(w.bias) != (num_weights,):
             raise ValueError(f"{name}: FactoredWeights.bias must be [{num_weights}] or None, got {jnp.shape(w.bias)}")
-    elif w is None or isinstance(w, (list, tuple, str, bytes, dict)):  # check_array's kinds, named in full
+    elif not_an_array(w):  # check_array's rule, with the expected layout in the message
         raise TypeError(f"{name} must be an array [E={num_edges}, num_weights={num_weights}] or FactoredWeights, "
                         f"got {type(w).__name__}")  # fmt: skip
     elif jnp.ndim(w) != 2 or jnp.shape(w) != (num_edges, num_weights):
