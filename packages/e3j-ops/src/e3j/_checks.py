@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from e3j_core._checks import check_bool, check_int
 
 __all__ = [
+    "STATIC",
     "check_array",
     "check_bool",
     "check_int",
@@ -17,6 +18,9 @@ __all__ = [
     "float_dtype",
     "not_an_array",
 ]
+
+# the note check_int adds for counts that fix shapes (a node count, a device count)
+STATIC = " (static, not traced)"
 
 
 def not_an_array(a) -> bool:

@@ -42,7 +42,7 @@ import numpy as np
 from jax import shard_map
 from jax.sharding import Mesh, PartitionSpec
 
-from ._checks import check_rank, edge_arrays
+from ._checks import STATIC, check_int, check_rank, edge_arrays
 from .convolution import Convolution
 from .graph import Graph
 
@@ -91,12 +91,6 @@ jax.tree_util.register_dataclass(
 )
 
 
-def _static_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{name} must be a static int >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def partition_graph(
     senders,
     receivers,
@@ -121,8 +115,8 @@ def partition_graph(
     Raises ``ValueError`` for out-of-range non-padding edges or too-small capacities, and
     ``TypeError`` for traced input (the partition's shapes depend on the data).
     """
-    num_nodes = _static_int("num_nodes", num_nodes, 0)
-    num_devices = _static_int("num_devices", num_devices, 1)
+    num_nodes = check_int("num_nodes", num_nodes, 0, STATIC)
+    num_devices = check_int("num_devices", num_devices, 1, STATIC)
     if any(isinstance(a, jax.core.Tracer) for a in (senders, receivers, edge_mask)):
         raise TypeError("partition_graph runs on the host: pass concrete (numpy) arrays, not traced values")
     senders, receivers, mask = edge_arrays(np, senders, receivers, edge_mask)
@@ -144,7 +138,7 @@ def partition_graph(
     def capacity(name, given, needed):
         if given is None:
             return needed
-        given = _static_int(name, given, 0)
+        given = check_int(name, given, 0, STATIC)
         if given < needed:
             raise ValueError(f"{name}={given} is too small: a device needs {needed}")
         return given

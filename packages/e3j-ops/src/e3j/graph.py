@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
 
-from ._checks import edge_arrays
+from ._checks import STATIC, check_int, edge_arrays
 
 __all__ = ["Graph"]
 
@@ -78,9 +78,7 @@ class Graph(NamedTuple):
                 input the check always runs and raises ``ValueError``. Without it, out-of-range
                 edges under ``jit`` are treated as padding, so they can never touch memory.
         """
-        if isinstance(num_nodes, bool) or not isinstance(num_nodes, (int, np.integer)) or num_nodes < 0:
-            raise ValueError(f"num_nodes must be a static int >= 0, got {num_nodes!r}")
-        num_nodes = int(num_nodes)
+        num_nodes = check_int("num_nodes", num_nodes, 0, STATIC)
         traced = any(isinstance(a, jax.core.Tracer) for a in (senders, receivers, edge_mask))
         xp = jnp if traced else np
         senders, receivers, mask = edge_arrays(xp, senders, receivers, edge_mask)
