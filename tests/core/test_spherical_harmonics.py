@@ -2,7 +2,13 @@ import e3nn_jax as e3nn
 import numpy as np
 import pytest
 
-from e3j_core import Irreps, spherical_harmonic_polynomials, spherical_harmonics, wigner_D
+from e3j_core import (
+    Irreps,
+    spherical_harmonic_polynomials,
+    spherical_harmonic_recurrence,
+    spherical_harmonics,
+    wigner_D,
+)
 from e3j_core.wigner import angles_to_matrix
 
 LMAX = 11
@@ -107,6 +113,46 @@ def test_polynomial_form_shapes_and_cache():
     assert not sh.coefficients.flags.writeable
     # l=2 needs only the 6 quadratic monomials, l=1 the 3 linear ones, l=0 the constant
     assert sh.exponents.shape[0] == 10
+
+
+def recurrence_by_its_docstring(rec, v):
+    """The rows of ``rec`` at ``v [n, 3]``, evaluated as the class docstring states them (float64)."""
+    big_x, big_y, big_z = v[:, 2], v[:, 0], v[:, 1]
+    r2 = np.sum(v * v, axis=1)
+    trig = [(big_x + 1j * big_y) ** m for m in range(int(rec.m.max(initial=0)) + 1)]
+    out = []
+    for l, m, cosine, factor in zip(rec.degrees, rec.m, rec.cosine, rec.factors):
+        q = [np.ones_like(big_z), (2 * m + 1) * big_z]  # Q_m^m, Q_{m+1}^m
+        for k in range(m + 2, l + 1):
+            q.append((2 * k - 1) * big_z * q[-1] - (k + m - 1) * (k - m - 1) * r2 * q[-2])
+        out.append(factor * q[l - m] * (trig[m].real if cosine else trig[m].imag))
+    return np.stack(out, axis=1)
+
+
+@pytest.mark.parametrize("normalization", ["component", "norm", "integral"])
+def test_recurrence_form_equals_the_polynomials(vectors, normalization):
+    """Same rows as the monomial form up to l = 11 and at l = 20 (built with an exact check)."""
+    ls = [*range(LMAX + 1), 20, 3]
+    rec = spherical_harmonic_recurrence(ls, normalization)
+    assert rec.ls == tuple(ls) and rec.factors.shape == (sum(2 * l + 1 for l in ls),)
+    got = recurrence_by_its_docstring(rec, vectors)
+    ref = spherical_harmonic_polynomials(ls, normalization)(vectors)
+    start = 0
+    for l in ls:
+        block = slice(start, start + 2 * l + 1)
+        assert rel_err(got[:, block], ref[:, block]) <= 1e-13, l
+        start += 2 * l + 1
+
+
+def test_recurrence_rows_and_cache():
+    rec = spherical_harmonic_recurrence("0e + 2e", "norm")
+    assert rec is spherical_harmonic_recurrence([0, 2], "norm")
+    assert rec.degrees.tolist() == [0, 2, 2, 2, 2, 2]
+    assert rec.m.tolist() == [0, 2, 1, 0, 1, 2]  # |m| for m = -l .. l
+    assert rec.cosine.tolist() == [True, False, False, True, True, True]
+    assert not rec.factors.flags.writeable and rec.factors.dtype == np.float64
+    with pytest.raises(ValueError, match="normalization"):
+        spherical_harmonic_recurrence([1], "unit")
 
 
 def test_equivariance(vectors):

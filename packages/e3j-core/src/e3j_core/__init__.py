@@ -28,7 +28,9 @@ from .irreps import Irrep, Irreps, MulIrrep, as_irreps
 from .spherical_harmonics import (
     NORMALIZATIONS,
     SphericalHarmonicPolynomials,
+    SphericalHarmonicRecurrence,
     spherical_harmonic_polynomials,
+    spherical_harmonic_recurrence,
     spherical_harmonics,
 )
 from .wigner import (
@@ -54,6 +56,7 @@ __all__ = [
     "MulIrrep",
     "Path",
     "SphericalHarmonicPolynomials",
+    "SphericalHarmonicRecurrence",
     "TensorProductCoo",
     "__version__",
     "angles_to_matrix",
@@ -69,6 +72,7 @@ __all__ = [
     "select_paths",
     "so3_generators",
     "spherical_harmonic_polynomials",
+    "spherical_harmonic_recurrence",
     "spherical_harmonics",
     "su2_clebsch_gordan",
     "tensor_product_coo",

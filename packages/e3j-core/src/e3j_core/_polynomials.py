@@ -50,6 +50,19 @@ def add(*polys: Poly) -> Poly:
     return out
 
 
+def multiply(*polys: Poly) -> Poly:
+    """The product of Gaussian-integer polynomials (``{(0, 0, 0): (1, 0)}`` for none)."""
+    out: Poly = {(0, 0, 0): (1, 0)}
+    for q in polys:
+        product: Poly = {}
+        for ep, (pr, pi) in out.items():
+            for eq, (qr, qi) in q.items():
+                e = (ep[0] + eq[0], ep[1] + eq[1], ep[2] + eq[2])
+                _add(product, e, pr * qr - pi * qi, pr * qi + pi * qr)
+        out = product
+    return out
+
+
 def real_part(p: Poly) -> dict[Exponent, int]:
     return {e: re for e, (re, _) in p.items() if re != 0}
 

@@ -40,8 +40,10 @@ from .irreps import Irrep, Irreps, _is_irrep_like, _is_mul_irrep_like
 __all__ = [
     "NORMALIZATIONS",
     "SphericalHarmonicPolynomials",
+    "SphericalHarmonicRecurrence",
     "is_degrees",
     "spherical_harmonic_polynomials",
+    "spherical_harmonic_recurrence",
     "spherical_harmonics",
 ]
 
@@ -98,7 +100,7 @@ def integer_harmonics(l: int) -> tuple[tuple[dict[tuple[int, int, int], int], Fr
     return tuple(out)
 
 
-def _coefficient(c: int, q: Fraction, extra: int) -> float:
+def _coefficient(c: int | Fraction, q: Fraction, extra: int) -> float:
     """``c / sqrt(q * extra)``, correctly rounded from the exact rational."""
     return math.copysign(math.sqrt(Fraction(c * c) / (q * extra)), c)
 
@@ -161,6 +163,102 @@ def _polynomials(ls: tuple[int, ...], normalization: str) -> SphericalHarmonicPo
     exponents.setflags(write=False)
     coefficients.setflags(write=False)
     return SphericalHarmonicPolynomials(ls, normalization, exponents, coefficients)
+
+
+@dataclass(frozen=True, eq=False)
+class SphericalHarmonicRecurrence:
+    """Spherical harmonics of degrees ``ls`` as associated-Legendre recurrences.
+
+    In standard axes ``(X, Y, Z) = (z, x, y)`` of e3nn's ``(x, y, z)`` (``Z`` polar), with
+    ``r² = x² + y² + z²``, ``A_m + i B_m = (X + iY)^m`` and the integer recurrence
+
+        ``Q_m^m = 1``, ``Q_{m+1}^m = (2m + 1) Z``,
+        ``Q_l^m = (2l - 1) Z Q_{l-1}^m - (l + m - 1)(l - m - 1) r² Q_{l-2}^m``
+
+    (``(l - m)!`` times the associated Legendre polynomial over ``sin^m θ``, made homogeneous), each
+    output row is ``factors[k] · Q_{degrees[k]}^{m[k]} · (A_m if cosine[k] else B_m)``: the same
+    polynomial as :class:`SphericalHarmonicPolynomials`' row, checked coefficient by coefficient in
+    exact arithmetic when built. Evaluating it takes a few operations per row (the monomial form
+    mixes ``(l+1)(l+2)/2`` monomials per degree) and stays as accurate (the three-term recurrence in
+    ``l`` is the stable direction).
+
+    Attributes:
+        ls: the degrees, in output order (one ``2l+1`` block each).
+        normalization: ``"component"``, ``"norm"`` or ``"integral"``.
+        degrees: ``int64 [D]``, each row's ``l``.
+        m: ``int64 [D]``, each row's ``|m|`` (rows ``m = -l .. l`` per degree).
+        cosine: ``bool [D]``, ``A_m`` (``m >= 0``) rather than ``B_m`` (``m < 0``).
+        factors: ``float64 [D]``, correctly rounded from the exact value.
+
+    >>> rec = spherical_harmonic_recurrence([1])
+    >>> rec.m.tolist(), rec.cosine.tolist(), np.round(rec.factors, 6).tolist()
+    ([1, 0, 1], [False, True, True], [1.732051, 1.732051, 1.732051])
+    """
+
+    ls: tuple[int, ...]
+    normalization: str
+    degrees: np.ndarray
+    m: np.ndarray
+    cosine: np.ndarray
+    factors: np.ndarray
+
+
+@cache
+def _legendre_rows(l: int) -> tuple[Fraction, ...]:
+    """For ``m = -l .. l``: the exact ``ρ`` with ``integer_harmonics(l)[m] = ρ · Q_l^|m| · (A or B)``."""
+    x_iy = {(1, 0, 0): (1, 0), (0, 1, 0): (0, 1)}  # X + iY over standard exponents (X, Y, Z)
+    z = {(0, 0, 1): (1, 0)}
+    r2 = {(2, 0, 0): (1, 0), (0, 2, 0): (1, 0), (0, 0, 2): (1, 0)}
+    out = []
+    for m_signed, (p, _) in zip(range(-l, l + 1), integer_harmonics(l)):
+        m = abs(m_signed)
+        q_prev, q = None, {(0, 0, 0): (1, 0)}  # Q_{k-1}^m, Q_k^m for k = m
+        for k in range(m + 1, l + 1):
+            term = poly.multiply({(0, 0, 0): (2 * k - 1, 0)}, z, q)
+            if q_prev is not None:
+                term = poly.add(term, poly.multiply({(0, 0, 0): (-(k + m - 1) * (k - m - 1), 0)}, r2, q_prev))
+            q_prev, q = q, term
+        state = poly.multiply(q, *[x_iy] * m)
+        part = poly.real_part(state) if m_signed >= 0 else poly.imag_part(state)
+        candidate = {(b, c, a): coef for (a, b, c), coef in part.items()}  # to e3nn's (x, y, z)
+        e = next(iter(p))
+        ratio = Fraction(p[e], candidate[e]) if e in candidate else None
+        if ratio is None or candidate.keys() != p.keys() or any(p[k] != ratio * c for k, c in candidate.items()):
+            raise AssertionError(f"the Legendre recurrence does not reproduce Y_{l},{m_signed}")  # pragma: no cover
+        out.append(ratio)
+    return tuple(out)
+
+
+@cache
+def _recurrence(ls: tuple[int, ...], normalization: str) -> SphericalHarmonicRecurrence:
+    degrees, ms, cosine, factors = [], [], [], []
+    for l in ls:
+        extra = 2 * l + 1 if normalization == "norm" else 1
+        for m_signed, ratio, (_, q) in zip(range(-l, l + 1), _legendre_rows(l), integer_harmonics(l)):
+            factor = _coefficient(ratio, q, extra)
+            if normalization == "integral":
+                factor /= math.sqrt(4 * math.pi)
+            degrees.append(l)
+            ms.append(abs(m_signed))
+            cosine.append(m_signed >= 0)
+            factors.append(factor)
+    arrays = (
+        np.array(degrees, np.int64),
+        np.array(ms, np.int64),
+        np.array(cosine, bool),
+        np.array(factors, np.float64),
+    )
+    for a in arrays:
+        a.setflags(write=False)
+    return SphericalHarmonicRecurrence(ls, normalization, *arrays)
+
+
+def spherical_harmonic_recurrence(
+    ls: int | Sequence[int] | Irreps | str, normalization: str = "component"
+) -> SphericalHarmonicRecurrence:
+    """The cached recurrence form of the spherical harmonics of degrees ``ls`` (as
+    :func:`spherical_harmonic_polynomials` reads them)."""
+    return _recurrence(_as_ls(ls), _check_normalization(normalization))
 
 
 def _names_irreps(ls: object) -> bool:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from e3j_core import NORMALIZATIONS, Irreps, as_irreps, spherical_harmonic_polynomials
+from e3j_core import NORMALIZATIONS, Irreps, as_irreps, spherical_harmonic_recurrence
 from e3j_core._checks import check_bool
 from e3j_core.spherical_harmonics import is_degrees
 
@@ -33,7 +33,8 @@ def spherical_harmonics(
     with the parities). ``normalization`` is ``"component"`` (also for ``None``: e3nn-jax's
     default; its ``e3nn.config`` setting is read only by the interop function), ``"norm"`` or
     ``"integral"``. Conventions are e3nn's (``y`` polar, ``l=1`` components ``(x, y, z)``).
-    Monomials of the coordinates are formed once and mixed by a small constant matrix. With
+    Evaluated by associated-Legendre recurrences (:class:`e3j_core.SphericalHarmonicRecurrence`:
+    the same polynomials as e3j-core's exact ones, a few operations per component). With
     ``normalize=True`` the input is divided by its norm; the zero vector maps to ``Y_0`` and
     zeros, with e3nn-jax's finite derivatives there (those of the polynomials at the origin).
 
@@ -48,27 +49,26 @@ def spherical_harmonics(
         _check_vector_parity(irreps_out, _vector_parity(input.irreps))
         input = input.array
     try:
-        polys = spherical_harmonic_polynomials(irreps_out, normalization)
+        rec = spherical_harmonic_recurrence(irreps_out, normalization)
     except ValueError as err:
         raise ValueError(f"irreps_out: {err}") from None
     dtype = float_dtype("input", input)
     x = jnp.asarray(input, dtype)
     if x.ndim == 0 or x.shape[-1] != 3:
         raise ValueError(f"input must have shape [..., 3], got {x.shape}")
-    if polys.exponents.shape[0] == 0:
+    if not rec.ls:
         return jnp.zeros((*x.shape[:-1], 0), dtype)
-    # a concrete array (an eager call): one compiled program, where the ~700 small operations of
-    # degrees up to 11 would each be compiled on their own (2 s against 23 s on a 2-core CPU). Under
+    # a concrete array (an eager call): one compiled program, where the hundreds of small operations
+    # of degrees up to 11 would each be compiled on their own (2 s against 23 s on a 2-core CPU). Under
     # a transformation (jit, grad, vmap) the operations join the caller's trace as they are: eager
     # jacobians of a jitted evaluator compiled each transformed program anew (~2.5x slower)
     evaluate = _evaluate if isinstance(x, jax.core.Tracer) else _evaluate_jit
-    return evaluate(x, polys.ls, polys.normalization, normalize)
+    return evaluate(x, rec.ls, rec.normalization, normalize)
 
 
 def _evaluate(x: jax.Array, ls: tuple[int, ...], normalization: str, normalize: bool) -> jax.Array:
     """The harmonics of checked operands."""
-    polys = spherical_harmonic_polynomials(ls, normalization)  # cached: the caller's object
-    dtype = x.dtype
+    rec = spherical_harmonic_recurrence(ls, normalization)  # cached: the caller's object
     if normalize:
         # divide by the largest |component| first so that the squared norm neither underflows nor
         # overflows (|x| ~ 1e-20 or 1e20 in float32); the direction does not depend on this scale,
@@ -81,17 +81,42 @@ def _evaluate(x: jax.Array, ls: tuple[int, ...], normalization: str, normalize: 
         # as in e3nn-jax: the polynomials of x there give Y_0 and zeros, and e3nn-jax's derivatives
         # of every order
         x = jnp.where(nonzero, x / jnp.sqrt(jnp.where(nonzero, r2, 1)), x)
-    degree = int(polys.exponents.max(initial=0))
-    # the monomials from static slices: indexing with the exponent arrays instead is a gather, whose
-    # gradient is a scatter-add: ~1.5x slower in value and in gradient on a CPU
-    powers = [[None] * (degree + 1) for _ in range(3)]  # powers[axis][k] = x[..., axis] ** k
-    for axis in range(3):
-        powers[axis][0] = jnp.ones_like(x[..., 0])
-        for k in range(1, degree + 1):
-            powers[axis][k] = x[..., axis] if k == 1 else powers[axis][k - 1] * x[..., axis]
-    mono = jnp.stack([powers[0][a] * powers[1][b] * powers[2][c] for a, b, c in polys.exponents.tolist()], axis=-1)
-    # full float32 on GPUs and TPUs too (their default precision would round the monomials to TF32/bf16)
-    return jnp.matmul(mono, jnp.asarray(polys.coefficients.T, dtype), precision=jax.lax.Precision.HIGHEST)
+    # e3nn's (x, y, z) as standard axes (X, Y, Z) = (z, x, y), Z polar: each row is
+    # factor · Q_l^m(Z, r²) · (A_m or B_m)(X, Y), a few operations per row. The monomial form
+    # (``polys.coefficients @ monomials``) ran 1.4-8x slower at lmax 3-6 and ~150x at lmax 11 on a CPU:
+    # XLA splits a product with a stacked operand into one multiply-add per monomial, zeros included
+    big_x, big_y, big_z = x[..., 2], x[..., 0], x[..., 1]
+    lmax = int(rec.degrees.max())
+    r2 = big_x * big_x + big_y * big_y + big_z * big_z if lmax >= 2 else None
+    a, b = [None, big_x], [None, big_y]  # A_m + i B_m = (X + iY)^m; m = 0 is the constant 1
+    for _ in range(2, lmax + 1):
+        a_prev, b_prev = a[-1], b[-1]
+        a.append(big_x * a_prev - big_y * b_prev)
+        b.append(big_x * b_prev + big_y * a_prev)
+    q: dict[tuple[int, int], jax.Array | None] = {}  # (l, m) -> Q_l^m; None is the constant 1
+
+    def legendre(l: int, m: int) -> jax.Array | None:
+        if (l, m) not in q:
+            if l == m:
+                q[l, m] = None
+            elif l == m + 1:
+                q[l, m] = (2 * m + 1) * big_z
+            else:
+                below = legendre(l - 2, m)
+                tail = (l + m - 1) * (l - m - 1) * (r2 if below is None else r2 * below)
+                q[l, m] = (2 * l - 1) * big_z * legendre(l - 1, m) - tail
+        return q[l, m]
+
+    rows = []
+    for l, m, cosine, factor in zip(rec.degrees.tolist(), rec.m.tolist(), rec.cosine.tolist(), rec.factors.tolist()):
+        value = legendre(l, m)
+        if m:
+            trig = (a if cosine else b)[m]
+            value = trig if value is None else value * trig
+        rows.append((jnp.ones_like(big_x) if value is None else value) * factor)
+    # the barrier keeps the rows one materialized array: fused into an elementwise consumer (the
+    # gradient of sum(sin(Y))) XLA's CPU recomputed the recurrences per consumer, ~2x slower at lmax 3
+    return jax.lax.optimization_barrier(jnp.stack(rows, axis=-1))
 
 
 _evaluate_jit = jax.jit(_evaluate, static_argnums=(1, 2, 3))
