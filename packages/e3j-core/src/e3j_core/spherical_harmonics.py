@@ -179,8 +179,9 @@ class SphericalHarmonicRecurrence:
     output row is ``factors[k] · Q_{degrees[k]}^{m[k]} · (A_m if cosine[k] else B_m)``: the same
     polynomial as :class:`SphericalHarmonicPolynomials`' row, checked coefficient by coefficient in
     exact arithmetic when built. Evaluating it takes a few operations per row (the monomial form
-    mixes ``(l+1)(l+2)/2`` monomials per degree) and stays as accurate (the three-term recurrence in
-    ``l`` is the stable direction).
+    mixes ``(l+1)(l+2)/2`` monomials per degree), about as accurately (the three-term recurrence in
+    ``l`` is the stable direction; in float32, 2e-6 of the largest value at ``l = 11`` against the
+    monomial form's 1.4e-6).
 
     Attributes:
         ls: the degrees, in output order (one ``2l+1`` block each).
