@@ -210,16 +210,18 @@ def _legendre_rows(l: int) -> tuple[Fraction, ...]:
     x_iy = {(1, 0, 0): (1, 0), (0, 1, 0): (0, 1)}  # X + iY over standard exponents (X, Y, Z)
     z = {(0, 0, 1): (1, 0)}
     r2 = {(2, 0, 0): (1, 0), (0, 2, 0): (1, 0), (0, 0, 2): (1, 0)}
-    out = []
-    for m_signed, (p, _) in zip(range(-l, l + 1), integer_harmonics(l)):
-        m = abs(m_signed)
+    states = {}  # |m| -> Q_l^m · (X + iY)^m, shared by +m (real part) and -m (imaginary part)
+    for m in range(l + 1):
         q_prev, q = None, {(0, 0, 0): (1, 0)}  # Q_{k-1}^m, Q_k^m for k = m
         for k in range(m + 1, l + 1):
             term = poly.multiply({(0, 0, 0): (2 * k - 1, 0)}, z, q)
             if q_prev is not None:
                 term = poly.add(term, poly.multiply({(0, 0, 0): (-(k + m - 1) * (k - m - 1), 0)}, r2, q_prev))
             q_prev, q = q, term
-        state = poly.multiply(q, *[x_iy] * m)
+        states[m] = poly.multiply(q, *[x_iy] * m)
+    out = []
+    for m_signed, (p, _) in zip(range(-l, l + 1), integer_harmonics(l)):
+        state = states[abs(m_signed)]
         part = poly.real_part(state) if m_signed >= 0 else poly.imag_part(state)
         candidate = {(b, c, a): coef for (a, b, c), coef in part.items()}  # to e3nn's (x, y, z)
         e = next(iter(p))
