@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import e3j
 from e3j.reference import convolution as ref_conv
@@ -95,6 +96,14 @@ CONV_CASES = [
     Case(3, 256, 7, False),
     Case(3, 16, 8, True),
 ]
+
+
+def interpreted_conv_cases(cases: list[Case]) -> list:
+    """``cases`` as a kernel interpreter's tests parametrize them: the lmax-3 convolutions (256
+    channels in two lane blocks; 16 channels with ``y`` per channel), 40-90 s each in an interpreter,
+    run in the slow session. The tests session keeps lmax 3 in the tensor products, the convolution's
+    unrolled tables at lmax 1-2 (per-channel ``y`` at lmax 2) and its walked tables at l = 6."""
+    return [pytest.param(c, marks=pytest.mark.slow) if c.lmax == 3 and c.table is None else c for c in cases]
 
 
 @dataclass(frozen=True)
@@ -449,18 +458,18 @@ def check_gradients_through_primitives(backend: str, tp_case: Case, conv_case: C
 def _compare_derivatives(loss, args, backend, dtype, what):
     n = len(args)
 
-    def grads(b):
-        return jax.grad(loss, argnums=tuple(range(n)))(*args, b)
-
-    def grad_of_grad(b):
+    # the gradient and the gradient of its squared norm from one program: the second-order program
+    # computes the first-order gradient anyway, and in the interpreters each kernel call is costly
+    def derivatives(b):
         def inner(*a):
             g = jax.grad(loss, argnums=tuple(range(n)))(*a, b)
-            return sum(jnp.sum(gi**2) for gi in g)
+            return sum(jnp.sum(gi**2) for gi in g), g
 
-        return jax.grad(inner, argnums=tuple(range(n)))(*args)
+        grad_of_grad, grad = jax.grad(inner, argnums=tuple(range(n)), has_aux=True)(*args)
+        return {"grad": grad, "grad of grad": grad_of_grad}
 
-    for name, fn in (("grad", grads), ("grad of grad", grad_of_grad)):
-        got = jax.jit(fn, static_argnums=0)(backend)
-        want = jax.jit(fn, static_argnums=0)("reference")
-        for k, (g, r) in enumerate(zip(got, want, strict=True)):
+    got = jax.jit(derivatives, static_argnums=0)(backend)
+    want = jax.jit(derivatives, static_argnums=0)("reference")
+    for name in ("grad", "grad of grad"):
+        for k, (g, r) in enumerate(zip(got[name], want[name], strict=True)):
             assert_close(g, np.asarray(r, np.float64), dtype, f"{what} {name} wrt argument {k}")

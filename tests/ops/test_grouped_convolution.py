@@ -60,7 +60,10 @@ def test_array_weights_run_one_primitive_without_a_copy_into_the_groups():
     assert names.count("e3j_convolution") == 3 and "e3j_grouped_convolution" not in names
 
 
-@pytest.mark.parametrize("backend", ["reference", "test", "pallas_gpu_interpret"])
+# Pallas GPU's grouped kernels through the ops: the slow session (~60 s in the interpreter; the tests
+# session checks those kernels against the reference's, tests/pallas_gpu, and the ops' derivatives here
+# on the reference's grouped kernels)
+@pytest.mark.parametrize("backend", ["reference", "test", pytest.param("pallas_gpu_interpret", marks=pytest.mark.slow)])
 def test_value_gradients_and_second_order_equal_e3nn(backend):
     """``test`` (reference kernels without the grouped ones) runs the groups one by one through the
     ordinary kernels; the reference's grouped kernels run them in one sweep, the Pallas GPU ones one

@@ -26,6 +26,7 @@ from kernel_cases import (
     check_grouped_lowering,
     check_tensor_product,
     conv_operands,
+    interpreted_conv_cases,
     tp_operands,
 )
 
@@ -47,11 +48,9 @@ def test_tensor_product_matches_reference(kernels, case):
     check_tensor_product(kernels, case)
 
 
-# 256 channels: ~40 s in the interpreter, slow session (test_odd_channel_counts' 300 channels run
-# several channel blocks of a convolution here)
-@pytest.mark.parametrize(
-    "case", [pytest.param(c, marks=pytest.mark.slow) if c.channels == 256 else c for c in CONV_CASES], ids=str
-)
+# the lmax-3 cases in the slow session (test_odd_channel_counts' 300 channels run several channel
+# blocks of a convolution here)
+@pytest.mark.parametrize("case", interpreted_conv_cases(CONV_CASES), ids=str)
 def test_convolution_matches_reference(kernels, case):
     check_convolution(kernels, case)
 

@@ -32,6 +32,7 @@ from kernel_cases import (
     check_grouped_lowering,
     check_tensor_product,
     conv_operands,
+    interpreted_conv_cases,
     tp_operands,
 )
 
@@ -64,10 +65,7 @@ def test_tensor_product_matches_reference(case):
     check_tensor_product(kernels_of(get_backend(INTERPRET)), case)
 
 
-# 256 channels (two lane blocks) across tile boundaries: ~50 s in the interpreter, slow session
-@pytest.mark.parametrize(
-    "case", [pytest.param(c, marks=pytest.mark.slow) if c.channels == 256 else c for c in _f32(CONV_CASES)], ids=str
-)
+@pytest.mark.parametrize("case", interpreted_conv_cases(_f32(CONV_CASES)), ids=str)
 def test_convolution_matches_reference_across_tile_boundaries(case):
     # 8- and 16-edge tiles: receiver runs (and the high-valency node's) straddle many tiles
     check_convolution(interpreted(edge_tile=8 if case.lmax != 2 else 16), case)
