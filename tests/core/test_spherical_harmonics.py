@@ -9,6 +9,7 @@ from e3j_core import (
     spherical_harmonics,
     wigner_D,
 )
+from e3j_core.spherical_harmonics import legendre_step
 from e3j_core.wigner import angles_to_matrix
 
 LMAX = 11
@@ -142,6 +143,15 @@ def test_recurrence_form_equals_the_polynomials(vectors, normalization):
         block = slice(start, start + 2 * l + 1)
         assert rel_err(got[:, block], ref[:, block]) <= 1e-13, l
         start += 2 * l + 1
+
+
+def test_legendre_step_is_the_docstring_recurrence():
+    assert [legendre_step(l, m) for l, m in [(1, 0), (2, 1), (2, 0), (5, 2), (11, 0)]] == [
+        (1, 0), (3, 0), (3, 1), (9, 12), (21, 100)
+    ]  # fmt: skip
+    for l, m in [(0, 0), (2, 2), (1, -1)]:
+        with pytest.raises(ValueError, match=rf"legendre_step needs l > m >= 0, got l={l}, m={m}"):
+            legendre_step(l, m)
 
 
 def test_recurrence_rows_and_cache():

@@ -60,15 +60,14 @@ def test_values_match_e3nn_float64(normalization, normalize):
     assert max(errs) <= 1e-12, errs
     # single degrees (int and irreps forms) are the same blocks: each normalization's tables once (the
     # flag normalize does not choose them; every program here is compiled anew, ~6 s at l = 11)
-    if not normalize:
-        return
-    for l in (0, 1, 4, LMAX):
-        single = np.asarray(e3j.spherical_harmonics(l, jnp.asarray(v), normalize, normalization))
-        np.testing.assert_array_equal(single, out[:, block(l)])
-    irreps = e3j.Irreps.spherical_harmonics(3)
-    np.testing.assert_array_equal(
-        np.asarray(e3j.spherical_harmonics(irreps, jnp.asarray(v), normalize, normalization)), out[:, :16]
-    )
+    if normalize:
+        for l in (0, 1, 4, LMAX):
+            single = np.asarray(e3j.spherical_harmonics(l, jnp.asarray(v), normalize, normalization))
+            np.testing.assert_array_equal(single, out[:, block(l)])
+        irreps = e3j.Irreps.spherical_harmonics(3)
+        np.testing.assert_array_equal(
+            np.asarray(e3j.spherical_harmonics(irreps, jnp.asarray(v), normalize, normalization)), out[:, :16]
+        )
 
 
 def test_irreps_forms_match_e3nn():

@@ -204,6 +204,18 @@ class SphericalHarmonicRecurrence:
     factors: np.ndarray
 
 
+def legendre_step(l: int, m: int) -> tuple[int, int]:
+    """``(a, b)`` with ``Q_l^m = a Z Q_{l-1}^m - b r² Q_{l-2}^m`` for ``l > m >= 0``
+    (:class:`SphericalHarmonicRecurrence`'s recurrence; ``b = 0`` at ``l = m + 1``).
+
+    >>> legendre_step(1, 0), legendre_step(2, 0), legendre_step(3, 1)
+    ((1, 0), (3, 1), (5, 3))
+    """
+    if not 0 <= m < l:
+        raise ValueError(f"legendre_step needs l > m >= 0, got l={l}, m={m}")
+    return 2 * l - 1, (l + m - 1) * (l - m - 1)
+
+
 @cache
 def _legendre_rows(l: int) -> tuple[Fraction, ...]:
     """For ``m = -l .. l``: the exact ``ρ`` with ``integer_harmonics(l)[m] = ρ · Q_l^|m| · (A or B)``."""
@@ -214,9 +226,10 @@ def _legendre_rows(l: int) -> tuple[Fraction, ...]:
     for m in range(l + 1):
         q_prev, q = None, {(0, 0, 0): (1, 0)}  # Q_{k-1}^m, Q_k^m for k = m
         for k in range(m + 1, l + 1):
-            term = poly.multiply({(0, 0, 0): (2 * k - 1, 0)}, z, q)
+            a, b = legendre_step(k, m)
+            term = poly.multiply({(0, 0, 0): (a, 0)}, z, q)
             if q_prev is not None:
-                term = poly.add(term, poly.multiply({(0, 0, 0): (-(k + m - 1) * (k - m - 1), 0)}, r2, q_prev))
+                term = poly.add(term, poly.multiply({(0, 0, 0): (-b, 0)}, r2, q_prev))
             q_prev, q = q, term
         states[m] = poly.multiply(q, *[x_iy] * m)
     out = []

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from e3j_core import NORMALIZATIONS, Irreps, as_irreps, spherical_harmonic_recurrence
 from e3j_core._checks import check_bool
-from e3j_core.spherical_harmonics import is_degrees
+from e3j_core.spherical_harmonics import is_degrees, legendre_step
 
 from ._checks import float_dtype
 
@@ -60,9 +60,9 @@ def spherical_harmonics(
         return jnp.zeros((*x.shape[:-1], 0), dtype)
     # a concrete array (an eager call): one compiled program, where the hundreds of small operations
     # of degrees up to 11 would each be compiled on their own (the monomial form took 23 s that way,
-    # against 2 s as one program, on a 2-core CPU). Under
-    # a transformation (jit, grad, vmap) the operations join the caller's trace as they are: eager
-    # jacobians of a jitted evaluator compiled each transformed program anew (~2.5x slower)
+    # against 2 s as one program, on a 2-core CPU). Under a transformation (jit, grad, vmap) the
+    # operations join the caller's trace as they are: eager jacobians of a jitted evaluator compiled
+    # each transformed program anew (~2.5x slower)
     evaluate = _evaluate if isinstance(x, jax.core.Tracer) else _evaluate_jit
     return evaluate(x, rec.ls, rec.normalization, normalize)
 
@@ -101,11 +101,12 @@ def _evaluate(x: jax.Array, ls: tuple[int, ...], normalization: str, normalize: 
             if l == m:
                 q[l, m] = None
             elif l == m + 1:
-                q[l, m] = (2 * m + 1) * big_z
+                q[l, m] = legendre_step(l, m)[0] * big_z
             else:
+                a_lm, b_lm = legendre_step(l, m)
                 below = legendre(l - 2, m)
-                tail = (l + m - 1) * (l - m - 1) * (r2 if below is None else r2 * below)
-                q[l, m] = (2 * l - 1) * big_z * legendre(l - 1, m) - tail
+                tail = b_lm * (r2 if below is None else r2 * below)
+                q[l, m] = a_lm * big_z * legendre(l - 1, m) - tail
         return q[l, m]
 
     rows = []
