@@ -11,14 +11,26 @@ same: what the grouped route costs beyond the groups' kernels (on Mosaic GPU,
 ``e3j_pallas_gpu.mosaic_convolution.reads_in_place`` says which groups read e3nn's weights in
 place; all three of the default plan do).
 
+With ``--profile CALLS`` (XLA's CPU) it also says where each share goes: a ``jax.profiler`` trace of ``CALLS``
+interleaved calls of the four programs in one process, each fusion's time (CPU time: summed over
+XLA's threads) per call, fusions of one kind (the name less its number) summed, grouped against
+groups side by side. Fusion names are XLA's; read them with the programs' optimized HLO
+(``jax.jit(f).lower(...).compile().as_text()``).
+
     python benchmarks/grouped_kernel_parts.py --nodes 1000 3000 --pairs 60
     python benchmarks/grouped_kernel_parts.py --backend pallas_mosaic --nodes 3000 10000 --json out.json
+    taskset -c 0 python benchmarks/grouped_kernel_parts.py --nodes 1000 --pairs 0 --profile 10
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import collections
+import glob
 import json
+import re
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +40,8 @@ from interop_message_passing import case, paired_share
 import e3j
 
 
-def measure(n: int, pairs: int, backend: str = "reference") -> dict:
+def programs(n: int, backend: str = "reference") -> dict:
+    """``{"grouped_fwd" | "groups_fwd" | "grouped_bwd" | "groups_bwd": (jitted function, operands)}``."""
     mp, x, sh, w, senders, receivers = case(n, 27, "64x0e + 32x1o + 16x2e", 3, "0e + 1o + 2e", jnp.float32)
     graph = e3j.Graph.from_edges(senders, receivers, n)
     plan, y = mp.plan, sh.array
@@ -57,9 +70,69 @@ def measure(n: int, pairs: int, backend: str = "reference") -> dict:
             for g, a, b, d in zip(groups, xs, ss, dms)
         ]
 
-    fwd = paired_share((grouped_fwd, (x.array, y, w, graph)), (groups_fwd, (xs, y, ss, graph)), pairs)
-    bwd = paired_share((grouped_bwd, (x.array, y, w, dm, graph)), (groups_bwd, (xs, y, ss, dms, graph)), pairs)
-    return {"backend": backend, "nodes": n, "edges": int(senders.shape[0]), "pairs": pairs, "fwd": fwd, "bwd": bwd}
+    return {
+        "grouped_fwd": (grouped_fwd, (x.array, y, w, graph)),
+        "groups_fwd": (groups_fwd, (xs, y, ss, graph)),
+        "grouped_bwd": (grouped_bwd, (x.array, y, w, dm, graph)),
+        "groups_bwd": (groups_bwd, (xs, y, ss, dms, graph)),
+    }
+
+
+def measure(n: int, pairs: int, backend: str = "reference", progs: dict | None = None) -> dict:
+    p = progs or programs(n, backend)
+    fwd = paired_share(p["grouped_fwd"], p["groups_fwd"], pairs)
+    bwd = paired_share(p["grouped_bwd"], p["groups_bwd"], pairs)
+    edges = int(p["grouped_fwd"][1][1].shape[0])
+    return {"backend": backend, "nodes": n, "edges": edges, "pairs": pairs, "fwd": fwd, "bwd": bwd}
+
+
+def profile(progs: dict, calls: int) -> dict:
+    """``{program: {fusion kind: ms per call}}`` from a trace of ``calls`` interleaved calls of each.
+
+    A fusion's event is charged to the call whose ``block_until_ready`` it precedes: the calls run
+    one after another, so every event of one call's execution falls between the end of the previous
+    call's wait and the end of its own."""
+    from jax.profiler import ProfileData
+
+    for f, ops in progs.values():
+        jax.block_until_ready(f(*ops))
+    names = []
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d):
+            for _ in range(calls):
+                for name, (f, ops) in progs.items():
+                    jax.block_until_ready(f(*ops))
+                    names.append(name)
+        (path,) = glob.glob(f"{d}/**/*.xplane.pb", recursive=True)
+        data = ProfileData.from_file(path)
+    waits, events = [], []
+    for plane in data.planes:
+        for line in plane.lines:
+            for ev in line.events:
+                if line.name == "python" and "block_until_ready" in ev.name:
+                    waits.append(ev.start_ns + ev.duration_ns)
+                elif "XLA" in line.name and "::" not in ev.name and not ev.name.startswith(("while", "end:")):
+                    # XLA's CPU threads: one event per fusion or other thunk (``::``: the executor's
+                    # own scopes, which contain them; ``while``: loops, whose bodies' thunks count)
+                    events.append((ev.start_ns, ev.duration_ns, ev.name))
+    waits.sort()
+    if len(waits) != len(names):
+        raise RuntimeError(f"the trace has {len(waits)} waits for {len(names)} calls")
+    starts = [0, *waits[:-1]]
+    kinds = {name: collections.Counter() for name in progs}
+    for start, duration, name in events:
+        i = bisect.bisect_right(starts, start) - 1
+        if 0 <= i and start < waits[i]:
+            kinds[names[i]][re.sub(r"\.\d+$", "", name)] += duration
+    return {p: {k: round(ns / 1e6 / calls, 2) for k, ns in c.most_common()} for p, c in kinds.items()}
+
+
+def print_profile(prof: dict, top: int = 16) -> None:
+    for sweep in ("fwd", "bwd"):
+        a, b = prof[f"grouped_{sweep}"], prof[f"groups_{sweep}"]
+        print(f"{sweep}: ms per call, grouped {sum(a.values()):.1f}, groups {sum(b.values()):.1f}")
+        for kind in sorted(set(a) | set(b), key=lambda k: -max(a.get(k, 0), b.get(k, 0)))[:top]:
+            print(f"  {kind:36s} {a.get(kind, 0):8.2f} {b.get(kind, 0):8.2f}")
 
 
 def main(argv=None) -> int:
@@ -68,11 +141,17 @@ def main(argv=None) -> int:
     parser.add_argument("--pairs", type=int, default=60)
     parser.add_argument("--backend", default="reference", help="the e3j backend whose kernels are timed")
     parser.add_argument("--json", help="also write the rows here (each row as it is measured)")
+    parser.add_argument("--profile", type=int, default=0, metavar="CALLS", help="also profile CALLS calls of each")
     args = parser.parse_args(argv)
     rows = []
     for n in args.nodes:
-        rows.append(measure(n, args.pairs, args.backend))
-        print(json.dumps(rows[-1]), flush=True)
+        progs = programs(n, args.backend)
+        row = measure(n, args.pairs, args.backend, progs) if args.pairs else {"backend": args.backend, "nodes": n}
+        if args.profile:
+            row["profile_ms"] = profile(progs, args.profile)
+            print_profile(row["profile_ms"])
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "profile_ms"}), flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"device": jax.devices()[0].device_kind, "rows": rows}, f, indent=1)
