@@ -219,8 +219,7 @@ def _backward(
 
 
 # -- mixed multiplicities: the groups of an e3nn plan, weights read in place ---------------------
-# (the loops over the groups are twins of e3j_pallas_gpu.convolution's and e3j_pallas_tpu's, on
-# purpose: kernel packages never import each other, and e3j-core has no JAX)
+# (the loop over the groups is the plan's: forward_by_group / backward_by_group)
 
 
 def grouped_convolution(plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *, target: str = "e3j") -> jax.Array:
@@ -230,11 +229,11 @@ def grouped_convolution(plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *
     One launch per group, each reading its paths' columns of ``s`` where they are; the node features
     are split into the groups' ``[N, Dx_g, C_g]`` and the outputs joined into e3nn's layout around them.
     """
-    outs = [
-        _forward(g.coo, xg, y, s, np.asarray(g.weight_columns, np.int32), graph, False, target)
-        for g, xg in zip(plan.groups, plan.split_x(x))
-    ]
-    return plan.join_out(outs)
+
+    def launch(g, xg):
+        return _forward(g.coo, xg, y, s, np.asarray(g.weight_columns, np.int32), graph, False, target)
+
+    return plan.forward_by_group(x, launch)
 
 
 def grouped_convolution_bwd(
@@ -245,15 +244,9 @@ def grouped_convolution_bwd(
     ``ds [E, num_weights]`` is one buffer that each group's launch writes its columns of, in place
     (every column belongs to exactly one group's path, so together they write all of it).
     """
-    groups = plan.groups
-    xs = plan.split_x(x) if x is not None else [None] * len(groups)
-    ds, dxs, dy = None, [], None
-    for g, xg, gg in zip(groups, xs, plan.split_out(dm)):
+
+    def launch(g, xg, dmg, ds):
         cols = np.asarray(g.weight_columns, np.int32)
-        r = _backward(g.coo, xg, y, s, gg, graph, cols, plan.num_weights, ds, outs, False, target)
-        ds = r.get("s")
-        dxs.append(r.get("x"))
-        if "y" in r:
-            dy = r["y"] if dy is None else dy + r["y"]
-    res = {"x": plan.join_x(dxs) if "x" in outs else None, "y": dy, "s": ds}
-    return {o: res[o] for o in outs}
+        return _backward(g.coo, xg, y, s, dmg, graph, cols, plan.num_weights, ds, outs, False, target)
+
+    return plan.backward_by_group(x, dm, outs, launch)

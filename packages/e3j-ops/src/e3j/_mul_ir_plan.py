@@ -35,6 +35,7 @@ output copies, so no rule of e3nn's is written twice.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 
@@ -169,6 +170,42 @@ class Plan:
         aval = jax.ShapeDtypeStruct((*lead, self.irreps_x.dim), dxs[0].dtype)
         (dx,) = jax.linear_transpose(self.split_x, aval)(list(dxs))
         return dx
+
+    def forward_by_group(self, x: jax.Array, launch: Callable) -> jax.Array:
+        """A grouped convolution kernel's frame: ``launch(group, x_g)`` returns one group's ``m [N,
+        Dout_g, C_g]`` from its ``x_g [N, Dx_g, C_g]`` (split from the flat ``x [N, Dx_flat]``); the
+        outputs are joined into e3nn's ``[N, Dout_flat]``."""
+        return self.join_out([launch(g, xg) for g, xg in zip(self.groups, self.split_x(x))])
+
+    def backward_by_group(
+        self, x: jax.Array | None, dm: jax.Array, outs: Sequence[str], launch: Callable
+    ) -> dict[str, jax.Array]:
+        """A grouped backward kernel's frame: the groups in order, ``launch(group, x_g, dm_g, ds)``
+        returning one group's cotangents ``{"x"|"y"|"s": ...}`` (for ``outs``) from its ``x_g`` (``None``
+        where ``x`` is) and ``dm_g [N, Dout_g, C_g]``. Its ``"s"`` is the whole ``[E, num_weights]``
+        cotangent of the weights with its own columns written: ``ds`` is the previous group's (``None``
+        for the first group), so the launches write one buffer in turn. Returns
+        :meth:`join_cotangents` of them."""
+        xs = self.split_x(x) if x is not None else [None] * len(self.groups)
+        ds, results = None, []
+        for g, xg, dmg in zip(self.groups, xs, self.split_out(dm)):
+            r = dict(launch(g, xg, dmg, ds))
+            ds = r.pop("s", None)
+            results.append(r)
+        return self.join_cotangents(results, ds, outs)
+
+    def join_cotangents(self, results: Sequence[dict], ds: jax.Array | None, outs: Sequence[str]) -> dict:
+        """The groups' cotangents (one ``{"x": [N, Dx_g, C_g], "y": [E, Dy]}`` per group, the keys in
+        ``outs``) and the weights' ``ds [E, num_weights]`` in e3nn's layouts: ``{o: ...}`` for ``o`` in
+        ``outs``, ``dx`` joined by :meth:`join_x`, ``dy`` the groups' sum (in group order)."""
+        res = {"s": ds}
+        if "x" in outs:
+            res["x"] = self.join_x([r["x"] for r in results])
+        if "y" in outs:
+            res["y"] = results[0]["y"]
+            for r in results[1:]:
+                res["y"] = res["y"] + r["y"]
+        return {o: res[o] for o in outs}
 
     def split_out(self, dm: jax.Array) -> list[jax.Array]:
         """The transpose of :meth:`join_out`: flat ``[.., Dout_flat]`` → the groups' ``[.., Dout_g, C_g]``."""

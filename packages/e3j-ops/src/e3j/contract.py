@@ -20,7 +20,10 @@ Signatures (``coo`` is an :class:`e3j_core.TensorProductCoo`; keyword options ar
   What a kernel package may use of ``plan`` (duck-typed: it never imports ``e3j``): ``groups``
   (each with ``coo``, ``channels`` and ``weight_columns``: path ``p``'s ``C`` weights are columns
   ``weight_columns[p] ..`` of ``s``), ``num_weights``, ``split_x`` / ``join_x`` and ``split_out``
-  / ``join_out`` (the flat layouts to and from the groups' ``[.., D_g, C_g]``).
+  / ``join_out`` (the flat layouts to and from the groups' ``[.., D_g, C_g]``), and the loops over
+  the groups built on them: ``forward_by_group`` / ``backward_by_group`` (one launch per group, the
+  layouts converted around them, the weights' cotangent one buffer the launches write in turn) and
+  ``join_cotangents`` (for a backward that runs its own loop).
 
 Layouts (trailing channels): ``x [B|N, Dx, C]``; ``y [B|E, Dy, C]`` (``y_channels=True``) or
 ``[B|E, Dy]`` broadcast over channels; ``s [E, P, C]`` (one edge scalar per path and channel);

@@ -626,15 +626,14 @@ def grouped_convolution(plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *
     it is; another gets its ``[E, P_g, C_g]`` copy. The node features are split into the groups'
     ``[N, Dx_g, C_g]`` and the outputs joined into e3nn's layout around the launches.
     """
-    outs = []
-    for g, xg in zip(plan.groups, plan.split_x(x)):
+
+    def launch(g, xg):
         if reads_in_place(g, plan.num_weights, jnp.dtype(s.dtype).itemsize):
-            cols = _first_columns(g)
-            outs.append(_forward(g.coo, xg, y, s, graph, y_channels=False, s_columns=cols, interpret=interpret))
-        else:
-            sg = g.split_weights(s)
-            outs.append(_forward(g.coo, xg, y, sg, graph, y_channels=False, s_columns=None, interpret=interpret))
-    return plan.join_out(outs)
+            return _forward(g.coo, xg, y, s, graph, y_channels=False, s_columns=_first_columns(g), interpret=interpret)
+        sg = g.split_weights(s)
+        return _forward(g.coo, xg, y, sg, graph, y_channels=False, s_columns=None, interpret=interpret)
+
+    return plan.forward_by_group(x, launch)
 
 
 def grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs: tuple[str, ...], interpret=False) -> dict:
@@ -689,9 +688,4 @@ def grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs: tuple[str, ...], 
                 ds = ds.at[:, _columns(g)].set(r.pop("s").reshape(num_edges, -1), unique_indices=True)
     else:
         results, ds = [launch(k, None) for k in range(len(groups))], None
-    dy = None
-    for r in results:
-        if "y" in r:
-            dy = r["y"] if dy is None else dy + r["y"]
-    res = {"x": plan.join_x([r["x"] for r in results]) if "x" in outs else None, "y": dy, "s": ds}
-    return {o: res[o] for o in outs}
+    return plan.join_cotangents(results, ds, outs)

@@ -554,8 +554,7 @@ def _skipping_arg(kernel, position: int):
 
 
 # -- mixed multiplicities: the groups of an e3nn plan, weights read in place ---------------------
-# (the loops over the groups are twins of e3j_pallas_gpu.convolution's, on purpose: kernel packages never
-# import each other, and e3j-core has no JAX)
+# (the loop over the groups is the plan's: forward_by_group / backward_by_group)
 
 
 @x32
@@ -569,11 +568,11 @@ def grouped_convolution(
     are split into the groups' ``[N, Dx_g, C_g]`` and the outputs joined into e3nn's layout around them.
     ``interpret``, ``edge_tile``: as :func:`convolution`'s.
     """
-    outs = [
-        _forward(g.coo, xg, y, s, graph, tuple(g.weight_columns.tolist()), False, interpret, edge_tile)
-        for g, xg in zip(plan.groups, plan.split_x(x))
-    ]
-    return plan.join_out(outs)
+
+    def launch(g, xg):
+        return _forward(g.coo, xg, y, s, graph, tuple(g.weight_columns.tolist()), False, interpret, edge_tile)
+
+    return plan.forward_by_group(x, launch)
 
 
 @x32
@@ -585,15 +584,9 @@ def grouped_convolution_bwd(
     ``ds [E, num_weights]`` is one buffer that each group's launch writes its windows of, in place
     (every column belongs to exactly one group's path, so together they write all of it).
     """
-    groups = plan.groups
-    xs = plan.split_x(x) if x is not None else [None] * len(groups)
-    ds, dxs, dy = None, [], None
-    for g, xg, gg in zip(groups, xs, plan.split_out(dm)):
+
+    def launch(g, xg, dmg, ds):
         cols = tuple(g.weight_columns.tolist())
-        r = _backward(g.coo, xg, y, s, gg, graph, outs, cols, plan.num_weights, ds, False, interpret, edge_tile)
-        ds = r.get("s")
-        dxs.append(r.get("x"))
-        if "y" in r:
-            dy = r["y"] if dy is None else dy + r["y"]
-    res = {"x": plan.join_x(dxs) if "x" in outs else None, "y": dy, "s": ds}
-    return {o: res[o] for o in outs}
+        return _backward(g.coo, xg, y, s, dmg, graph, outs, cols, plan.num_weights, ds, False, interpret, edge_tile)
+
+    return plan.backward_by_group(x, dm, outs, launch)

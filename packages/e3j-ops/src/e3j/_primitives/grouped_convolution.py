@@ -119,18 +119,10 @@ def _per_group(kernels, backends, plan: Plan, A: dict, graph, outs, types, dtype
             contract.run("convolution", k, b.name, g.coo, operands, graph, outs, y_channels=False,
                          result_type=result_type)
         )  # fmt: skip
-    out = {}
-    if "m" in outs:
-        out["m"] = plan.join_out([r["m"] for r in res])
-    if "x" in outs:
-        out["x"] = plan.join_x([r["x"] for r in res])
-    if "y" in outs:
-        out["y"] = res[0]["y"]
-        for r in res[1:]:
-            out["y"] = out["y"] + r["y"]
-    if "s" in outs:
-        out["s"] = plan.join_weights([r["s"] for r in res])
-    return out
+    if outs == ("m",):
+        return {"m": plan.join_out([r["m"] for r in res])}
+    ds = plan.join_weights([r["s"] for r in res]) if "s" in outs else None
+    return plan.join_cotangents(res, ds, outs)
 
 
 GROUPED_CONVOLUTION = Primitives(Multilinear("grouped_convolution", SLOTS, _out_aval, dispatch=_dispatch))
