@@ -82,8 +82,8 @@ def measure(n: int, pairs: int, backend: str = "reference", progs: dict | None =
     p = progs or programs(n, backend)
     fwd = paired_share(p["grouped_fwd"], p["groups_fwd"], pairs)
     bwd = paired_share(p["grouped_bwd"], p["groups_bwd"], pairs)
-    edges = int(p["grouped_fwd"][1][1].shape[0])
-    return {"backend": backend, "nodes": n, "edges": edges, "pairs": pairs, "fwd": fwd, "bwd": bwd}
+    graph = p["grouped_fwd"][1][-1]
+    return {"backend": backend, "nodes": n, "edges": graph.num_edges, "pairs": pairs, "fwd": fwd, "bwd": bwd}
 
 
 def profile(progs: dict, calls: int) -> dict:
