@@ -16,6 +16,7 @@ __all__ = [
     "check_same_dtype",
     "edge_arrays",
     "float_dtype",
+    "is_irreps_array",
     "not_an_array",
 ]
 
@@ -28,14 +29,27 @@ def not_an_array(a) -> bool:
     return a is None or isinstance(a, (list, tuple, str, bytes, dict))
 
 
+def is_irreps_array(a) -> bool:
+    """An e3nn-jax ``IrrepsArray``, told by its attributes: e3j imports e3nn-jax only in its interop
+    module."""
+    return hasattr(a, "irreps") and hasattr(a, "array")
+
+
 def check_array(name: str, a) -> None:
-    """An array (jax, numpy, a scalar), not ``None`` or a nested list.
+    """An array (jax, numpy, a scalar), not ``None``, a nested list or an e3nn ``IrrepsArray``.
 
     jnp would read ``None`` as a float or a rank-0 array and a list as an array (deprecated), and
-    its errors would not name the argument.
+    its errors would not name the argument. An ``IrrepsArray`` has a shape, so shape checks would
+    pass it and JAX would refuse it later without naming the argument.
     """
     if not_an_array(a):
         raise TypeError(f"{name} must be an array, got {type(a).__name__}")
+    if is_irreps_array(a):
+        raise TypeError(
+            f"{name} must be a plain array, got an e3nn IrrepsArray ({a.irreps}): its .array is e3nn's "
+            "flat mul_ir layout [..., dim] (e3j.from_mul_ir makes it [..., D, C]); e3j.interop's "
+            "drop-ins take and return IrrepsArrays"
+        )
 
 
 def float_dtype(name: str, a) -> jnp.dtype:

@@ -12,7 +12,7 @@ import numpy as np
 
 from e3j_core import Irreps, as_irreps
 
-from .._checks import check_bool, check_positive_int, check_rank, float_dtype
+from .._checks import check_bool, check_positive_int, check_rank, float_dtype, is_irreps_array
 
 __all__ = ["Linear"]
 
@@ -95,7 +95,7 @@ class Linear(nn.Module):
                 raise TypeError(f"index must be an integer array, got dtype {index.dtype}")
         irreps_in = as_irreps(self.irreps_in, "irreps_in")
         hint = " (e3j's layout: an e3nn IrrepsArray [..., irreps] is x.array[..., None], or e3j.from_mul_ir)"
-        if hasattr(x, "irreps") and hasattr(x, "array"):
+        if is_irreps_array(x):
             raise TypeError(f"x must be an array [..., D_in={irreps_in.dim}, C_in], got an IrrepsArray{hint}")
         check_rank("x", x, tuple(range(2, 10)), f"[..., D_in={irreps_in.dim}, C_in]")
         dtype = float_dtype("x", x)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import jax.scipy.special as jsp
 
-from .._checks import check_bool, check_positive_int, check_rank, float_dtype
+from .._checks import check_bool, check_positive_int, check_rank, float_dtype, is_irreps_array
 from ..factored import FactoredWeights
 from .linear import parse_normalization
 
@@ -67,7 +67,7 @@ class MultiLayerPerceptron(nn.Module):
             raise ValueError("factored=True needs a linear last layer: output_activation=False (or act=None)")
         gn = parse_normalization(self.gradient_normalization, "gradient_normalization", "path")
 
-        irreps_array = hasattr(x, "irreps") and hasattr(x, "array")  # an e3nn IrrepsArray, without importing e3nn
+        irreps_array = is_irreps_array(x)
         if irreps_array:
             if not x.irreps.is_scalar():
                 raise ValueError(f"x: the MLP takes scalars (0e) only, got irreps {x.irreps}")
