@@ -244,3 +244,55 @@ def test_interop_spherical_harmonics_takes_e3nn_algorithm(algorithm):
         interop.spherical_harmonics(1, v, True, algorithm="fast")
     with pytest.raises(ValueError, match="algorithm must be None or a tuple of"):
         interop.spherical_harmonics(1, v, True, algorithm=("fast",))
+
+
+def test_spherical_harmonics_take_integer_vectors_and_algorithm_as_e3nn():
+    from e3j import interop
+
+    ints = jnp.array([[1, 2, 3], [0, -4, 1], [0, 0, 0]], jnp.int32)
+    want = e3nn.spherical_harmonics([0, 1, 2, 3], e3nn.IrrepsArray("1o", ints), True, algorithm=("legendre",))
+    assert want.dtype == jnp.result_type(float)  # e3nn-jax's arithmetic promotes to the default float
+    got = e3j.spherical_harmonics("0e + 1o + 2e + 3o", ints, True, algorithm=("legendre",))
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got, want.array, rtol=1e-13, atol=1e-14)
+    got = interop.spherical_harmonics([0, 1, 2, 3], e3nn.IrrepsArray("1o", ints), True)
+    assert got.irreps == want.irreps and got.dtype == want.dtype
+    np.testing.assert_allclose(got.array, want.array, rtol=1e-13, atol=1e-14)
+    # not a cast of the result: the integers promoted first, as a float input gives
+    np.testing.assert_array_equal(
+        e3j.spherical_harmonics(2, ints, False), e3j.spherical_harmonics(2, ints * 1.0, False)
+    )
+
+
+def test_message_passing_drop_ins_promote_integer_operands_as_e3nn():
+    from e3nn_jax.legacy import FunctionalTensorProduct
+
+    from e3j import interop
+
+    rng = np.random.default_rng(5)
+    n, e = 4, 9
+    senders, receivers = rng.integers(0, n, e), rng.integers(0, n, e)
+    x_int = e3nn.IrrepsArray("2x0e + 1o", jnp.asarray(rng.integers(-3, 4, (n, 5)), jnp.int32))
+    y = e3nn.spherical_harmonics("0e + 1o", jnp.asarray(rng.normal(size=(e, 3)), jnp.float32), True)
+    mp = interop.MessagePassing(x_int.irreps, y.irreps, "0e + 1o")
+    w_int = jnp.asarray(rng.integers(-2, 3, (e, mp.num_weights)), jnp.int32)
+
+    def e3nn_pattern(x, w):
+        m = e3nn.tensor_product(x[senders], y, filter_ir_out="0e + 1o") * w
+        return e3nn.scatter_sum(m, dst=receivers, output_size=n)
+
+    for x, w in ((x_int, w_int.astype(jnp.float32)), (x_int.astype(jnp.float32), w_int), (x_int, w_int)):
+        want = e3nn_pattern(x, w)
+        got = mp(x, y, w, senders, receivers)
+        assert got.irreps == want.irreps and got.dtype == want.dtype == jnp.float32
+        np.testing.assert_allclose(got.array, want.array, rtol=1e-5, atol=1e-5)
+
+    tp = FunctionalTensorProduct("2x0e", "0e", "2x0e", [(0, 0, 0, "uvu", True)])
+    fmp = interop.FunctionalMessagePassing(tp)
+    x2 = e3nn.IrrepsArray("2x0e", jnp.asarray(rng.normal(size=(n, 2)), jnp.float32))
+    y0 = jnp.ones((e, 1), jnp.float32)
+    w2 = jnp.asarray(rng.integers(-2, 3, (e, 2)), jnp.int32)
+    want = fmp(x2, y0, w2.astype(jnp.float32), senders, receivers)
+    got = fmp(x2, y0, w2, senders, receivers)
+    assert got.dtype == jnp.float32
+    np.testing.assert_array_equal(got.array, want.array)

@@ -277,12 +277,43 @@ BAD = {
     "interop MP weights complex": (
         lambda: MP(X3, Y3, jnp.ones((3, MP.num_weights), jnp.complex64), SENDERS, RECEIVERS),
         TypeError,
-        r"weights must be a floating-point array, got dtype complex64",
+        r"weights must be real \(e3j's products are real\), got dtype complex64",
     ),
     "interop MP edge_attrs complex": (
         lambda: MP(X3, jnp.ones((3, 4), jnp.complex64), ones(3, MP.num_weights), SENDERS, RECEIVERS),
         TypeError,
-        r"edge_attrs must be a floating-point array, got dtype complex64",
+        r"edge_attrs must be real \(e3j's products are real\), got dtype complex64",
+    ),
+    "interop MP weights rows": (
+        lambda: MP(X3, Y3, ones(4, MP.num_weights), SENDERS, RECEIVERS),
+        ValueError,
+        r"weights has 4 rows and edge_attrs 3: both take one row per edge",
+    ),
+    # an IrrepsArray has a shape: without the check it passed the shape checks and JAX refused it unnamed
+    "TensorProduct y IrrepsArray": (
+        lambda: e3j.TensorProduct("0e + 1o", "0e + 1o")(ones(3, 4, 2), Y3),
+        TypeError,
+        r"y must be a plain array, got an e3nn IrrepsArray \(1x0e\+1x1o\): its .array is e3nn's flat mul_ir",
+    ),
+    "MulIrConvolution x IrrepsArray": (
+        lambda: _MUL_CONV(X3, ones(3, 4), ones(3, _MUL_CONV.num_weights), e3j.Graph.from_edges(SENDERS, RECEIVERS, 3)),
+        TypeError,
+        r"x must be a plain array, got an e3nn IrrepsArray",
+    ),
+    "to_mul_ir IrrepsArray": (
+        lambda: e3j.to_mul_ir(Y3, "0e + 1o"),
+        TypeError,
+        r"x must be a plain array, got an e3nn IrrepsArray",
+    ),
+    "spherical_harmonics algorithm str": (
+        lambda: e3j.spherical_harmonics(1, ones(3, 3), True, algorithm="fast"),
+        TypeError,
+        r"algorithm must be None or a tuple of",
+    ),
+    "spherical_harmonics complex": (
+        lambda: e3j.spherical_harmonics(1, jnp.ones((3, 3), jnp.complex64), True),
+        TypeError,
+        r"input must be a real array, got dtype complex64",
     ),
     "interop MP weights IrrepsArray not scalars": (
         lambda: MP(X3, Y3, e3nn.IrrepsArray(f"{MP.num_weights}x0o", ones(3, MP.num_weights)), SENDERS, RECEIVERS),

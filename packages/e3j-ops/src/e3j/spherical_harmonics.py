@@ -11,9 +11,12 @@ from e3j_core import NORMALIZATIONS, Irreps, as_irreps, spherical_harmonic_recur
 from e3j_core._checks import check_bool
 from e3j_core.spherical_harmonics import is_degrees, legendre_step
 
-from ._checks import float_dtype
+from ._checks import check_array, is_irreps_array
 
 __all__ = ["spherical_harmonics"]
+
+# the names e3nn-jax's ``algorithm=`` takes (e3nn_jax.spherical_harmonics' docstring)
+E3NN_ALGORITHMS = ("legendre", "recursive", "dense", "sparse", "custom_jvp")
 
 
 def spherical_harmonics(
@@ -21,6 +24,8 @@ def spherical_harmonics(
     input: jax.Array,
     normalize: bool,
     normalization: str | None = "component",
+    *,
+    algorithm: tuple[str, ...] | None = None,
 ) -> jax.Array:
     """Real spherical harmonics ``[..., 3] -> [..., D]``, equal to ``e3nn_jax.spherical_harmonics(...).array``.
 
@@ -32,7 +37,11 @@ def spherical_harmonics(
     array either way (``e3j.interop.spherical_harmonics`` returns an ``IrrepsArray``, labelled
     with the parities). ``normalization`` is ``"component"`` (also for ``None``: e3nn-jax's
     default; its ``e3nn.config`` setting is read only by the interop function), ``"norm"`` or
-    ``"integral"``. Conventions are e3nn's (``y`` polar, ``l=1`` components ``(x, y, z)``).
+    ``"integral"``. Conventions are e3nn's (``y`` polar, ``l=1`` components ``(x, y, z)``). An
+    integer or boolean ``input`` is promoted to JAX's default float dtype, as e3nn-jax's arithmetic
+    promotes it. ``algorithm`` (e3nn-jax's choice of how to evaluate the same polynomials:
+    ``("recursive", "sparse", "custom_jvp")`` and so on) is checked and otherwise ignored: e3j has
+    one evaluation, exact to rounding for every choice.
     Evaluated by associated-Legendre recurrences (:class:`e3j_core.SphericalHarmonicRecurrence`:
     the same polynomials as e3j-core's exact ones, a few operations per component). With
     ``normalize=True`` the input is divided by its norm; the zero vector maps to ``Y_0`` and
@@ -45,14 +54,15 @@ def spherical_harmonics(
     normalization = "component" if normalization is None else normalization
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
-    if _is_irreps_array(input):
+    check_algorithm(algorithm)
+    if is_irreps_array(input):
         _check_vector_parity(irreps_out, _vector_parity(input.irreps))
         input = input.array
     try:
         rec = spherical_harmonic_recurrence(irreps_out, normalization)
     except ValueError as err:
         raise ValueError(f"irreps_out: {err}") from None
-    dtype = float_dtype("input", input)
+    dtype = _real_dtype(input)
     x = jnp.asarray(input, dtype)
     if x.ndim == 0 or x.shape[-1] != 3:
         raise ValueError(f"input must have shape [..., 3], got {x.shape}")
@@ -124,9 +134,29 @@ def _evaluate(x: jax.Array, ls: tuple[int, ...], normalization: str, normalize: 
 _evaluate_jit = jax.jit(_evaluate, static_argnums=(1, 2, 3))
 
 
-def _is_irreps_array(a) -> bool:
-    # duck-typed: e3j never imports e3nn-jax outside its interop module
-    return hasattr(a, "irreps") and hasattr(a, "array")
+def check_algorithm(algorithm) -> None:
+    """e3nn-jax's ``algorithm=``: ``None`` or a tuple (or list) of :data:`E3NN_ALGORITHMS`."""
+    if algorithm is None:
+        return
+    if not isinstance(algorithm, (tuple, list)):
+        raise TypeError(f"algorithm must be None or a tuple of {E3NN_ALGORITHMS}, got {algorithm!r}")
+    if not set(algorithm) <= set(E3NN_ALGORITHMS):
+        raise ValueError(f"algorithm must be None or a tuple of {E3NN_ALGORITHMS}, got {algorithm!r}")
+
+
+def _real_dtype(input) -> jnp.dtype:
+    """The dtype the harmonics of ``input`` are computed in: its own if floating; JAX's default float
+    for integers and booleans (``jnp.result_type(dtype, float)``); complex is a ``TypeError``."""
+    check_array("input", input)
+    try:
+        dtype = jnp.result_type(input)
+    except TypeError as err:  # e.g. a nested list: name the argument
+        raise TypeError(f"input must be an array, got {type(input).__name__}") from err
+    if jnp.issubdtype(dtype, jnp.floating):
+        return dtype
+    if jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_:
+        return jnp.result_type(dtype, float)
+    raise TypeError(f"input must be a real array, got dtype {dtype}")
 
 
 def _vector_parity(irreps) -> int:

@@ -9,7 +9,6 @@ import jax.numpy as jnp
 from e3j_core import Irreps
 from e3j_core.coo import TP_NORMALIZATIONS
 
-from .._checks import float_dtype
 from ..factored import FactoredWeights, check_weights
 from ..graph import Graph
 
@@ -21,6 +20,25 @@ def check_irrep_normalization(value: str | None) -> str:
     if value not in TP_NORMALIZATIONS:
         raise ValueError(f"irrep_normalization must be one of {TP_NORMALIZATIONS}, got {value!r}")
     return value
+
+
+def promoted_dtype(**operands) -> jnp.dtype:
+    """The dtype e3nn-jax's arithmetic would give ``operands`` (arrays or dtypes, by name), floating:
+    as ``jnp.result_type``, with JAX's default float for integers and booleans only. Complex is a
+    ``TypeError`` naming the operand (e3nn-jax computes with it; e3j's products are real)."""
+    dtypes = []
+    for name, a in operands.items():
+        try:
+            dtype = jnp.result_type(a)
+        except TypeError as err:
+            raise TypeError(f"{name} must be an array, got {type(a).__name__}") from err
+        if jnp.issubdtype(dtype, jnp.complexfloating):  # never drop an imaginary part
+            raise TypeError(f"{name} must be real (e3j's products are real), got dtype {dtype}")
+        if not (jnp.issubdtype(dtype, jnp.number) or dtype == jnp.bool_):
+            raise TypeError(f"{name} must be a real array, got dtype {dtype}")
+        dtypes.append(dtype)
+    dtype = jnp.result_type(*dtypes)
+    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.result_type(dtype, float)
 
 
 def message_passing_operands(
@@ -74,11 +92,14 @@ def message_passing_operands(
                 f"weights given as an IrrepsArray must be scalars ({num_weights}x0e), got {weights.irreps}"
             )
         weights = weights.array
+    # arrays only (a list is check_weights' TypeError); the edge count is edge_attrs'
+    rows = tuple(getattr(weights.hidden if isinstance(weights, FactoredWeights) else weights, "shape", ()))[:1]
+    if rows and rows[0] != num_edges:
+        part = "weights (FactoredWeights.hidden)" if isinstance(weights, FactoredWeights) else "weights"
+        raise ValueError(f"{part} has {rows[0]} rows and edge_attrs {num_edges}: both take one row per edge")
     check_weights("weights", weights, num_edges, num_weights, weights_layout)
-    # each operand's dtype checked under its own name before they are promoted to one
-    float_dtype("node_feats", node_feats.array)
-    float_dtype("edge_attrs", edge_attrs)
-    float_dtype("weights", jnp.zeros((), weights.dtype))
+    # each operand's dtype checked under its own name, then promoted to one as e3nn-jax's arithmetic does
+    dtype = promoted_dtype(node_feats=node_feats.array, edge_attrs=edge_attrs, weights=weights.dtype)
     if graph is not None and not isinstance(graph, Graph):
         raise TypeError(
             "graph must be an e3j.Graph (e3j.Graph.from_edges(senders, receivers, num_nodes)), "
@@ -93,5 +114,4 @@ def message_passing_operands(
     if graph.num_nodes != num_nodes or graph.num_edges != num_edges:
         raise ValueError(f"graph has {graph.num_nodes} nodes and {graph.num_edges} edges, node_feats and "
                          f"edge_attrs have {num_nodes} and {num_edges}")  # fmt: skip
-    dtype = jnp.result_type(node_feats.array, edge_attrs, weights.dtype)
     return node_feats.array.astype(dtype), edge_attrs.astype(dtype), weights.astype(dtype), graph

@@ -11,14 +11,11 @@ from e3j_core import Irreps, as_irreps, spherical_harmonic_polynomials
 from e3j_core._checks import check_bool
 from e3j_core.spherical_harmonics import is_degrees
 
-from ..spherical_harmonics import _vector_parity
+from ..spherical_harmonics import _vector_parity, check_algorithm
 from ..spherical_harmonics import spherical_harmonics as _sh
 from .layout import to_e3nn_irreps
 
 __all__ = ["spherical_harmonics"]
-
-# the names e3nn-jax's ``algorithm=`` takes (e3nn_jax.spherical_harmonics' docstring)
-_E3NN_ALGORITHMS = ("legendre", "recursive", "dense", "sparse", "custom_jvp")
 
 
 def spherical_harmonics(
@@ -33,20 +30,15 @@ def spherical_harmonics(
 
     ``input``: ``[..., 3]`` array or an ``IrrepsArray`` of one vector (``1o`` or ``1e``); degrees
     given as an int or ints take their parity from it (``p**l``), as in e3nn-jax, and need it.
-    ``normalization=None`` reads e3nn-jax's configured default. ``algorithm`` (e3nn-jax's choice of
-    how to evaluate the same polynomials: ``("recursive", "sparse", "custom_jvp")`` and so on) is
-    checked and otherwise ignored: e3j has one evaluation, exact to rounding for every choice.
+    ``normalization=None`` reads e3nn-jax's configured default. ``algorithm`` is checked and
+    ignored, as by :func:`e3j.spherical_harmonics`; integer inputs are promoted as there.
 
     >>> import jax.numpy as jnp
     >>> spherical_harmonics([1, 2], e3nn.IrrepsArray("1e", jnp.array([0.0, 1.0, 0.0])), True).irreps
     1x1e+1x2e
     """
     normalize = check_bool("normalize", normalize)
-    if algorithm is not None:
-        if not isinstance(algorithm, (tuple, list)):
-            raise TypeError(f"algorithm must be None or a tuple of {_E3NN_ALGORITHMS}, got {algorithm!r}")
-        if not set(algorithm) <= set(_E3NN_ALGORITHMS):
-            raise ValueError(f"algorithm must be None or a tuple of {_E3NN_ALGORITHMS}, got {algorithm!r}")
+    check_algorithm(algorithm)
     if normalization is None:
         normalization = e3nn.config("spherical_harmonics_normalization")
     vec_p = _vector_parity(input.irreps) if isinstance(input, e3nn.IrrepsArray) else None

@@ -11,7 +11,7 @@ from e3j_core import Irreps
 from e3j_core.coo import normalize_filter
 
 from ..mul_ir import MulIrTensorProduct
-from ._operands import check_irrep_normalization
+from ._operands import check_irrep_normalization, promoted_dtype
 from .layout import to_e3nn_irreps
 
 __all__ = ["tensor_product"]
@@ -55,12 +55,7 @@ def tensor_product(
         return e3nn.tensor_product(to_e3nn_irreps(Irreps(input1)), to_e3nn_irreps(Irreps(input2)),
                                    filter_ir_out=e3nn_filter, regroup_output=regroup_output)  # fmt: skip
     input1, input2 = e3nn.as_irreps_array(input1), e3nn.as_irreps_array(input2)
-    for name, value in (("input1", input1), ("input2", input2)):
-        if jnp.issubdtype(value.dtype, jnp.complexfloating):  # the kernels are real: never drop the imaginary part
-            raise TypeError(f"{name} must be real (e3j's products are real), got dtype {value.dtype}")
-    dtype = jnp.result_type(input1.array, input2.array)
-    if not jnp.issubdtype(dtype, jnp.floating):
-        dtype = jnp.ones(()).dtype
+    dtype = promoted_dtype(input1=input1.array, input2=input2.array)
     irrep_normalization = check_irrep_normalization(irrep_normalization)
     irreps_x, irreps_y = Irreps(input1.irreps), Irreps(input2.irreps)
     try:
