@@ -77,6 +77,37 @@ def test_irreps_array_weights_as_e3nn_multiplies_them():
 
 
 @pytest.mark.parametrize("explicit", [False, True])
+def test_self_connection_under_norm_normalization_as_e3nn(explicit):
+    """NequIP's pattern under ``irrep_normalization="norm"`` (given, or e3nn's configured default):
+    the self connection's ``x ⊗ 1`` is the copy ``x`` there too."""
+    irreps_x, irreps_y, filter_ = "4x0e + 2x1o + 2x2e", "1o + 2e", "0e + 1o + 2e"
+
+    def pattern(x, y, w):
+        m = x[SENDERS]
+        tp = e3nn.tensor_product(m, y, filter_ir_out=filter_, irrep_normalization="norm")
+        m = e3nn.concatenate([m.filter(filter_), tp]).regroup()
+        return e3nn.scatter_sum(m * w, dst=RECEIVERS, output_size=N)
+
+    if explicit:
+        mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=filter_, irrep_normalization="norm")
+    else:
+        before = e3nn.config("irrep_normalization")
+        e3nn.config("irrep_normalization", "norm")
+        try:
+            mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=filter_)
+        finally:
+            e3nn.config("irrep_normalization", before)
+    x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=4)
+    ref = pattern(x, y, w)
+    out = mp(x, y, w, SENDERS, RECEIVERS)
+    assert out.irreps == ref.irreps
+    np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
+    # and it is not the component result: the normalization reached the product
+    component = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=filter_)
+    assert not np.allclose(component(x, y, w, SENDERS, RECEIVERS).array, ref.array)
+
+
+@pytest.mark.parametrize("explicit", [False, True])
 def test_global_none_normalization_as_e3nn(explicit):
     """Under ``e3nn.config("irrep_normalization", "none")`` e3nn's ``m * w`` scales each copy by
     1/sqrt(2l+1) (its elementwise 0e ⊗ l product); the argument alone does not, so both ways are checked."""
@@ -149,8 +180,8 @@ def test_function_form_and_bad_input():
         mp(x, y, w)
     with pytest.raises(TypeError, match=r"graph must be an e3j.Graph \(e3j.Graph.from_edges.*got tuple"):
         mp(x, y, w, graph=(SENDERS, RECEIVERS))
-    with pytest.raises(ValueError, match="irrep_normalization='component'"):
-        interop.MessagePassing("2x0e", "1o", self_connection="0e", irrep_normalization="norm")
+    with pytest.raises(ValueError, match=r"irrep_normalization in \('component', 'norm'\)"):
+        interop.MessagePassing("2x0e", "1o", self_connection="0e", irrep_normalization="none")
 
 
 @pytest.mark.parametrize("grouping", ["multiplicity", "gcd"])

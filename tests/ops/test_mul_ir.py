@@ -137,8 +137,8 @@ def test_bad_input():
         conv(x, y, w, (SENDERS, RECEIVERS))
     with pytest.raises(ValueError, match="grouping must be one of"):
         e3j.MulIrConvolution("4x0e", "0e", grouping="channels")
-    with pytest.raises(ValueError, match="self_connection needs normalization='component'"):
-        e3j.MulIrConvolution("4x0e", "1o", self_connection="0e", normalization="norm")
+    with pytest.raises(ValueError, match=r"self_connection needs normalization in \('component', 'norm'\)"):
+        e3j.MulIrConvolution("4x0e", "1o", self_connection="0e", normalization="none")
     with pytest.raises(ValueError, match="irreps_x"):
         e3j.MulIrConvolution("4x0q", "1o")
     with pytest.raises(ValueError, match="filter 3o leaves no path"):

@@ -55,6 +55,10 @@ from .tensor_product import TensorProduct
 
 __all__ = ["MulIrConvolution", "MulIrTensorProduct"]
 
+# the normalizations under which the l ⊗ 0 -> l Clebsch-Gordan block is the identity, so that the
+# self connection's x ⊗ 1 (a constant 0e edge attribute) is the copy x; "none" scales it by 1/sqrt(2l+1)
+SELF_CONNECTION_NORMALIZATIONS = ("component", "norm")
+
 
 def _check_grouping(grouping: str) -> None:
     if grouping not in GROUPINGS:
@@ -64,17 +68,16 @@ def _check_grouping(grouping: str) -> None:
 class MulIrConvolution:
     """Message passing ``out_b = Σ_{a→b} w_ab ⊙ (x_a ⊗ y_ab)`` on flat features of any multiplicities.
 
-    ``conv = MulIrConvolution(irreps_x, irreps_y, filter=None, *, self_connection=None)``;
-    ``conv(x, y, w, graph)`` with node features ``x: [N, irreps_x.dim]`` (flat ``mul_ir``), edge
-    attributes ``y: [E, irreps_y.dim]`` (e.g. spherical harmonics), weights
-    ``w: [E, conv.num_weights]`` (one per output copy, in output order, read in place; or
-    :class:`e3j.FactoredWeights` ``hidden @ kernel``, whose rearrangement costs no per-edge copy) and an
-    :class:`e3j.Graph` returns ``[N, conv.irreps_out.dim]`` flat. ``self_connection`` (irreps, multiplicities ignored)
-    also passes the copies of ``x`` with those irreps through as messages (``x ⊗ 1``), merged
-    into the output: e3nn-jax's ``concatenate([x.filter(self_connection), x ⊗ y]).regroup()``.
-    It needs ``normalization="component"``. See the module docstring for the layout and
-    ``grouping``; ``conv.groups`` are ``(C, Convolution)``, the uniform-channel ops run per call.
-    :meth:`grouped` runs them on operands kept per group, without the flat layout's conversions.
+    ``conv = MulIrConvolution(irreps_x, irreps_y, filter=None, *, self_connection=None)``; ``conv(x, y, w, graph)``
+    with node features ``x: [N, irreps_x.dim]`` (flat ``mul_ir``), edge attributes ``y: [E, irreps_y.dim]`` (e.g.
+    spherical harmonics), weights ``w: [E, conv.num_weights]`` (one per output copy, in output order, read in place;
+    or :class:`e3j.FactoredWeights` ``hidden @ kernel``, whose rearrangement costs no per-edge copy) and an
+    :class:`e3j.Graph` returns ``[N, conv.irreps_out.dim]`` flat. ``self_connection`` (irreps, multiplicities
+    ignored) also passes the copies of ``x`` with those irreps through as messages (``x ⊗ 1``), merged into the
+    output: e3nn-jax's ``concatenate([x.filter(self_connection), x ⊗ y]).regroup()``. It needs ``normalization``
+    ``"component"`` or ``"norm"`` (where ``x ⊗ 1 = x``). See the module docstring for the layout and ``grouping``;
+    ``conv.groups`` are ``(C, Convolution)``, the uniform-channel ops run per call. :meth:`grouped` runs them on
+    operands kept per group, without the flat layout's conversions.
 
     >>> import numpy as np, jax.numpy as jnp, e3j
     >>> conv = MulIrConvolution("4x0e + 2x1o", "1o", self_connection="0e")
@@ -93,8 +96,11 @@ class MulIrConvolution:
         grouping: str = "multiplicity",
     ) -> None:
         _check_grouping(grouping)
-        if self_connection is not None and normalization != "component":
-            raise ValueError(f"self_connection needs normalization='component' (x ⊗ 1 = x), got {normalization!r}")
+        if self_connection is not None and normalization not in SELF_CONNECTION_NORMALIZATIONS:
+            raise ValueError(
+                f"self_connection needs normalization in {SELF_CONNECTION_NORMALIZATIONS} (x ⊗ 1 = x), "
+                f"got {normalization!r}"
+            )
         self.plan: Plan = plan(
             as_irreps(irreps_x, "irreps_x"),
             as_irreps(irreps_y, "irreps_y"),
