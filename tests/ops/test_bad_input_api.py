@@ -289,6 +289,11 @@ BAD = {
         ValueError,
         r"weights has 4 rows and edge_attrs 3: both take one row per edge",
     ),
+    "interop MP weights 1-D": (
+        lambda: MP(X3, Y3, ones(MP.num_weights), SENDERS, RECEIVERS),
+        ValueError,
+        r"weights must be \[E=3, num_weights=\d+\] .*got shape \(\d+,\)",
+    ),
     # an IrrepsArray has a shape: without the check it passed the shape checks and JAX refused it unnamed
     "TensorProduct y IrrepsArray": (
         lambda: e3j.TensorProduct("0e + 1o", "0e + 1o")(ones(3, 4, 2), Y3),

@@ -47,8 +47,8 @@ def check_array(name: str, a) -> None:
     if is_irreps_array(a):
         raise TypeError(
             f"{name} must be a plain array, got an e3nn IrrepsArray ({a.irreps}): its .array is e3nn's "
-            "flat mul_ir layout [..., dim] (e3j.from_mul_ir makes it [..., D, C]); e3j.interop's "
-            "drop-ins take and return IrrepsArrays"
+            "flat mul_ir layout [..., dim], which the MulIr ops take as it is; ops on e3j's [..., D, C] "
+            "take e3j.from_mul_ir(a.array, irreps, C); e3j.interop's drop-ins take IrrepsArrays"
         )
 
 

@@ -93,10 +93,10 @@ def message_passing_operands(
             )
         weights = weights.array
     # arrays only (a list is check_weights' TypeError); the edge count is edge_attrs'
-    rows = tuple(getattr(weights.hidden if isinstance(weights, FactoredWeights) else weights, "shape", ()))[:1]
-    if rows and rows[0] != num_edges:
+    shape = tuple(getattr(weights.hidden if isinstance(weights, FactoredWeights) else weights, "shape", ()))
+    if len(shape) == 2 and shape[0] != num_edges:  # other ranks: check_weights' message on the layout
         part = "weights (FactoredWeights.hidden)" if isinstance(weights, FactoredWeights) else "weights"
-        raise ValueError(f"{part} has {rows[0]} rows and edge_attrs {num_edges}: both take one row per edge")
+        raise ValueError(f"{part} has {shape[0]} rows and edge_attrs {num_edges}: both take one row per edge")
     check_weights("weights", weights, num_edges, num_weights, weights_layout)
     # each operand's dtype checked under its own name, then promoted to one as e3nn-jax's arithmetic does
     dtype = promoted_dtype(node_feats=node_feats.array, edge_attrs=edge_attrs, weights=weights.dtype)
