@@ -18,6 +18,7 @@ __all__ = [
     "float_dtype",
     "is_irreps_array",
     "not_an_array",
+    "promoted_real_dtype",
 ]
 
 # the note check_int adds for counts that fix shapes (a node count, a device count)
@@ -61,6 +62,25 @@ def float_dtype(name: str, a) -> jnp.dtype:
     if not jnp.issubdtype(dtype, jnp.floating):
         raise TypeError(f"{name} must be a floating-point array, got dtype {dtype}")
     return dtype
+
+
+def promoted_real_dtype(operands: dict, what: str = "a real array") -> jnp.dtype:
+    """The floating dtype JAX's arithmetic gives ``operands`` (``{name: array or dtype}``), as
+    e3nn-jax computes: ``jnp.result_type``, with JAX's default float where every operand is an
+    integer or boolean. A complex or non-numeric operand is a ``TypeError`` saying it must be
+    ``what``."""
+    dtypes = []
+    for name, a in operands.items():
+        try:
+            dtype = jnp.result_type(a)
+        except TypeError as err:  # e.g. a nested list: name the argument
+            raise TypeError(f"{name} must be an array, got {type(a).__name__}") from err
+        real = jnp.issubdtype(dtype, jnp.number) and not jnp.issubdtype(dtype, jnp.complexfloating)
+        if not (real or dtype == jnp.bool_):  # never drop an imaginary part
+            raise TypeError(f"{name} must be {what}, got dtype {dtype}")
+        dtypes.append(dtype)
+    dtype = jnp.result_type(*dtypes)
+    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.result_type(dtype, float)
 
 
 def check_positive_int(name: str, value: object, what: str = "") -> int:

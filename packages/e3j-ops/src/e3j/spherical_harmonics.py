@@ -11,7 +11,7 @@ from e3j_core import NORMALIZATIONS, Irreps, as_irreps, spherical_harmonic_recur
 from e3j_core._checks import check_bool
 from e3j_core.spherical_harmonics import is_degrees, legendre_step
 
-from ._checks import check_array, is_irreps_array
+from ._checks import check_array, is_irreps_array, promoted_real_dtype
 
 __all__ = ["spherical_harmonics"]
 
@@ -62,7 +62,8 @@ def spherical_harmonics(
         rec = spherical_harmonic_recurrence(irreps_out, normalization)
     except ValueError as err:
         raise ValueError(f"irreps_out: {err}") from None
-    dtype = _real_dtype(input)
+    check_array("input", input)
+    dtype = promoted_real_dtype({"input": input})  # integers and booleans as e3nn-jax's arithmetic
     x = jnp.asarray(input, dtype)
     if x.ndim == 0 or x.shape[-1] != 3:
         raise ValueError(f"input must have shape [..., 3], got {x.shape}")
@@ -142,21 +143,6 @@ def check_algorithm(algorithm) -> None:
         raise TypeError(f"algorithm must be None or a tuple of {E3NN_ALGORITHMS}, got {algorithm!r}")
     if not set(algorithm) <= set(E3NN_ALGORITHMS):
         raise ValueError(f"algorithm must be None or a tuple of {E3NN_ALGORITHMS}, got {algorithm!r}")
-
-
-def _real_dtype(input) -> jnp.dtype:
-    """The dtype the harmonics of ``input`` are computed in: its own if floating; JAX's default float
-    for integers and booleans (``jnp.result_type(dtype, float)``); complex is a ``TypeError``."""
-    check_array("input", input)
-    try:
-        dtype = jnp.result_type(input)
-    except TypeError as err:  # e.g. a nested list: name the argument
-        raise TypeError(f"input must be an array, got {type(input).__name__}") from err
-    if jnp.issubdtype(dtype, jnp.floating):
-        return dtype
-    if jnp.issubdtype(dtype, jnp.integer) or dtype == jnp.bool_:
-        return jnp.result_type(dtype, float)
-    raise TypeError(f"input must be a real array, got dtype {dtype}")
 
 
 def _vector_parity(irreps) -> int:

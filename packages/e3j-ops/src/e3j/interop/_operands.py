@@ -9,8 +9,12 @@ import jax.numpy as jnp
 from e3j_core import Irreps
 from e3j_core.coo import TP_NORMALIZATIONS
 
+from .._checks import promoted_real_dtype
 from ..factored import FactoredWeights, check_weights
 from ..graph import Graph
+
+# what a complex operand is told: e3nn-jax computes with it, e3j's products are real
+REAL = "real (e3j's products are real)"
 
 
 def check_irrep_normalization(value: str | None) -> str:
@@ -20,25 +24,6 @@ def check_irrep_normalization(value: str | None) -> str:
     if value not in TP_NORMALIZATIONS:
         raise ValueError(f"irrep_normalization must be one of {TP_NORMALIZATIONS}, got {value!r}")
     return value
-
-
-def promoted_dtype(**operands) -> jnp.dtype:
-    """The dtype e3nn-jax's arithmetic would give ``operands`` (arrays or dtypes, by name), floating:
-    as ``jnp.result_type``, with JAX's default float for integers and booleans only. Complex is a
-    ``TypeError`` naming the operand (e3nn-jax computes with it; e3j's products are real)."""
-    dtypes = []
-    for name, a in operands.items():
-        try:
-            dtype = jnp.result_type(a)
-        except TypeError as err:
-            raise TypeError(f"{name} must be an array, got {type(a).__name__}") from err
-        if jnp.issubdtype(dtype, jnp.complexfloating):  # never drop an imaginary part
-            raise TypeError(f"{name} must be real (e3j's products are real), got dtype {dtype}")
-        if not (jnp.issubdtype(dtype, jnp.number) or dtype == jnp.bool_):
-            raise TypeError(f"{name} must be a real array, got dtype {dtype}")
-        dtypes.append(dtype)
-    dtype = jnp.result_type(*dtypes)
-    return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.result_type(dtype, float)
 
 
 def message_passing_operands(
@@ -99,7 +84,8 @@ def message_passing_operands(
         raise ValueError(f"{part} has {shape[0]} rows and edge_attrs {num_edges}: both take one row per edge")
     check_weights("weights", weights, num_edges, num_weights, weights_layout)
     # each operand's dtype checked under its own name, then promoted to one as e3nn-jax's arithmetic does
-    dtype = promoted_dtype(node_feats=node_feats.array, edge_attrs=edge_attrs, weights=weights.dtype)
+    operands = {"node_feats": node_feats.array, "edge_attrs": edge_attrs, "weights": weights.dtype}
+    dtype = promoted_real_dtype(operands, REAL)
     if graph is not None and not isinstance(graph, Graph):
         raise TypeError(
             "graph must be an e3j.Graph (e3j.Graph.from_edges(senders, receivers, num_nodes)), "

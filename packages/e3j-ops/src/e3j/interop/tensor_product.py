@@ -10,8 +10,9 @@ import jax.numpy as jnp
 from e3j_core import Irreps
 from e3j_core.coo import normalize_filter
 
+from .._checks import promoted_real_dtype
 from ..mul_ir import MulIrTensorProduct
-from ._operands import check_irrep_normalization, promoted_dtype
+from ._operands import REAL, check_irrep_normalization
 from .layout import to_e3nn_irreps
 
 __all__ = ["tensor_product"]
@@ -55,7 +56,7 @@ def tensor_product(
         return e3nn.tensor_product(to_e3nn_irreps(Irreps(input1)), to_e3nn_irreps(Irreps(input2)),
                                    filter_ir_out=e3nn_filter, regroup_output=regroup_output)  # fmt: skip
     input1, input2 = e3nn.as_irreps_array(input1), e3nn.as_irreps_array(input2)
-    dtype = promoted_dtype(input1=input1.array, input2=input2.array)
+    dtype = promoted_real_dtype({"input1": input1.array, "input2": input2.array}, REAL)
     irrep_normalization = check_irrep_normalization(irrep_normalization)
     irreps_x, irreps_y = Irreps(input1.irreps), Irreps(input2.irreps)
     try:
