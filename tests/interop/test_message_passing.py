@@ -76,35 +76,50 @@ def test_irreps_array_weights_as_e3nn_multiplies_them():
         np.testing.assert_allclose(getattr(g, "array", g), getattr(r, "array", r), rtol=1e-11, atol=1e-12)
 
 
+@pytest.mark.parametrize("normalization", ["norm", "none"])
 @pytest.mark.parametrize("explicit", [False, True])
-def test_self_connection_under_norm_normalization_as_e3nn(explicit):
-    """NequIP's pattern under ``irrep_normalization="norm"`` (given, or e3nn's configured default):
-    the self connection's ``x ⊗ 1`` is the copy ``x`` there too."""
+def test_self_connection_under_other_normalizations_as_e3nn(normalization, explicit):
+    """NequIP's pattern under ``irrep_normalization="norm"`` or ``"none"``, given or e3nn's
+    configured default (which ``m * w`` also reads: under ``"none"`` it scales each copy by
+    ``1/sqrt(2l+1)``): the self connection's copies are ``x`` unscaled, as e3nn's ``filter`` is."""
     irreps_x, irreps_y, filter_ = "4x0e + 2x1o + 2x2e", "1o + 2e", "0e + 1o + 2e"
 
     def pattern(x, y, w):
         m = x[SENDERS]
-        tp = e3nn.tensor_product(m, y, filter_ir_out=filter_, irrep_normalization="norm")
+        tp = e3nn.tensor_product(m, y, filter_ir_out=filter_, irrep_normalization=normalization)
         m = e3nn.concatenate([m.filter(filter_), tp]).regroup()
         return e3nn.scatter_sum(m * w, dst=RECEIVERS, output_size=N)
 
-    if explicit:
-        mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=filter_, irrep_normalization="norm")
+    def both(x, y, w):  # e3nn's and ours: values, and the gradient of a weighted sum
+        cot = jax.random.normal(jax.random.key(6), (N, mp.irreps_out.dim), jnp.float64)
+        return [
+            (f(x, y, w).array, jax.grad(lambda *a, f=f: jnp.sum(f(*a).array * cot), argnums=(0, 1, 2))(x, y, w))
+            for f in (pattern, lambda *a: mp(*a, SENDERS, RECEIVERS))
+        ]
+
+    if explicit:  # the argument, global setting left at its default: no rescale in e3nn's m * w
+        mp = interop.MessagePassing(
+            irreps_x, irreps_y, filter_, self_connection=filter_, irrep_normalization=normalization
+        )
+        x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=4)
+        (ref, ref_grad), (out, out_grad) = both(x, y, w)
     else:
         before = e3nn.config("irrep_normalization")
-        e3nn.config("irrep_normalization", "norm")
+        e3nn.config("irrep_normalization", normalization)
         try:
             mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=filter_)
+            x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=4)
+            (ref, ref_grad), (out, out_grad) = both(x, y, w)
         finally:
             e3nn.config("irrep_normalization", before)
-    x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=4)
-    ref = pattern(x, y, w)
-    out = mp(x, y, w, SENDERS, RECEIVERS)
-    assert out.irreps == ref.irreps
-    np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
+    out_grad, ref_grad = jax.tree.leaves(out_grad), jax.tree.leaves(ref_grad)  # IrrepsArray cotangents
+    assert len(out_grad) == len(ref_grad) == 3
+    for g, r in zip(out_grad, ref_grad):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
     # and it is not the component result: the normalization reached the product
     component = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=filter_)
-    assert not np.allclose(component(x, y, w, SENDERS, RECEIVERS).array, ref.array)
+    assert not np.allclose(component(x, y, w, SENDERS, RECEIVERS).array, ref)
 
 
 @pytest.mark.parametrize("explicit", [False, True])
@@ -180,8 +195,6 @@ def test_function_form_and_bad_input():
         mp(x, y, w)
     with pytest.raises(TypeError, match=r"graph must be an e3j.Graph \(e3j.Graph.from_edges.*got tuple"):
         mp(x, y, w, graph=(SENDERS, RECEIVERS))
-    with pytest.raises(ValueError, match=r"irrep_normalization in \('component', 'norm'\)"):
-        interop.MessagePassing("2x0e", "1o", self_connection="0e", irrep_normalization="none")
 
 
 @pytest.mark.parametrize("grouping", ["multiplicity", "gcd"])

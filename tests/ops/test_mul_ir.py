@@ -78,6 +78,43 @@ def test_convolution_equals_e3nn_value_and_gradient(case, backend):
     assert not conv.plan.gathers
 
 
+@pytest.mark.parametrize("normalization", ["component", "norm", "none"])
+def test_self_connection_is_the_unscaled_copy_under_every_normalization(normalization):
+    """e3nn's filtered copy of ``x`` is not a product: under ``"none"``, whose ``l ⊗ 0 -> l`` block
+    is ``1/sqrt(2l+1)``, the plan's factor per output row restores it. Array, factored and per-group
+    weights; values and gradients."""
+    ix, iy, filter_ = e3nn.Irreps("8x0e + 4x1o + 2x2e + 2x3o"), e3nn.Irreps("1o + 2e"), "0e + 1o + 2e + 3o"
+    conv = e3j.MulIrConvolution(ix, iy, filter_, self_connection=filter_, normalization=normalization)
+    x, y = random((N, ix.dim), 20), random((E, iy.dim), 21)
+    hidden, kernel = random((E, 5), 22), random((5, conv.num_weights), 23)
+    cot = random((N, conv.irreps_out.dim), 24)
+
+    def ref(a, b, h, k):
+        m = e3nn.IrrepsArray(ix, a)[SENDERS]
+        tp = e3nn.tensor_product(m, e3nn.IrrepsArray(iy, b), filter_ir_out=filter_, irrep_normalization=normalization)
+        m = e3nn.concatenate([m.filter(filter_), tp]).regroup()
+        return jnp.sum(e3nn.scatter_sum(m * (h @ k), dst=RECEIVERS, output_size=N).array * cot)
+
+    routes = {
+        "array": lambda a, b, h, k: conv(a, b, h @ k, GRAPH),
+        "factored": lambda a, b, h, k: conv(a, b, e3j.FactoredWeights(h, k), GRAPH),
+        "grouped": lambda a, b, h, k: conv.join_out(conv.grouped(conv.split_x(a), b, conv.split_weights(h @ k), GRAPH)),
+    }
+    want = jax.jit(jax.value_and_grad(ref, argnums=(0, 1, 2, 3)))(x, y, hidden, kernel)
+    for name, route in routes.items():
+        got = jax.jit(jax.value_and_grad(lambda *a, route=route: jnp.sum(route(*a) * cot), argnums=(0, 1, 2, 3)))(
+            x, y, hidden, kernel
+        )
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-12, err_msg=name)
+        for g, r in zip(got[1], want[1]):
+            np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12, err_msg=name)
+    # the factor is there only where the product is not the copy
+    assert (conv.plan.self_scale is None) == (normalization != "none")
+    assert (conv.plan.self_scale is not None) == (normalization == "none")
+    if normalization == "none":
+        assert sorted(set(np.round(conv.plan.self_scale**2).astype(int))) == [1, 3, 5, 7]
+
+
 def _irreps_of(ix, iy, filter_, self_connection):
     tp = e3nn.tensor_product(ix, iy, filter_ir_out=filter_)
     if self_connection is None:
@@ -137,8 +174,6 @@ def test_bad_input():
         conv(x, y, w, (SENDERS, RECEIVERS))
     with pytest.raises(ValueError, match="grouping must be one of"):
         e3j.MulIrConvolution("4x0e", "0e", grouping="channels")
-    with pytest.raises(ValueError, match=r"self_connection needs normalization in \('component', 'norm'\)"):
-        e3j.MulIrConvolution("4x0e", "1o", self_connection="0e", normalization="none")
     with pytest.raises(ValueError, match="irreps_x"):
         e3j.MulIrConvolution("4x0q", "1o")
     with pytest.raises(ValueError, match="filter 3o leaves no path"):

@@ -88,13 +88,15 @@ class Gather:
 class Group:
     """One uniform-channel e3j op of a plan: ``coo`` (paths in e3nn's copy order), ``channels``
     (``C``), ``irreps_x`` (e3j's irreps of its operand ``x``), ``x``: the group's columns of the flat
-    ``x``, ``weights``: its weights (``[.., P·C]``) from e3nn's weight axis."""
+    ``x``, ``weights``: its weights (``[.., P·C]``) from e3nn's weight axis; ``out_scale``: ``None``, or
+    a factor per output row (``[Dout]``) that the op's output is multiplied by (see :attr:`Plan.self_scale`)."""
 
     coo: TensorProductCoo
     channels: int
     irreps_x: Irreps
     x: Gather
     weights: Gather
+    out_scale: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def multiplicity(self) -> int:
@@ -142,6 +144,10 @@ class Plan:
     #: e3nn's output as consecutive copy-major blocks ``(first column, group, first row, dim)``, one
     #: per path (``None`` where a path's copies are not consecutive: ``y`` with a multiplicity > 1)
     out_blocks: tuple[tuple[int, int, int, int], ...] | None = None
+    #: ``None``, or a factor per row of e3nn's output (``[Dout_flat]``): ``sqrt(2l+1)`` on the self
+    #: connection's copies under the ``"none"`` normalization, whose ``l ⊗ 0 -> l`` block is
+    #: ``1/sqrt(2l+1)`` times the identity where e3nn's filtered copy of ``x`` is not scaled; 1 elsewhere
+    self_scale: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def num_weights(self) -> int:
@@ -280,7 +286,8 @@ def plan(
     """The plan of e3nn's ``tensor_product(x, y, filter_ir_out=filter_out)`` (``keep`` None), or of
     ``concatenate([x.filter(keep), tensor_product(x, y, filter_ir_out=filter_out)]).regroup()``, in
     which case the e3j operand ``y`` is ``"0e" + irreps_y`` with a constant first row of ones (the
-    copy of ``x`` is ``x ⊗ 1`` through the ``0e`` path, exactly).
+    copy of ``x`` is ``x ⊗ 1`` through the ``0e`` path, exactly; under ``normalization="none"`` the
+    ops' outputs are multiplied by :attr:`Plan.self_scale`, per group :attr:`Group.out_scale`).
 
     ``irreps_x``/``irreps_y`` are e3nn's flat irreps (full multiplicities). Raises ``ValueError``
     when no output copy is left.
@@ -288,6 +295,7 @@ def plan(
     if grouping not in GROUPINGS:
         raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
     with_self = keep is not None
+    rescale_self = with_self and normalization == "none"
     irreps_y_op = Irreps("0e") + irreps_y if with_self else irreps_y
     allowed = None if filter_out is None else set(filter_out)
     wanted = allowed if not with_self or allowed is None else allowed | set(keep)
@@ -331,7 +339,10 @@ def plan(
         coo = select_paths(ops, used)
         index = index[used]
         x_cols = np.concatenate([np.arange(x_starts[b], x_starts[b + 1]) for b in blocks])
-        groups.append(Group(coo, C, irreps_g_op, Gather.of(x_cols, irreps_x.dim), Gather.of(index.ravel(), num_copies)))
+        out_scale = _self_scale(coo.paths, [p.out_start for p in coo.paths], coo.dim_out) if rescale_self else None
+        groups.append(
+            Group(coo, C, irreps_g_op, Gather.of(x_cols, irreps_x.dim), Gather.of(index.ravel(), num_copies), out_scale)
+        )
         # where each output copy of this group lies in the group's to_mul_ir output, shifted by `offset`
         pos = np.empty(coo.dim_out * C, np.int64)
         pos[_to_mul_ir_index(coo.irreps_out, C)] = np.arange(coo.dim_out * C)
@@ -352,7 +363,20 @@ def plan(
     blocks_out.sort()
     covered = sum(groups[g].channels * d for _, g, _, d in blocks_out)
     blocks = tuple(blocks_out) if covered == out_starts[-1] else None
-    return Plan(tuple(groups), irreps_x, irreps_out, Gather.of(out_index, offset), with_self, blocks)
+    self_scale = _self_scale(e3nn_paths, out_starts[:-1], int(out_starts[-1])) if rescale_self else None
+    return Plan(tuple(groups), irreps_x, irreps_out, Gather.of(out_index, offset), with_self, blocks, self_scale)
+
+
+def _self_scale(paths, starts, dim_out: int) -> np.ndarray:
+    """``sqrt(2l+1)`` on the rows of the self connection's paths (those reading the constant row 0 of
+    ``y' = [1, y]``; path ``k``'s rows start at ``starts[k]``), 1 on the others: undoes the ``"none"``
+    normalization's ``1/sqrt(2l+1)`` there."""
+    scale = np.ones(dim_out)
+    for p, start in zip(paths, starts):
+        if p.y_start == 0:
+            scale[start : start + p.ir_out.dim] = math.sqrt(p.ir_out.dim)
+    scale.setflags(write=False)  # cached on a shared (cached) plan
+    return scale
 
 
 def _groups(irreps_x: Irreps, grouping: str) -> list[tuple[list[int], int]]:

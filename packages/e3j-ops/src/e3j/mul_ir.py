@@ -55,10 +55,6 @@ from .tensor_product import TensorProduct
 
 __all__ = ["MulIrConvolution", "MulIrTensorProduct"]
 
-# the normalizations under which the l ⊗ 0 -> l Clebsch-Gordan block is the identity, so that the
-# self connection's x ⊗ 1 (a constant 0e edge attribute) is the copy x; "none" scales it by 1/sqrt(2l+1)
-SELF_CONNECTION_NORMALIZATIONS = ("component", "norm")
-
 
 def _check_grouping(grouping: str) -> None:
     if grouping not in GROUPINGS:
@@ -74,8 +70,9 @@ class MulIrConvolution:
     or :class:`e3j.FactoredWeights` ``hidden @ kernel``, whose rearrangement costs no per-edge copy) and an
     :class:`e3j.Graph` returns ``[N, conv.irreps_out.dim]`` flat. ``self_connection`` (irreps, multiplicities
     ignored) also passes the copies of ``x`` with those irreps through as messages (``x ⊗ 1``), merged into the
-    output: e3nn-jax's ``concatenate([x.filter(self_connection), x ⊗ y]).regroup()``. It needs ``normalization``
-    ``"component"`` or ``"norm"`` (where ``x ⊗ 1 = x``). See the module docstring for the layout and ``grouping``;
+    output: e3nn-jax's ``concatenate([x.filter(self_connection), x ⊗ y]).regroup()``, the copies unscaled under
+    every ``normalization`` (under ``"none"``, where ``x ⊗ 1 = x / sqrt(2l+1)``, a static factor per output row
+    undoes it). See the module docstring for the layout and ``grouping``;
     ``conv.groups`` are ``(C, Convolution)``, the uniform-channel ops run per call. :meth:`grouped` runs them on
     operands kept per group, without the flat layout's conversions.
 
@@ -96,11 +93,6 @@ class MulIrConvolution:
         grouping: str = "multiplicity",
     ) -> None:
         _check_grouping(grouping)
-        if self_connection is not None and normalization not in SELF_CONNECTION_NORMALIZATIONS:
-            raise ValueError(
-                f"self_connection needs normalization in {SELF_CONNECTION_NORMALIZATIONS} (x ⊗ 1 = x), "
-                f"got {normalization!r}"
-            )
         self.plan: Plan = plan(
             as_irreps(irreps_x, "irreps_x"),
             as_irreps(irreps_y, "irreps_y"),
@@ -171,7 +163,8 @@ class MulIrConvolution:
         leaves, tree = jax.tree.flatten(graph)
         spec = GroupedConvSpec(p, graph_tree=tree)
         request = current_backend_request(backend)
-        return GROUPED_CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": w}, leaves, ("m",), request)["m"]
+        out = GROUPED_CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": w}, leaves, ("m",), request)["m"]
+        return out if p.self_scale is None else out * jnp.asarray(p.self_scale, out.dtype)
 
     def split_x(self, x: jax.Array) -> list[jax.Array]:
         """Flat node features ``[.., irreps_x.dim]`` → one ``[.., D_g, C_g]`` per group."""
@@ -218,7 +211,10 @@ class MulIrConvolution:
                 )
         if p.constant_row:  # the constant 0e column of the self connection
             y = jnp.concatenate([jnp.ones((e, 1), y.dtype), y], axis=1)
-        return [conv(a, y, b, graph, backend=backend) for (_, conv), a, b in zip(self.groups, xs, ss)]
+        outs = [conv(a, y, b, graph, backend=backend) for (_, conv), a, b in zip(self.groups, xs, ss)]
+        return [
+            o if g.out_scale is None else o * jnp.asarray(g.out_scale[:, None], o.dtype) for g, o in zip(p.groups, outs)
+        ]
 
     def __repr__(self) -> str:
         groups = ", ".join(f"{g.channels} ch x {g.coo.num_paths} paths" for g in self.plan.groups)

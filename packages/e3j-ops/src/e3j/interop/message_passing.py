@@ -20,8 +20,9 @@ features' blocks are grouped by multiplicity, each group one uniform-channel :cl
 paths in the order e3nn numbers the copies of ``m`` (:func:`e3j_core.select_paths`), so each path's
 weights are one run of e3nn's weight columns, read in place (an array of weights runs all groups as
 one primitive), and the outputs are put in place by static slices and concatenations. The filtered copy of ``x``
-is the tensor product with a constant ``0e`` edge attribute (``x ⊗ 1 = x`` exactly under e3nn's
-``component`` and ``norm`` normalizations), so ``y' = [1, y]``: one column prepended per edge. Only an edge
+is the tensor product with a constant ``0e`` edge attribute, so ``y' = [1, y]``: one column prepended
+per edge (``x ⊗ 1 = x`` exactly under e3nn's ``component`` and ``norm`` normalizations; under
+``none`` it is ``x / sqrt(2l+1)``, and a static factor per output row restores ``x``). Only an edge
 attribute with a multiplicity above 1 (never spherical harmonics) makes e3nn's order depend on the
 channel, and then the weights and output are gathered with static indices instead.
 """
@@ -40,7 +41,7 @@ from e3j_core.coo import normalize_filter
 
 from ..factored import FactoredWeights
 from ..graph import Graph
-from ..mul_ir import SELF_CONNECTION_NORMALIZATIONS, MulIrConvolution
+from ..mul_ir import MulIrConvolution
 from ._operands import check_irrep_normalization, message_passing_operands
 from .layout import to_e3nn_irreps
 
@@ -81,11 +82,6 @@ class MessagePassing:
         grouping: str = "multiplicity",
     ) -> None:
         irrep_normalization = check_irrep_normalization(irrep_normalization)
-        if self_connection is not None and irrep_normalization not in SELF_CONNECTION_NORMALIZATIONS:
-            raise ValueError(
-                f"self_connection needs irrep_normalization in {SELF_CONNECTION_NORMALIZATIONS} (x ⊗ 1 = x), "
-                f"got {irrep_normalization!r}"
-            )
         self.irreps_node = as_irreps(irreps_node, "irreps_node")
         self.irreps_edge = as_irreps(irreps_edge, "irreps_edge")
         self.convolution = MulIrConvolution(
