@@ -214,3 +214,24 @@ def test_flax_module_takes_the_function_forms_options(grouping):
     np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="grouping"):
         FlaxMessagePassing(filter_ir_out="0e", grouping="bad").init(jax.random.key(0), x, y, w, SENDERS, RECEIVERS)
+
+
+def test_inputs_marked_zero_give_e3nns_values_and_marks():
+    """Node features whose blocks are marked zero (e3nn's ``zero_flags``; NequIP's first layer, a
+    ``Linear`` from species one-hots, leaves its non-scalar blocks so): e3nn skips those products,
+    e3j computes zeros; the values and the output's marks (none: e3nn's ``scatter_sum`` drops them)
+    are e3nn's."""
+    irreps_x, irreps_y, filter_ = "4x0e + 2x1o + 2x2e", "1o + 2e", "0e + 1o + 2e"
+    mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=filter_)
+    x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=7)
+
+    def marked(a):  # inside each trace: the marks are static, dropped at jit's boundary
+        a = e3nn.IrrepsArray(irreps_x, a)
+        return e3nn.from_chunks(a.irreps, [a.chunks[0], None, None], a.shape[:-1])
+
+    ref = jax.jit(lambda a, b, c: e3nn_pattern(marked(a), b, c, filter_, filter_).array)(x.array, y, w)
+    out = jax.jit(lambda a, b, c: mp(marked(a), b, c, SENDERS, RECEIVERS).array)(x.array, y, w)
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(ref, e3nn_pattern(x, y, w, filter_, filter_).array)  # the marks mattered
+    ref, out = e3nn_pattern(marked(x.array), y, w, filter_, filter_), mp(marked(x.array), y, w, SENDERS, RECEIVERS)
+    assert out.zero_flags == ref.zero_flags

@@ -58,6 +58,37 @@ def test_gradients_equal_e3nn():
         np.testing.assert_allclose(o, r, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("regroup_output", [True, False])
+def test_zero_flags_are_e3nns(regroup_output):
+    """Blocks marked zero in the inputs (e3nn's ``zero_flags``, e.g. from ``e3nn.from_chunks`` with
+    ``None``) mark the output's blocks as ``e3nn.tensor_product`` marks them, inside a trace too,
+    where they are static and code may branch on them (``remove_zero_chunks``)."""
+    kw = dict(filter_ir_out="0e + 1o + 2e + 3o + 4e", regroup_output=regroup_output)
+
+    def marked(a, b):
+        # one of the 1o blocks and the 2e block zero in x (regrouped, 1o is not), the 0e block in y:
+        # 4e comes from 2e x 2e alone
+        a = e3nn.IrrepsArray("4x0e + 2x1o + 2x2e + 2x1o", a)
+        b = e3nn.IrrepsArray("0e + 1o + 2e", b)
+        a = e3nn.from_chunks(a.irreps, [a.chunks[0], None, None, a.chunks[3]], a.shape[:-1])
+        return a, e3nn.from_chunks(b.irreps, [None, b.chunks[1], b.chunks[2]], b.shape[:-1])
+
+    a, b = _random("4x0e + 2x1o + 2x2e + 2x1o", (3,), 9).array, _random("0e + 1o + 2e", (3,), 10).array
+    ref, out = e3nn.tensor_product(*marked(a, b), **kw), interop.tensor_product(*marked(a, b), **kw)
+    assert any(ref.zero_flags) and not all(ref.zero_flags)
+    assert out.irreps == ref.irreps and out.zero_flags == ref.zero_flags
+    np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-13)
+    ours, theirs = (
+        jax.jit(lambda a, b, f=f: f(*marked(a, b), **kw).remove_zero_chunks().array)(a, b)
+        for f in (interop.tensor_product, e3nn.tensor_product)
+    )
+    assert ours.shape == theirs.shape and ours.shape[-1] < ref.shape[-1]
+    np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-13)
+    # unmarked inputs: nothing marked, as in e3nn
+    plain = interop.tensor_product(_random(ref.irreps, (3,), 11), _random("0e + 1o", (3,), 12), **kw)
+    assert plain.zero_flags == (False,) * len(plain.irreps)
+
+
 def test_no_path_gives_e3nn_empty_output():
     x, y = _random("2x0e", (3,), 7), _random("1o", (3,), 8)
     out = interop.tensor_product(x, y, filter_ir_out="0e")

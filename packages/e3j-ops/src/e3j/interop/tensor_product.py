@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import e3nn_jax as e3nn
+import jax
 import jax.numpy as jnp
 
 from e3j_core import Irreps
@@ -36,7 +38,9 @@ def tensor_product(
     The outputs are put in e3nn's flat layout and order by static slices; when ``input2`` has a
     multiplicity above 1, e3nn numbers those copies inside the channels and the output is gathered
     with a static index instead. Given two irreps without arrays (strings, ``Irreps``), it returns
-    the output's irreps, as e3nn-jax does.
+    the output's irreps, as e3nn-jax does. The output's ``zero_flags`` (e3nn's static marks of
+    blocks known to be zero, set where an input block is marked) are e3nn-jax's, so code that reads
+    them (``.remove_zero_chunks()``, ``.chunks``) sees the same array.
 
     >>> import jax.numpy as jnp
     >>> x = e3nn.IrrepsArray("4x0e + 4x1o", jnp.ones((2, 16)))
@@ -68,8 +72,12 @@ def tensor_product(
         ) from None
     expected = e3nn.tensor_product(input1.irreps, input2.irreps, filter_ir_out=e3nn_filter,
                                    regroup_output=regroup_output)  # fmt: skip
+    flags = None
+    if any(input1.zero_flags) or any(input2.zero_flags):
+        flags = _zero_flags(input1.irreps, input1.zero_flags, input2.irreps, input2.zero_flags,
+                            None if e3nn_filter is None else tuple(e3nn_filter), regroup_output)  # fmt: skip
     if expected.dim == 0 or irreps_x.dim == 0 or irreps_y.dim == 0:
-        return e3nn.IrrepsArray(expected, jnp.zeros((*leading, expected.dim), dtype))
+        return e3nn.IrrepsArray(expected, jnp.zeros((*leading, expected.dim), dtype), zero_flags=flags)
     tp = MulIrTensorProduct(
         irreps_x,
         irreps_y,
@@ -82,7 +90,26 @@ def tensor_product(
     x = jnp.broadcast_to(input1.array.astype(dtype), (*leading, irreps_x.dim)).reshape(batch, irreps_x.dim)
     y = jnp.broadcast_to(input2.array.astype(dtype), (*leading, irreps_y.dim)).reshape(batch, irreps_y.dim)
     out = tp(x, y, backend=backend).reshape(*leading, tp.irreps_out.dim)
-    return e3nn.IrrepsArray(to_e3nn_irreps(tp.irreps_out), out)
+    return e3nn.IrrepsArray(to_e3nn_irreps(tp.irreps_out), out, zero_flags=flags)
+
+
+@lru_cache(maxsize=256)
+def _zero_flags(irreps1, flags1, irreps2, flags2, filter_ir_out, regroup_output) -> tuple[bool, ...]:
+    """The output's ``zero_flags`` as ``e3nn.tensor_product`` sets them for inputs so marked: its
+    own rule (a block is zero where every product into it has a marked input, merged as it sorts
+    and regroups), read from it traced on abstract operands, so no rule of e3nn's is written twice
+    and no data is touched."""
+    found = []
+
+    def product(a, b):
+        out = e3nn.tensor_product(e3nn.IrrepsArray(irreps1, a, zero_flags=flags1),
+                                  e3nn.IrrepsArray(irreps2, b, zero_flags=flags2),
+                                  filter_ir_out=filter_ir_out, regroup_output=regroup_output)  # fmt: skip
+        found.append(out.zero_flags)
+        return out.array
+
+    jax.eval_shape(product, *(jax.ShapeDtypeStruct((i.dim,), jnp.float32) for i in (irreps1, irreps2)))
+    return tuple(found[0])
 
 
 def _is_irreps(value) -> bool:
