@@ -235,3 +235,12 @@ def test_inputs_marked_zero_give_e3nns_values_and_marks():
     assert not np.allclose(ref, e3nn_pattern(x, y, w, filter_, filter_).array)  # the marks mattered
     ref, out = e3nn_pattern(marked(x.array), y, w, filter_, filter_), mp(marked(x.array), y, w, SENDERS, RECEIVERS)
     assert out.zero_flags == ref.zero_flags
+    # a marked block is zero whatever its data holds (e3nn never reads it): NaN in each operand's
+    nan_x = e3nn.IrrepsArray(irreps_x, x.array.at[:, 4:].set(jnp.nan), zero_flags=(False, True, True))
+    nan_y = e3nn.IrrepsArray(irreps_y, y.array.at[:, 3:].set(jnp.nan), zero_flags=(False, True))
+    w_irreps = f"{mp.num_weights - 3}x0e + 3x0e"
+    nan_w = e3nn.IrrepsArray(w_irreps, w.at[:, -3:].set(jnp.nan), zero_flags=(False, True))
+    ref = e3nn_pattern(nan_x, nan_y, nan_w, filter_, filter_).array
+    out = mp(nan_x, nan_y, nan_w, SENDERS, RECEIVERS).array
+    assert np.isfinite(ref).all()
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)

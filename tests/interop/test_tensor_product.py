@@ -84,6 +84,14 @@ def test_zero_flags_are_e3nns(regroup_output):
     )
     assert ours.shape == theirs.shape and ours.shape[-1] < ref.shape[-1]
     np.testing.assert_allclose(ours, theirs, rtol=1e-12, atol=1e-13)
+    # a marked block is zero whatever its data holds: e3nn never reads it (gradients too: none flows)
+    data = jnp.full((3, 1 + 3 * 3), jnp.nan).at[:, 0].set(2.0)
+    x, y = e3nn.IrrepsArray("0e + 3x1o", data, zero_flags=(False, True)), _random("1o", (3,), 13)
+    for f in (interop.tensor_product, e3nn.tensor_product):
+        assert f(x, y, **kw).zero_flags == e3nn.tensor_product(x, y, **kw).zero_flags
+    np.testing.assert_allclose(
+        interop.tensor_product(x, y, **kw).array, e3nn.tensor_product(x, y, **kw).array, rtol=1e-12, atol=1e-13
+    )
     # unmarked inputs: nothing marked, as in e3nn
     plain = interop.tensor_product(_random(ref.irreps, (3,), 11), _random("0e + 1o", (3,), 12), **kw)
     assert plain.zero_flags == (False,) * len(plain.irreps)

@@ -108,11 +108,12 @@ def test_self_connection_is_the_unscaled_copy_under_every_normalization(normaliz
         np.testing.assert_allclose(got[0], want[0], rtol=1e-12, err_msg=name)
         for g, r in zip(got[1], want[1]):
             np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12, err_msg=name)
-    # the factor is there only where the product is not the copy
+    # the factor is there only where the product is not the copy: "none", copies with l > 0
     assert (conv.plan.self_scale is None) == (normalization != "none")
-    assert (conv.plan.self_scale is not None) == (normalization == "none")
     if normalization == "none":
         assert sorted(set(np.round(conv.plan.self_scale**2).astype(int))) == [1, 3, 5, 7]
+    scalars = e3j.MulIrConvolution(ix, iy, filter_, self_connection="0e", normalization=normalization)
+    assert scalars.plan.self_scale is None and all(g.out_scale is None for g in scalars.plan.groups)
 
 
 def _irreps_of(ix, iy, filter_, self_connection):

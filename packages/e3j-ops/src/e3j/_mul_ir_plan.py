@@ -147,6 +147,7 @@ class Plan:
     #: ``None``, or a factor per row of e3nn's output (``[Dout_flat]``): ``sqrt(2l+1)`` on the self
     #: connection's copies under the ``"none"`` normalization, whose ``l ⊗ 0 -> l`` block is
     #: ``1/sqrt(2l+1)`` times the identity where e3nn's filtered copy of ``x`` is not scaled; 1 elsewhere
+    #: (``None`` where every factor would be 1)
     self_scale: np.ndarray | None = field(default=None, repr=False)
 
     @property
@@ -367,14 +368,16 @@ def plan(
     return Plan(tuple(groups), irreps_x, irreps_out, Gather.of(out_index, offset), with_self, blocks, self_scale)
 
 
-def _self_scale(paths, starts, dim_out: int) -> np.ndarray:
+def _self_scale(paths, starts, dim_out: int) -> np.ndarray | None:
     """``sqrt(2l+1)`` on the rows of the self connection's paths (those reading the constant row 0 of
     ``y' = [1, y]``; path ``k``'s rows start at ``starts[k]``), 1 on the others: undoes the ``"none"``
-    normalization's ``1/sqrt(2l+1)`` there."""
+    normalization's ``1/sqrt(2l+1)`` there. ``None`` where every factor is 1 (only scalar copies)."""
     scale = np.ones(dim_out)
     for p, start in zip(paths, starts):
         if p.y_start == 0:
             scale[start : start + p.ir_out.dim] = math.sqrt(p.ir_out.dim)
+    if (scale == 1).all():
+        return None
     scale.setflags(write=False)  # cached on a shared (cached) plan
     return scale
 

@@ -74,7 +74,8 @@ class MulIrConvolution:
     every ``normalization`` (under ``"none"``, where ``x ⊗ 1 = x / sqrt(2l+1)``, a static factor per output row
     undoes it). See the module docstring for the layout and ``grouping``;
     ``conv.groups`` are ``(C, Convolution)``, the uniform-channel ops run per call. :meth:`grouped` runs them on
-    operands kept per group, without the flat layout's conversions.
+    operands kept per group, without the flat layout's conversions (and applies that factor, which a caller
+    running ``conv.groups``' ops itself takes from ``conv.plan.groups[g].out_scale``).
 
     >>> import numpy as np, jax.numpy as jnp, e3j
     >>> conv = MulIrConvolution("4x0e + 2x1o", "1o", self_connection="0e")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from e3j_core import Irreps
 from e3j_core.coo import TP_NORMALIZATIONS
@@ -15,6 +16,15 @@ from ..graph import Graph
 
 # what a complex operand is told: e3nn-jax computes with it, e3j's products are real
 REAL = "real (e3j's products are real)"
+
+
+def marks_zeroed(a: e3nn.IrrepsArray) -> jax.Array:
+    """``a.array`` with the blocks ``a.zero_flags`` marks set to zero: e3nn-jax never reads a marked
+    block's data (its chunk is ``None``), so neither does a drop-in, whatever the data holds."""
+    if not any(a.zero_flags):
+        return a.array
+    mask = np.concatenate([np.full(mul * ir.dim, z) for (mul, ir), z in zip(a.irreps, a.zero_flags)])
+    return jnp.where(mask, jnp.zeros((), a.dtype), a.array)
 
 
 def check_irrep_normalization(value: str | None) -> str:
@@ -64,7 +74,7 @@ def message_passing_operands(
     if isinstance(edge_attrs, e3nn.IrrepsArray):
         if not same(edge_attrs.irreps, irreps_edge):
             raise ValueError(f"edge_attrs must have irreps {irreps_edge}, got {edge_attrs.irreps}")
-        edge_attrs = edge_attrs.array
+        edge_attrs = marks_zeroed(edge_attrs)
     if jnp.ndim(edge_attrs) != 2 or edge_attrs.shape[1] != irreps_edge.dim:
         raise ValueError(f"edge_attrs must be [E, {irreps_edge.dim}] for {irreps_edge}, "
                          f"got shape {jnp.shape(edge_attrs)}")  # fmt: skip
@@ -76,7 +86,7 @@ def message_passing_operands(
             raise ValueError(
                 f"weights given as an IrrepsArray must be scalars ({num_weights}x0e), got {weights.irreps}"
             )
-        weights = weights.array
+        weights = marks_zeroed(weights)
     # arrays only (a list is check_weights' TypeError); the edge count is edge_attrs'
     shape = tuple(getattr(weights.hidden if isinstance(weights, FactoredWeights) else weights, "shape", ()))
     if len(shape) == 2 and shape[0] != num_edges:  # other ranks: check_weights' message on the layout
@@ -100,4 +110,4 @@ def message_passing_operands(
     if graph.num_nodes != num_nodes or graph.num_edges != num_edges:
         raise ValueError(f"graph has {graph.num_nodes} nodes and {graph.num_edges} edges, node_feats and "
                          f"edge_attrs have {num_nodes} and {num_edges}")  # fmt: skip
-    return node_feats.array.astype(dtype), edge_attrs.astype(dtype), weights.astype(dtype), graph
+    return marks_zeroed(node_feats).astype(dtype), edge_attrs.astype(dtype), weights.astype(dtype), graph

@@ -14,7 +14,7 @@ from e3j_core.coo import normalize_filter
 
 from .._checks import promoted_real_dtype
 from ..mul_ir import MulIrTensorProduct
-from ._operands import REAL, check_irrep_normalization
+from ._operands import REAL, check_irrep_normalization, marks_zeroed
 from .layout import to_e3nn_irreps
 
 __all__ = ["tensor_product"]
@@ -38,9 +38,10 @@ def tensor_product(
     The outputs are put in e3nn's flat layout and order by static slices; when ``input2`` has a
     multiplicity above 1, e3nn numbers those copies inside the channels and the output is gathered
     with a static index instead. Given two irreps without arrays (strings, ``Irreps``), it returns
-    the output's irreps, as e3nn-jax does. The output's ``zero_flags`` (e3nn's static marks of
-    blocks known to be zero, set where an input block is marked) are e3nn-jax's, so code that reads
-    them (``.remove_zero_chunks()``, ``.chunks``) sees the same array.
+    the output's irreps, as e3nn-jax does. ``zero_flags``, e3nn's static marks of blocks known to be
+    zero, are read as e3nn-jax reads them: a marked input block counts as zero whatever its data,
+    and an output block is marked where every product into it has a marked input, so code that
+    reads them (``.remove_zero_chunks()``, ``.chunks``) sees the same array.
 
     >>> import jax.numpy as jnp
     >>> x = e3nn.IrrepsArray("4x0e + 4x1o", jnp.ones((2, 16)))
@@ -87,8 +88,8 @@ def tensor_product(
         grouping=grouping,
     )
     batch = math.prod(leading)
-    x = jnp.broadcast_to(input1.array.astype(dtype), (*leading, irreps_x.dim)).reshape(batch, irreps_x.dim)
-    y = jnp.broadcast_to(input2.array.astype(dtype), (*leading, irreps_y.dim)).reshape(batch, irreps_y.dim)
+    x = jnp.broadcast_to(marks_zeroed(input1).astype(dtype), (*leading, irreps_x.dim)).reshape(batch, irreps_x.dim)
+    y = jnp.broadcast_to(marks_zeroed(input2).astype(dtype), (*leading, irreps_y.dim)).reshape(batch, irreps_y.dim)
     out = tp(x, y, backend=backend).reshape(*leading, tp.irreps_out.dim)
     return e3nn.IrrepsArray(to_e3nn_irreps(tp.irreps_out), out, zero_flags=flags)
 
