@@ -217,10 +217,9 @@ def test_flax_module_takes_the_function_forms_options(grouping):
 
 
 def test_inputs_marked_zero_give_e3nns_values_and_marks():
-    """Node features whose blocks are marked zero (e3nn's ``zero_flags``; NequIP's first layer, a
-    ``Linear`` from species one-hots, leaves its non-scalar blocks so): e3nn skips those products,
-    e3j computes zeros; the values and the output's marks (none: e3nn's ``scatter_sum`` drops them)
-    are e3nn's."""
+    """Node features whose blocks are marked zero (e3nn's ``zero_flags``, e.g. from
+    ``e3nn.from_chunks`` with ``None``): e3nn skips those products, e3j computes zeros; the values
+    and the output's marks (none: e3nn's ``scatter_sum`` drops them) are e3nn's."""
     irreps_x, irreps_y, filter_ = "4x0e + 2x1o + 2x2e", "1o + 2e", "0e + 1o + 2e"
     mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=filter_)
     x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=7)
