@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxpr_paths import paths_bound
 
 import e3j
 from e3j import interop
@@ -214,6 +215,55 @@ def test_flax_module_takes_the_function_forms_options(grouping):
     np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match="grouping"):
         FlaxMessagePassing(filter_ir_out="0e", grouping="bad").init(jax.random.key(0), x, y, w, SENDERS, RECEIVERS)
+
+
+MARKED = [  # marks of x's blocks, of y's blocks, self connection
+    ((False, True, True), (False, False, False, False), None),  # scalars embedded into vectors
+    ((False, True, True), (False, False, False, False), "0e + 1o + 2e"),
+    ((True, False, True), (False, True, False, False), "0e + 1o + 2e"),  # marks in both operands
+    ((False, False, False), (False, True, True, False), None),  # edge attributes only
+    ((True, True, True), (False, False, False, False), "0e + 1o + 2e"),  # nothing left: zeros
+]
+
+
+@pytest.mark.parametrize("zero_x, zero_y, self_connection", MARKED)
+@pytest.mark.parametrize("factored", [False, True])
+def test_marked_blocks_are_skipped_as_e3nn_skips_them(zero_x, zero_y, self_connection, factored):
+    """e3nn-jax skips every product that reads a block marked zero (e.g. node features from a
+    ``Linear`` with ``force_irreps_out=True`` on scalars): the drop-in runs only the others
+    (fewer paths bound), with e3nn's values and gradients (float64), array or factored weights."""
+    irreps_x, irreps_y, filter_ = "4x0e + 2x1o + 2x2e", "0e + 1o + 2e + 3o", "0e + 1o + 2e"
+    mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=self_connection)
+    x, y, _ = operands(irreps_x, irreps_y, mp.num_weights, seed=11)
+    hidden = jax.random.normal(jax.random.key(3), (E, 5), jnp.float64)
+    kernel = jax.random.normal(jax.random.key(4), (5, mp.num_weights), jnp.float64)
+
+    def marked(a, irreps, marks):  # inside each trace: the marks are static
+        a = e3nn.IrrepsArray(irreps, a)
+        chunks = [None if z else c for c, z in zip(a.chunks, marks)]
+        return e3nn.from_chunks(a.irreps, chunks, a.shape[:-1], a.dtype)
+
+    def loss(f):
+        def run(a, b, h, k):
+            weights = e3j.FactoredWeights(h, k) if factored else h @ k
+            return jnp.sum(jnp.sin(f(marked(a, irreps_x, zero_x), marked(b, irreps_y, zero_y), weights).array))
+
+        return run
+
+    ref = loss(lambda a, b, c: e3nn_pattern(a, b, c.materialize() if factored else c, filter_, self_connection))
+    got = loss(lambda a, b, c: mp(a, b, c, SENDERS, RECEIVERS))
+    args = (x.array, y.array, hidden, kernel)
+    np.testing.assert_allclose(jax.jit(got)(*args), jax.jit(ref)(*args), rtol=1e-12, atol=1e-12)
+    for g, r in zip(jax.jit(jax.grad(got, (0, 1, 2, 3)))(*args), jax.jit(jax.grad(ref, (0, 1, 2, 3)))(*args)):
+        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+    full = paths_bound(lambda a, b, h, k: mp(x, y, h @ k, SENDERS, RECEIVERS).array, *args)
+    run = paths_bound(lambda a, b, h, k: mp(marked(a, irreps_x, zero_x), marked(b, irreps_y, zero_y), h @ k,
+                                           SENDERS, RECEIVERS).array, *args)  # fmt: skip
+    assert full > 0 and (run < full) == (any(zero_x) or any(zero_y))
+    if zero_x == (False, True, True) and self_connection is None:
+        assert (run, full) == (3, 13)  # 0e x {0e, 1o, 2e} -> {0e, 1o, 2e}, the other 10 of e3nn's 13 skipped
+    if all(zero_x):
+        assert run == 0
 
 
 def test_inputs_marked_zero_give_e3nns_values_and_marks():

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxpr_paths import paths_bound
 
 from e3j import interop
 
@@ -95,6 +96,51 @@ def test_zero_flags_are_e3nns(regroup_output):
     # unmarked inputs: nothing marked, as in e3nn
     plain = interop.tensor_product(_random(ref.irreps, (3,), 11), _random("0e + 1o", (3,), 12), **kw)
     assert plain.zero_flags == (False,) * len(plain.irreps)
+
+
+@pytest.mark.parametrize("regroup_output", [True, False])
+@pytest.mark.parametrize(
+    "zero_x, zero_y, paths",
+    [
+        ((False, True, True), (False, False, False), 3),  # 0e x {0e, 1o, 2e}: 3 of the 11 products
+        ((True, False, True), (True, False, False), 3),  # 1o x 1o: 0e, 2e; 1o x 2e: 1o
+        ((True, True, True), (False, False, False), 0),  # nothing left: zeros, all marked
+    ],
+)
+def test_marked_blocks_are_skipped_as_e3nn_skips_them(regroup_output, zero_x, zero_y, paths):
+    """e3nn-jax skips every product that reads a block marked zero: so does the drop-in (fewer paths
+    bound), with e3nn's values, gradients and marks (float64)."""
+    irreps_x, irreps_y = "4x0e + 2x1o + 2x2e", "0e + 1o + 2e"
+    kw = dict(filter_ir_out="0e + 1o + 2e", regroup_output=regroup_output)
+
+    def marked(a, irreps, marks):
+        a = e3nn.IrrepsArray(irreps, a)
+        return e3nn.from_chunks(a.irreps, [None if z else c for c, z in zip(a.chunks, marks)], a.shape[:-1], a.dtype)
+
+    def loss(f):
+        return lambda a, b: jnp.sum(jnp.sin(f(marked(a, irreps_x, zero_x), marked(b, irreps_y, zero_y), **kw).array))
+
+    a, b = _random(irreps_x, (5,), 21).array, _random(irreps_y, (5,), 22).array
+    got, ref = loss(interop.tensor_product), loss(e3nn.tensor_product)
+    np.testing.assert_allclose(jax.jit(got)(a, b), jax.jit(ref)(a, b), rtol=1e-12, atol=1e-13)
+    for g, r in zip(jax.grad(got, (0, 1))(a, b), jax.grad(ref, (0, 1))(a, b)):
+        np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-13)
+    out = interop.tensor_product(marked(a, irreps_x, zero_x), marked(b, irreps_y, zero_y), **kw)
+    theirs = e3nn.tensor_product(marked(a, irreps_x, zero_x), marked(b, irreps_y, zero_y), **kw)
+    assert out.irreps == theirs.irreps and out.zero_flags == theirs.zero_flags
+    run = paths_bound(lambda a, b: interop.tensor_product(marked(a, irreps_x, zero_x), marked(b, irreps_y, zero_y),
+                                                          **kw).array, a, b)  # fmt: skip
+    assert run == paths
+    assert (
+        paths_bound(
+            lambda a, b: (
+                interop.tensor_product(marked(a, irreps_x, (False,) * 3), marked(b, irreps_y, (False,) * 3), **kw).array
+            ),
+            a,
+            b,
+        )
+        == 11
+    )
 
 
 def test_no_path_gives_e3nn_empty_output():

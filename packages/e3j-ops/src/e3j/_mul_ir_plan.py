@@ -298,20 +298,12 @@ def plan(
     with_self = keep is not None
     rescale_self = with_self and normalization == "none"
     irreps_y_op = Irreps("0e") + irreps_y if with_self else irreps_y
-    allowed = None if filter_out is None else set(filter_out)
-    wanted = allowed if not with_self or allowed is None else allowed | set(keep)
-    wanted_filter = None if wanted is None else tuple(sorted(wanted))
-
-    # e3nn's copies, one path each (C = 1), in e3nn's order
-    full = tensor_product_coo(
-        irreps_x, irreps_y_op, wanted_filter, normalization=normalization, regroup_output=regroup_output
-    )
-    e3nn_order = _e3nn_copy_order(full, irreps_x, with_self, allowed, keep)
-    copy_of = {_label(full.paths[j]): n for n, j in enumerate(e3nn_order)}
-    num_copies = len(e3nn_order)
+    wanted_filter = _wanted_filter(filter_out, keep)
+    full, e3nn_paths = e3nn_copies(irreps_x, irreps_y, filter_out, keep, normalization, regroup_output)
+    copy_of = {_label(p): n for n, p in enumerate(e3nn_paths)}
+    num_copies = len(e3nn_paths)
     if num_copies == 0:
         raise ValueError(f"no output irrep of {irreps_x} x {irreps_y} is kept by the filter")
-    e3nn_paths = [full.paths[j] for j in e3nn_order]
     # without the filtered copy this is e3nn's output irreps as it prints them (unmerged chunks when
     # regroup_output=False); with it, concatenate(...).regroup() is sorted and merged
     irreps_out = Irreps([(1, p.ir_out) for p in e3nn_paths]).simplify() if with_self else full.irreps_out
@@ -366,6 +358,38 @@ def plan(
     blocks = tuple(blocks_out) if covered == out_starts[-1] else None
     self_scale = _self_scale(e3nn_paths, out_starts[:-1], int(out_starts[-1])) if rescale_self else None
     return Plan(tuple(groups), irreps_x, irreps_out, Gather.of(out_index, offset), with_self, blocks, self_scale)
+
+
+def _wanted_filter(filter_out, keep) -> tuple[Irrep, ...] | None:
+    """The output irreps the ``C = 1`` product keeps: the filter's, and the self connection's."""
+    if filter_out is None:
+        return None
+    return tuple(sorted(set(filter_out) | set(keep or ())))
+
+
+@cache
+def e3nn_copies(
+    irreps_x: Irreps,
+    irreps_y: Irreps,
+    filter_out: tuple[Irrep, ...] | None,
+    keep: tuple[Irrep, ...] | None,
+    normalization: str,
+    regroup_output: bool,
+) -> tuple[TensorProductCoo, tuple]:
+    """``(full, copies)``: the product of :func:`plan`'s arguments with every copy a path and one
+    channel (``full``, ``C = 1``), and its paths in the order e3nn numbers the output copies (and
+    their weights): copy ``n`` reads the ``x`` copy whose first row of the flat ``x`` is
+    ``copies[n].x_start`` and row ``copies[n].y_start`` of ``y' = [1, y]`` (with ``keep``: the
+    self connection's constant row first) or of ``y``."""
+    with_self = keep is not None
+    irreps_y_op = Irreps("0e") + irreps_y if with_self else irreps_y
+    full = tensor_product_coo(
+        irreps_x, irreps_y_op, _wanted_filter(filter_out, keep), normalization=normalization,
+        regroup_output=regroup_output,
+    )  # fmt: skip
+    allowed = None if filter_out is None else set(filter_out)
+    order = _e3nn_copy_order(full, irreps_x, with_self, allowed, keep)
+    return full, tuple(full.paths[j] for j in order)
 
 
 def _self_scale(paths, starts, dim_out: int) -> np.ndarray | None:

@@ -30,6 +30,7 @@ channel, and then the weights and output are gathered with static indices instea
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import e3nn_jax as e3nn
 import jax
@@ -39,7 +40,8 @@ import numpy as np
 from e3j_core import as_irreps
 from e3j_core.coo import normalize_filter
 
-from ..factored import FactoredWeights
+from .._mul_ir_pruning import pruned
+from ..factored import FactoredWeights, take_columns
 from ..graph import Graph
 from ..mul_ir import MulIrConvolution
 from ._operands import check_irrep_normalization, message_passing_operands
@@ -59,7 +61,9 @@ class MessagePassing:
     Mixed multiplicities run natively (one convolution per multiplicity, ``mp.groups``);
     ``grouping="gcd"`` runs them as gcd copies instead (see :class:`e3j.MulIrConvolution`).
     As e3nn's ``m * w``, the call reads ``e3nn.config("irrep_normalization")``: under ``"none"``
-    each output copy of irrep ``l`` is scaled by ``1/sqrt(2l+1)``.
+    each output copy of irrep ``l`` is scaled by ``1/sqrt(2l+1)``. As e3nn-jax, the call skips the
+    products that read a block its inputs mark zero (``zero_flags``): it runs the product over the
+    other blocks, taking their weights from e3nn's columns.
 
     >>> import numpy as np, jax.numpy as jnp
     >>> mp = MessagePassing("8x0e + 8x1o", "1o + 2e", "0e + 1o", self_connection="0e + 1o")
@@ -84,14 +88,14 @@ class MessagePassing:
         irrep_normalization = check_irrep_normalization(irrep_normalization)
         self.irreps_node = as_irreps(irreps_node, "irreps_node")
         self.irreps_edge = as_irreps(irreps_edge, "irreps_edge")
-        self.convolution = MulIrConvolution(
-            self.irreps_node,
-            self.irreps_edge,
-            normalize_filter(filter_ir_out, "filter_ir_out"),  # errors name e3nn's argument
-            self_connection=normalize_filter(self_connection, "self_connection"),
-            normalization=irrep_normalization,
-            grouping=grouping,
+        # the product's static arguments, as MulIrConvolution takes them (errors name e3nn's arguments)
+        self._args = (
+            normalize_filter(filter_ir_out, "filter_ir_out"),
+            normalize_filter(self_connection, "self_connection"),
+            irrep_normalization,
+            grouping,
         )
+        self.convolution = _convolution(self.irreps_node, self.irreps_edge, *self._args)
         self.plan = self.convolution.plan
 
     @property
@@ -124,13 +128,42 @@ class MessagePassing:
             node_feats, self.irreps_node, edge_attrs, self.irreps_edge, weights, self.num_weights,
             f"one per irrep copy of {self.irreps_out}, e3nn's order", senders, receivers, graph,
         )  # fmt: skip
-        out = self.convolution(x, y, w, graph, backend=backend)
+        zero_x = tuple(node_feats.zero_flags)
+        zero_y = tuple(edge_attrs.zero_flags) if isinstance(edge_attrs, e3nn.IrrepsArray) else ()
+        if any(zero_x) or any(zero_y):
+            # e3nn-jax skips every product that reads a marked block: so does the call
+            filter_out, keep, normalization, grouping = self._args
+            reduced = _pruned(self.irreps_node, self.irreps_edge, filter_out, keep, normalization, grouping,
+                              zero_x, zero_y or (False,) * len(self.irreps_edge))  # fmt: skip
+            if reduced is None:
+                out = jnp.zeros((x.shape[0], self.plan.irreps_out.dim), x.dtype)
+            else:
+                maps, conv = reduced
+                out = maps.place(conv(maps.x(x), maps.y(y), take_columns(w, maps.weights), graph, backend=backend))
+        else:
+            out = self.convolution(x, y, w, graph, backend=backend)
         if e3nn.config("irrep_normalization") == "none":
             # e3nn's ``m * w`` is an elementwise product 0e ⊗ l under the global setting, whose
             # "none" Clebsch–Gordan coefficient is 1/sqrt(2l+1) (1 for "component" and "norm"):
             # one static scale per output row, applied to the node-sized result
             out = out * jnp.asarray(_none_normalization_rows(self.plan.irreps_out), out.dtype)
         return e3nn.IrrepsArray(self.irreps_out, out)
+
+
+@lru_cache(maxsize=256)
+def _convolution(irreps_node, irreps_edge, filter_out, keep, normalization, grouping) -> MulIrConvolution:
+    return MulIrConvolution(irreps_node, irreps_edge, filter_out, self_connection=keep,
+                            normalization=normalization, grouping=grouping)  # fmt: skip
+
+
+@lru_cache(maxsize=256)
+def _pruned(irreps_node, irreps_edge, filter_out, keep, normalization, grouping, zero_x, zero_y):
+    """``(maps, convolution)`` over the unmarked blocks (:func:`e3j._mul_ir_pruning.pruned`), or
+    ``None`` where no product is left."""
+    maps = pruned(irreps_node, irreps_edge, filter_out, keep, normalization, True, zero_x, zero_y)
+    if maps is None:
+        return None
+    return maps, _convolution(maps.irreps_x, maps.irreps_y, filter_out, keep, normalization, grouping)
 
 
 def _none_normalization_rows(irreps) -> np.ndarray:

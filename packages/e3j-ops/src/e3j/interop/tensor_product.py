@@ -13,6 +13,7 @@ from e3j_core import Irreps
 from e3j_core.coo import normalize_filter
 
 from .._checks import promoted_real_dtype
+from .._mul_ir_pruning import pruned
 from ..mul_ir import MulIrTensorProduct
 from ._operands import REAL, check_irrep_normalization, marks_zeroed
 from .layout import to_e3nn_irreps
@@ -40,7 +41,8 @@ def tensor_product(
     with a static index instead. Given two irreps without arrays (strings, ``Irreps``), it returns
     the output's irreps, as e3nn-jax does. ``zero_flags``, e3nn's static marks of blocks known to be
     zero, are read as e3nn-jax reads them: a marked input block counts as zero whatever its data,
-    and an output block is marked where every product into it has a marked input, so code that
+    the products that read one are skipped (the product runs over the other blocks), and an
+    output block is marked where every product into it has a marked input, so code that
     reads them (``.remove_zero_chunks()``, ``.chunks``) sees the same array.
 
     >>> import jax.numpy as jnp
@@ -79,6 +81,14 @@ def tensor_product(
                             None if e3nn_filter is None else tuple(e3nn_filter), regroup_output)  # fmt: skip
     if expected.dim == 0 or irreps_x.dim == 0 or irreps_y.dim == 0:
         return e3nn.IrrepsArray(expected, jnp.zeros((*leading, expected.dim), dtype), zero_flags=flags)
+    maps = None
+    if flags is not None:
+        # e3nn-jax skips every product that reads a marked block: so does this call
+        maps = pruned(irreps_x, irreps_y, filter_ir_out, None, irrep_normalization, regroup_output,
+                      tuple(input1.zero_flags), tuple(input2.zero_flags))  # fmt: skip
+        if maps is None:
+            return e3nn.IrrepsArray(expected, jnp.zeros((*leading, expected.dim), dtype), zero_flags=flags)
+        irreps_x, irreps_y = maps.irreps_x, maps.irreps_y
     tp = MulIrTensorProduct(
         irreps_x,
         irreps_y,
@@ -88,10 +98,16 @@ def tensor_product(
         grouping=grouping,
     )
     batch = math.prod(leading)
-    x = jnp.broadcast_to(marks_zeroed(input1).astype(dtype), (*leading, irreps_x.dim)).reshape(batch, irreps_x.dim)
-    y = jnp.broadcast_to(marks_zeroed(input2).astype(dtype), (*leading, irreps_y.dim)).reshape(batch, irreps_y.dim)
-    out = tp(x, y, backend=backend).reshape(*leading, tp.irreps_out.dim)
-    return e3nn.IrrepsArray(to_e3nn_irreps(tp.irreps_out), out, zero_flags=flags)
+    if maps is None:
+        x, y = marks_zeroed(input1), marks_zeroed(input2)
+    else:  # the blocks left are unmarked
+        x, y = maps.x(input1.array), maps.y(input2.array)
+    x = jnp.broadcast_to(x.astype(dtype), (*leading, irreps_x.dim)).reshape(batch, irreps_x.dim)
+    y = jnp.broadcast_to(y.astype(dtype), (*leading, irreps_y.dim)).reshape(batch, irreps_y.dim)
+    out = tp(x, y, backend=backend)
+    if maps is None:
+        return e3nn.IrrepsArray(to_e3nn_irreps(tp.irreps_out), out.reshape(*leading, tp.irreps_out.dim))
+    return e3nn.IrrepsArray(expected, maps.place(out).reshape(*leading, expected.dim), zero_flags=flags)
 
 
 @lru_cache(maxsize=256)

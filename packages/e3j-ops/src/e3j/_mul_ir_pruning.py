@@ -1,0 +1,118 @@
+"""A product of e3nn's flat layouts restricted to the input blocks not known to be zero (private).
+
+e3nn-jax marks blocks it knows are zero (an ``IrrepsArray``'s ``zero_flags``: from ``e3nn.zeros``,
+``from_chunks`` with ``None``, a ``Linear`` with ``force_irreps_out=True`` whose output irrep no
+input reaches) and skips every product that reads one; the output copies no other product reaches
+are zero. A model whose first layer embeds scalars into ``64x0e + 64x1o + 64x2e`` this way runs its
+first message passing on the ``0e`` block alone. :func:`pruned` gives the same product over the
+unmarked blocks only (its own plan, so kernels do only that work), with static maps from the full
+operands to its operands and from its output to the full output (zero where no product is left).
+
+e3nn's output copies (and, one per copy, its message-passing weights) are matched by what they are
+(the ``x`` row, the ``y`` row, the output irrep: :func:`e3j._mul_ir_plan.e3nn_copies`), so no rule of
+e3nn's order is written here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cache
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from e3j_core import Irrep, Irreps
+
+from ._mul_ir_plan import Gather, e3nn_copies
+
+
+@dataclass(frozen=True, eq=False)
+class Pruned:
+    """The product over the unmarked blocks: ``irreps_x``/``irreps_y`` (those blocks, in order),
+    ``x``/``y``: their columns of the full flat operands, ``weights``: the full weights' columns the
+    reduced product reads (one per reduced output copy, e3nn's order), ``out_rows``: for each row of
+    the reduced output, its row in the full output (the other rows are zero)."""
+
+    irreps_x: Irreps
+    irreps_y: Irreps
+    x: Gather
+    y: Gather
+    weights: Gather
+    dim_out: int
+    out_rows: np.ndarray = field(repr=False)
+
+    def place(self, out: jax.Array) -> jax.Array:
+        """The reduced output ``[.., D_reduced]`` → the full output ``[.., dim_out]``, zero elsewhere:
+        runs of consecutive reduced rows and zero runs, concatenated (static slices)."""
+        src = np.full(self.dim_out, -1, np.int64)
+        src[self.out_rows] = np.arange(len(self.out_rows))
+        lead = out.shape[:-1]
+        parts, start = [], 0
+        breaks = (np.diff(src) != 1) | (src[:-1] < 0) | (src[1:] < 0)
+        for stop in [*(np.flatnonzero(breaks) + 1).tolist(), self.dim_out]:
+            if src[start] < 0:  # a run of -1 (the step is 0 there, so each row its own run): merge
+                if parts and isinstance(parts[-1], int):
+                    parts[-1] += stop - start
+                else:
+                    parts.append(stop - start)
+            else:
+                parts.append(out[..., int(src[start]) : int(src[stop - 1]) + 1])
+            start = stop
+        parts = [jnp.zeros((*lead, p), out.dtype) if isinstance(p, int) else p for p in parts]
+        return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+
+
+def _kept(irreps: Irreps, marks: tuple[bool, ...]) -> tuple[Irreps, np.ndarray, dict[int, int]]:
+    """The unmarked blocks' irreps, their columns of the flat array, and the map from a row of the
+    reduced flat array to the row of the full one."""
+    starts = np.cumsum([0] + [mul * ir.dim for mul, ir in irreps])
+    blocks = [b for b, z in enumerate(marks) if not z]
+    cols = np.concatenate([np.arange(starts[b], starts[b + 1]) for b in blocks] or [np.zeros(0, np.int64)])
+    return Irreps([irreps[b] for b in blocks]), cols, {r: int(c) for r, c in enumerate(cols)}
+
+
+@cache
+def pruned(
+    irreps_x: Irreps,
+    irreps_y: Irreps,
+    filter_out: tuple[Irrep, ...] | None,
+    keep: tuple[Irrep, ...] | None,
+    normalization: str,
+    regroup_output: bool,
+    zero_x: tuple[bool, ...],
+    zero_y: tuple[bool, ...],
+) -> Pruned | None:
+    """The product of :func:`e3j._mul_ir_plan.plan`'s arguments with the blocks of ``x`` and ``y``
+    that ``zero_x`` / ``zero_y`` mark (one flag per block of ``irreps_x`` / ``irreps_y``) left out;
+    ``None`` where no output copy is left (the output is zero). The self connection's constant
+    edge attribute is never marked: a marked block of ``x`` has a zero copy, as in e3nn-jax."""
+    if len(zero_x) != len(irreps_x) or len(zero_y) != len(irreps_y):
+        raise ValueError(f"one mark per block: {len(zero_x)} for {irreps_x}, {len(zero_y)} for {irreps_y}")
+    kept_x, x_cols, x_row = _kept(irreps_x, zero_x)
+    kept_y, y_cols, y_row = _kept(irreps_y, zero_y)
+    _, copies = e3nn_copies(irreps_x, irreps_y, filter_out, keep, normalization, regroup_output)
+    if kept_x.dim == 0 or kept_y.dim == 0:
+        return None
+    _, reduced = e3nn_copies(kept_x, kept_y, filter_out, keep, normalization, regroup_output)
+    if not reduced:
+        return None
+    shift = 1 if keep is not None else 0  # y' = [1, y]: row 0 is the constant
+
+    def full_y(r: int) -> int:
+        return r if r < shift else y_row[r - shift] + shift
+
+    copy_of = {(p.x_start, p.y_start, p.ir_out): n for n, p in enumerate(copies)}
+    out_starts = np.cumsum([0] + [p.ir_out.dim for p in copies])
+    sel = [copy_of[(x_row[p.x_start], full_y(p.y_start), p.ir_out)] for p in reduced]
+    out_rows = np.concatenate([np.arange(out_starts[n], out_starts[n] + copies[n].ir_out.dim) for n in sel])
+    out_rows.setflags(write=False)  # cached
+    return Pruned(
+        kept_x,
+        kept_y,
+        Gather.of(x_cols, irreps_x.dim),
+        Gather.of(y_cols, irreps_y.dim),
+        Gather.of(np.asarray(sel), len(copies)),
+        int(out_starts[-1]),
+        out_rows,
+    )
