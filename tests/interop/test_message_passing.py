@@ -266,6 +266,48 @@ def test_marked_blocks_are_skipped_as_e3nn_skips_them(zero_x, zero_y, self_conne
         assert run == 0
 
 
+# the CPU-runnable backends (as tests/interop/test_porting.py runs them)
+BACKENDS = ["reference", "cuda_host", "pallas_gpu_interpret"]
+SLOW_BACKENDS = ["cuda_simt", "pallas_tpu_interpret", "pallas_mosaic_interpret"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS + [pytest.param(b, marks=pytest.mark.slow) for b in SLOW_BACKENDS])
+def test_marked_blocks_are_skipped_on_every_backend(backend):
+    """The product over the unmarked blocks reads its weights' columns of e3nn's array in place on
+    every backend's kernels; the columns it skips get a zero gradient (kernels that write only their
+    own columns of the weights' cotangent leave the others unwritten: they are zeroed)."""
+    if backend not in {b.name for b in e3j.available_backends()}:
+        pytest.skip(f"backend {backend} is not installed")
+    irreps_x, irreps_y, filter_ = "4x0e + 2x1o + 2x2e", "0e + 1o + 2e + 3o", "0e + 1o + 2e"
+    mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=filter_)
+    x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=12)
+    tol = 1e-12 if "float64" in e3j.backends.get_backend(backend).dtypes else 1e-5
+    args = tuple(a.astype(jnp.float64 if tol == 1e-12 else jnp.float32) for a in (x.array, y.array, w))
+
+    def marked(a, irreps, marks):
+        a = e3nn.IrrepsArray(irreps, a)
+        chunks = [None if z else c for c, z in zip(a.chunks, marks)]
+        return e3nn.from_chunks(a.irreps, chunks, a.shape[:-1], a.dtype)
+
+    def loss(f):
+        def run(a, b, c):
+            return jnp.sum(jnp.sin(f(marked(a, irreps_x, (False, True, False)),
+                                     marked(b, irreps_y, (False, True, False, False)), c).array))  # fmt: skip
+
+        return run
+
+    ref = loss(lambda a, b, c: e3nn_pattern(a, b, c, filter_, filter_))
+    got = loss(lambda a, b, c: mp(a, b, c, SENDERS, RECEIVERS))
+    with e3j.use_backend(backend):
+        value, grads = jax.jit(jax.value_and_grad(got, (0, 1, 2)))(*args)
+    ref_value, ref_grads = jax.value_and_grad(ref, (0, 1, 2))(x.array, y.array, w)
+    np.testing.assert_allclose(value, ref_value, rtol=tol)
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g, r, rtol=tol, atol=tol * float(jnp.abs(r).max()))
+    unread = np.asarray(ref_grads[2] == 0).all(axis=0)
+    assert unread.any() and not unread.all() and (np.asarray(grads[2])[:, unread] == 0).all()
+
+
 def test_inputs_marked_zero_give_e3nns_values_and_marks():
     """Node features whose blocks are marked zero (e3nn's ``zero_flags``, e.g. from
     ``e3nn.from_chunks`` with ``None``): e3nn skips those products, e3j computes zeros; the values

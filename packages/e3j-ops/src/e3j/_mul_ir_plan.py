@@ -75,6 +75,14 @@ class Gather:
         index.setflags(write=False)
         return cls(size_in, None, index)
 
+    def indices(self) -> np.ndarray:
+        """The index of the last axis each output element reads."""
+        if self.index is not None:
+            return self.index
+        if self.runs is None:
+            return np.arange(self.size_in)
+        return np.concatenate([np.arange(a, b) for a, b in self.runs])
+
     def __call__(self, a: jax.Array) -> jax.Array:
         if self.index is not None:
             return a[..., self.index]
@@ -115,14 +123,7 @@ class Group:
     def weight_columns(self) -> np.ndarray | None:
         """The first column of each path's weights on e3nn's weight axis (its ``C`` weights are that
         column and the next ``C - 1``), or ``None`` where a path's copies are not consecutive."""
-        w = self.weights
-        if w.index is not None:
-            index = w.index
-        elif w.runs is None:
-            index = np.arange(w.size_in)
-        else:
-            index = np.concatenate([np.arange(a, b) for a, b in w.runs])
-        per_path = index.reshape(self.coo.num_paths, self.channels)
+        per_path = self.weights.indices().reshape(self.coo.num_paths, self.channels)
         if not np.array_equal(per_path, per_path[:, :1] + np.arange(self.channels)):
             return None
         columns = per_path[:, 0].copy()
@@ -149,10 +150,27 @@ class Plan:
     #: ``1/sqrt(2l+1)`` times the identity where e3nn's filtered copy of ``x`` is not scaled; 1 elsewhere
     #: (``None`` where every factor would be 1)
     self_scale: np.ndarray | None = field(default=None, repr=False)
+    #: ``None``, or the width of the weights' axis where the groups read only some of its columns (a
+    #: product restricted to the blocks not marked zero, reading the full product's weights in place)
+    weight_width: int | None = None
 
     @property
     def num_weights(self) -> int:
+        if self.weight_width is not None:
+            return self.weight_width
         return sum(g.coo.num_paths * g.channels for g in self.groups)
+
+    @cached_property
+    def unread_weights(self) -> np.ndarray | None:
+        """``bool [num_weights]``: the weight columns no group reads (their cotangent is zero), or
+        ``None`` where every column is read (always, unless :attr:`weight_width` is set)."""
+        if self.weight_width is None:
+            return None
+        unread = np.ones(self.weight_width, bool)
+        for g in self.groups:
+            unread[g.weights.indices()] = False
+        unread.setflags(write=False)  # cached on a shared (cached) plan
+        return unread if unread.any() else None
 
     @property
     def gathers(self) -> bool:
@@ -199,6 +217,9 @@ class Plan:
             r = dict(launch(g, xg, dmg, ds))
             ds = r.pop("s", None)
             results.append(r)
+        if ds is not None and self.unread_weights is not None:
+            # the launches write their own columns only: the others, which no path reads, are zero
+            ds = jnp.where(self.unread_weights, jnp.zeros((), ds.dtype), ds)
         return self.join_cotangents(results, ds, outs)
 
     def join_cotangents(self, results: Sequence[dict], ds: jax.Array | None, outs: Sequence[str]) -> dict:
@@ -242,9 +263,18 @@ class Plan:
 
     def join_weights(self, dss: list[jax.Array]) -> jax.Array:
         """The groups' ``[.., P_g, C_g]`` (per-path weights or their cotangents) → e3nn's ``[.., num_weights]``,
-        one concatenation of the paths in column order. Needs :attr:`in_place`."""
+        one concatenation of the paths in column order (columns no path reads are zero). Needs
+        :attr:`in_place`."""
         pieces = sorted((int(col), g, p) for g, gr in enumerate(self.groups) for p, col in enumerate(gr.weight_columns))
-        return jnp.concatenate([dss[g][..., p, :] for _, g, p in pieces], axis=-1)
+        parts, at = [], 0
+        for col, g, p in pieces:
+            if col > at:  # columns no path reads (see :attr:`unread_weights`)
+                parts.append(jnp.zeros((*dss[g].shape[:-2], col - at), dss[g].dtype))
+            parts.append(dss[g][..., p, :])
+            at = col + self.groups[g].channels
+        if self.num_weights > at:
+            parts.append(jnp.zeros((*dss[0].shape[:-2], self.num_weights - at), dss[0].dtype))
+        return jnp.concatenate(parts, axis=-1)
 
     def join_out(self, outs: list[jax.Array]) -> jax.Array:
         """The groups' outputs ``[.., Dout_g, C_g]`` → e3nn's flat ``[.., Dout_flat]``.

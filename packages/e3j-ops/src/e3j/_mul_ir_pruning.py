@@ -15,6 +15,7 @@ e3nn's order is written here.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cache
 
@@ -24,23 +25,35 @@ import numpy as np
 
 from e3j_core import Irrep, Irreps
 
-from ._mul_ir_plan import Gather, e3nn_copies
+from ._mul_ir_plan import Gather, Plan, e3nn_copies
 
 
 @dataclass(frozen=True, eq=False)
 class Pruned:
     """The product over the unmarked blocks: ``irreps_x``/``irreps_y`` (those blocks, in order),
-    ``x``/``y``: their columns of the full flat operands, ``weights``: the full weights' columns the
-    reduced product reads (one per reduced output copy, e3nn's order), ``out_rows``: for each row of
-    the reduced output, its row in the full output (the other rows are zero)."""
+    ``x``/``y``: their columns of the full flat operands, ``copies``: the full product's number of
+    each output copy of the reduced one (e3nn's order; in message passing also its weight's column,
+    of ``num_copies``), ``out_rows``: for each row of the reduced output, its row in the full output
+    (the other rows are zero)."""
 
     irreps_x: Irreps
     irreps_y: Irreps
     x: Gather
     y: Gather
-    weights: Gather
+    copies: np.ndarray = field(repr=False)
+    num_copies: int
     dim_out: int
     out_rows: np.ndarray = field(repr=False)
+
+    def reading_full_weights(self, plan: Plan) -> Plan:
+        """The reduced product's ``plan`` with its weights read from the full product's ``[..,
+        num_copies]`` (one per copy, e3nn's order) where they are: no column is copied, the unread
+        ones get a zero cotangent (:attr:`Plan.unread_weights`)."""
+        groups = tuple(
+            dataclasses.replace(g, weights=Gather.of(self.copies[g.weights.indices()], self.num_copies))
+            for g in plan.groups
+        )
+        return dataclasses.replace(plan, groups=groups, weight_width=self.num_copies)
 
     def place(self, out: jax.Array) -> jax.Array:
         """The reduced output ``[.., D_reduced]`` → the full output ``[.., dim_out]``, zero elsewhere:
@@ -106,13 +119,16 @@ def pruned(
     out_starts = np.cumsum([0] + [p.ir_out.dim for p in copies])
     sel = [copy_of[(x_row[p.x_start], full_y(p.y_start), p.ir_out)] for p in reduced]
     out_rows = np.concatenate([np.arange(out_starts[n], out_starts[n] + copies[n].ir_out.dim) for n in sel])
-    out_rows.setflags(write=False)  # cached
+    sel = np.asarray(sel, np.int64)
+    for a in (sel, out_rows):
+        a.setflags(write=False)  # cached
     return Pruned(
         kept_x,
         kept_y,
         Gather.of(x_cols, irreps_x.dim),
         Gather.of(y_cols, irreps_y.dim),
-        Gather.of(np.asarray(sel), len(copies)),
+        sel,
+        len(copies),
         int(out_starts[-1]),
         out_rows,
     )

@@ -106,6 +106,14 @@ class MulIrConvolution:
         # (C, op) per group: the uniform-channel ops run per call
         self.groups = tuple((g.channels, Convolution.from_coo(g.coo)) for g in self.plan.groups)
 
+    @classmethod
+    def _of_plan(cls, plan: Plan) -> MulIrConvolution:
+        """The convolution of a plan built elsewhere (e.g. one reading a larger product's weights)."""
+        self = cls.__new__(cls)
+        self.plan = plan
+        self.groups = tuple((g.channels, Convolution.from_coo(g.coo)) for g in plan.groups)
+        return self
+
     @property
     def irreps_x(self) -> Irreps:
         return self.plan.irreps_x

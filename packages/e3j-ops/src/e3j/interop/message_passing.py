@@ -41,7 +41,7 @@ from e3j_core import as_irreps
 from e3j_core.coo import normalize_filter
 
 from .._mul_ir_pruning import pruned
-from ..factored import FactoredWeights, take_columns
+from ..factored import FactoredWeights
 from ..graph import Graph
 from ..mul_ir import MulIrConvolution
 from ._operands import check_irrep_normalization, message_passing_operands
@@ -138,8 +138,8 @@ class MessagePassing:
             if reduced is None:
                 out = jnp.zeros((x.shape[0], self.plan.irreps_out.dim), x.dtype)
             else:
-                maps, conv = reduced
-                out = maps.place(conv(maps.x(x), maps.y(y), take_columns(w, maps.weights), graph, backend=backend))
+                maps, conv = reduced  # conv reads its weights' columns of w where they are
+                out = maps.place(conv(maps.x(x), maps.y(y), w, graph, backend=backend))
         else:
             out = self.convolution(x, y, w, graph, backend=backend)
         if e3nn.config("irrep_normalization") == "none":
@@ -158,12 +158,13 @@ def _convolution(irreps_node, irreps_edge, filter_out, keep, normalization, grou
 
 @lru_cache(maxsize=256)
 def _pruned(irreps_node, irreps_edge, filter_out, keep, normalization, grouping, zero_x, zero_y):
-    """``(maps, convolution)`` over the unmarked blocks (:func:`e3j._mul_ir_pruning.pruned`), or
-    ``None`` where no product is left."""
+    """``(maps, convolution)`` over the unmarked blocks (:func:`e3j._mul_ir_pruning.pruned`), the
+    convolution taking the full weights, or ``None`` where no product is left."""
     maps = pruned(irreps_node, irreps_edge, filter_out, keep, normalization, True, zero_x, zero_y)
     if maps is None:
         return None
-    return maps, _convolution(maps.irreps_x, maps.irreps_y, filter_out, keep, normalization, grouping)
+    reduced = _convolution(maps.irreps_x, maps.irreps_y, filter_out, keep, normalization, grouping)
+    return maps, MulIrConvolution._of_plan(maps.reading_full_weights(reduced.plan))
 
 
 def _none_normalization_rows(irreps) -> np.ndarray:
