@@ -223,6 +223,7 @@ MARKED = [  # marks of x's blocks, of y's blocks, self connection
     ((True, False, True), (False, True, False, False), "0e + 1o + 2e"),  # marks in both operands
     ((False, False, False), (False, True, True, False), None),  # edge attributes only
     ((True, True, True), (False, False, False, False), "0e + 1o + 2e"),  # nothing left: zeros
+    ((False, True, False), (True, True, True, True), "0e + 1o + 2e"),  # the self connection alone
 ]
 
 

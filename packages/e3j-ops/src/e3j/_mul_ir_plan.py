@@ -67,6 +67,8 @@ class Gather:
         index = np.asarray(index, np.int64)
         if np.array_equal(index, np.arange(size_in)):
             return cls(size_in, None, None)
+        if index.size == 0:
+            return cls(size_in, (), None)
         breaks = np.flatnonzero(np.diff(index) != 1) + 1
         starts = np.concatenate([[0], breaks]).astype(np.int64)
         stops = np.concatenate([breaks, [len(index)]]).astype(np.int64)
@@ -88,6 +90,8 @@ class Gather:
             return a[..., self.index]
         if self.runs is None:
             return a
+        if not self.runs:
+            return a[..., :0]
         parts = [a[..., s:t] for s, t in self.runs]
         return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
 

@@ -105,7 +105,7 @@ def pruned(
     kept_x, x_cols, x_row = _kept(irreps_x, zero_x)
     kept_y, y_cols, y_row = _kept(irreps_y, zero_y)
     _, copies = e3nn_copies(irreps_x, irreps_y, filter_out, keep, normalization, regroup_output)
-    if kept_x.dim == 0 or kept_y.dim == 0:
+    if kept_x.dim == 0 or (kept_y.dim == 0 and keep is None):  # (the self connection needs no y)
         return None
     _, reduced = e3nn_copies(kept_x, kept_y, filter_out, keep, normalization, regroup_output)
     if not reduced:
