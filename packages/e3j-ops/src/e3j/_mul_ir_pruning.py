@@ -60,19 +60,18 @@ class Pruned:
         runs of consecutive reduced rows and zero runs, concatenated (static slices)."""
         src = np.full(self.dim_out, -1, np.int64)
         src[self.out_rows] = np.arange(len(self.out_rows))
-        lead = out.shape[:-1]
-        parts, start = [], 0
-        breaks = (np.diff(src) != 1) | (src[:-1] < 0) | (src[1:] < 0)
-        for stop in [*(np.flatnonzero(breaks) + 1).tolist(), self.dim_out]:
-            if src[start] < 0:  # a run of -1 (the step is 0 there, so each row its own run): merge
-                if parts and isinstance(parts[-1], int):
-                    parts[-1] += stop - start
-                else:
-                    parts.append(stop - start)
-            else:
-                parts.append(out[..., int(src[start]) : int(src[stop - 1]) + 1])
-            start = stop
-        parts = [jnp.zeros((*lead, p), out.dtype) if isinstance(p, int) else p for p in parts]
+        parts, j = [], 0
+        while j < self.dim_out:
+            k = j + 1
+            if src[j] < 0:  # a run of rows no product reaches
+                while k < self.dim_out and src[k] < 0:
+                    k += 1
+                parts.append(jnp.zeros((*out.shape[:-1], k - j), out.dtype))
+            else:  # a run of consecutive rows of the reduced output
+                while k < self.dim_out and src[k] == src[k - 1] + 1:
+                    k += 1
+                parts.append(out[..., int(src[j]) : int(src[k - 1]) + 1])
+            j = k
         return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
 
 

@@ -129,12 +129,13 @@ class MessagePassing:
             f"one per irrep copy of {self.irreps_out}, e3nn's order", senders, receivers, graph,
         )  # fmt: skip
         zero_x = tuple(node_feats.zero_flags)
-        zero_y = tuple(edge_attrs.zero_flags) if isinstance(edge_attrs, e3nn.IrrepsArray) else ()
+        marked_y = isinstance(edge_attrs, e3nn.IrrepsArray)
+        zero_y = tuple(edge_attrs.zero_flags) if marked_y else (False,) * len(self.irreps_edge)
         if any(zero_x) or any(zero_y):
             # e3nn-jax skips every product that reads a marked block: so does the call
             filter_out, keep, normalization, grouping = self._args
             reduced = _pruned(self.irreps_node, self.irreps_edge, filter_out, keep, normalization, grouping,
-                              zero_x, zero_y or (False,) * len(self.irreps_edge))  # fmt: skip
+                              zero_x, zero_y)  # fmt: skip
             if reduced is None:
                 out = jnp.zeros((x.shape[0], self.plan.irreps_out.dim), x.dtype)
             else:

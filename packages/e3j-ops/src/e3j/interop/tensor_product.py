@@ -15,7 +15,7 @@ from e3j_core.coo import normalize_filter
 from .._checks import promoted_real_dtype
 from .._mul_ir_pruning import pruned
 from ..mul_ir import MulIrTensorProduct
-from ._operands import REAL, check_irrep_normalization, marks_zeroed
+from ._operands import REAL, check_irrep_normalization
 from .layout import to_e3nn_irreps
 
 __all__ = ["tensor_product"]
@@ -98,10 +98,9 @@ def tensor_product(
         grouping=grouping,
     )
     batch = math.prod(leading)
-    if maps is None:
-        x, y = marks_zeroed(input1), marks_zeroed(input2)
-    else:  # the blocks left are unmarked
-        x, y = maps.x(input1.array), maps.y(input2.array)
+    x, y = input1.array, input2.array
+    if maps is not None:  # the blocks left are unmarked (without maps, no block is)
+        x, y = maps.x(x), maps.y(y)
     x = jnp.broadcast_to(x.astype(dtype), (*leading, irreps_x.dim)).reshape(batch, irreps_x.dim)
     y = jnp.broadcast_to(y.astype(dtype), (*leading, irreps_y.dim)).reshape(batch, irreps_y.dim)
     out = tp(x, y, backend=backend)
