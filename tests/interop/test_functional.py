@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from e3nn_jax.legacy import FunctionalTensorProduct
+from jaxpr_paths import paths_bound
 
 import e3j
 from e3j import interop
@@ -110,6 +111,93 @@ def test_equals_e3nn_on_a_kernel_backend(backend, kwargs):
     fmp, _ = check_value_and_grad(tp, backend, seed=1)
     scales = np.concatenate([op.scale.ravel() for op in fmp.ops])
     assert (scales == 1).all() if kwargs else not (scales == 1).all()
+
+
+MARKED = [  # marks of x's blocks, of y's blocks
+    ((False, True), (False, False, False)),  # x's vectors (scalars embedded by a Linear)
+    ((True, False), (False, False, False)),
+    ((False, False), (False, True, False)),  # an edge attribute's block
+    ((False, True), (True, False, True)),  # both: one instruction left
+    ((True, True), (False, False, False)),  # nothing left: zeros
+]
+
+
+def marked(a, irreps, marks):  # inside each trace: the marks are static
+    a = e3nn.IrrepsArray(irreps, a)
+    return e3nn.from_chunks(a.irreps, [None if z else c for c, z in zip(a.chunks, marks)], a.shape[:-1], a.dtype)
+
+
+@pytest.mark.parametrize("zero_x, zero_y", MARKED)
+def test_marked_blocks_are_skipped(zero_x, zero_y):
+    """e3nn-jax's pattern computes the products of blocks marked zero (``jax.vmap`` drops the marks:
+    ``IrrepsArray``'s pytree keeps the array alone) and gets zeros; the drop-in skips the
+    instructions that read a marked block (fewer paths bound), with the pattern's values and
+    gradients (float64), the skipped weights' gradient exactly zero. What only those instructions
+    read is never read: non-finite values there stay out (e3nn-jax's zeros times NaN are NaN)."""
+    tp = FunctionalTensorProduct(IRREPS_X, IRREPS_Y, IRREPS_OUT, INSTRUCTIONS)
+    fmp = interop.FunctionalMessagePassing(tp)
+    x, y, w = operands(tp, fmp.num_weights, seed=5)
+    args = (x.array, y.array, w)
+
+    def loss(f):
+        def run(a, b, c):
+            return jnp.sum(jnp.sin(f(marked(a, tp.irreps_in1, zero_x), marked(b, tp.irreps_in2, zero_y), c).array))
+
+        return run
+
+    ref = loss(lambda a, b, c: e3nn_pattern(tp, a, b, c))
+    got = loss(lambda a, b, c: fmp(a, b, c, SENDERS, RECEIVERS))
+    value, grads = jax.jit(jax.value_and_grad(got, (0, 1, 2)))(*args)
+    ref_value, ref_grads = jax.jit(jax.value_and_grad(ref, (0, 1, 2)))(*args)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-12, atol=1e-12)
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+    kept = [not zero_x[i1] and not zero_y[i2] for i1, i2, *_ in INSTRUCTIONS]
+    unread = np.concatenate([np.full(tp.irreps_in1[i1].mul, not k) for (i1, *_), k in zip(INSTRUCTIONS, kept)])
+    assert (np.asarray(grads[2])[:, unread] == 0).all()
+
+    run = paths_bound(got, *args)
+    full = paths_bound(loss(lambda a, b, c: fmp(x, y, c, SENDERS, RECEIVERS)), *args)
+    assert full == len(INSTRUCTIONS) and run == sum(kept) < full
+
+    # NaN in y's blocks and in the weights that only skipped instructions read
+    read_y = {i2 for (_, i2, *_), k in zip(INSTRUCTIONS, kept) if k}
+    nan_y = np.concatenate([np.full(m * ir.dim, i not in read_y) for i, (m, ir) in enumerate(tp.irreps_in2)])
+    nan_args = (x.array, jnp.where(nan_y, jnp.nan, y.array), jnp.where(unread, jnp.nan, w))
+    zero_args = (x.array, jnp.where(nan_y, 0.0, y.array), jnp.where(unread, 0.0, w))
+    assert not np.isfinite(jax.jit(ref)(*nan_args))
+    np.testing.assert_allclose(jax.jit(got)(*nan_args), jax.jit(ref)(*zero_args), rtol=1e-12, atol=1e-12)
+
+
+def test_edge_attribute_block_no_instruction_reads():
+    """A block of ``irreps_in2`` that no instruction reads is never read (e3nn-jax's ``left_right``
+    takes only its instructions' chunks): NaN there leaves the result as e3nn's."""
+    tp = FunctionalTensorProduct(IRREPS_X, IRREPS_Y + " + 3o", IRREPS_OUT, INSTRUCTIONS)
+    fmp = interop.FunctionalMessagePassing(tp)
+    x, y, w = operands(tp, fmp.num_weights, seed=8)
+    y_nan = y.array.at[:, 9:].set(jnp.nan)
+    got = fmp(x, y_nan, w, SENDERS, RECEIVERS).array
+    want = e3nn_pattern(tp, x, e3nn.IrrepsArray(tp.irreps_in2, y_nan), w).array
+    assert np.isfinite(want).all()
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_marks_on_differently_chunked_node_features():
+    """Node features whose irreps split a block of ``tp.irreps_in1`` (as ``rechunk`` allows): the
+    block is skipped only where all of its parts are marked, as e3nn's ``rechunk`` merges the marks."""
+    tp = FunctionalTensorProduct(IRREPS_X, IRREPS_Y, IRREPS_OUT, INSTRUCTIONS)
+    fmp = interop.FunctionalMessagePassing(tp)
+    x, y, w = operands(tp, fmp.num_weights, seed=6)
+    split = "2x0e + 2x0e + 2x1o"
+    for marks, paths in [((True, False, False), 8), ((True, True, False), 6), ((False, False, True), 2)]:
+
+        def run(f, a, c, marks=marks):
+            return f(marked(a, split, marks), y, c).array
+
+        got = jax.jit(lambda a, c: run(lambda *o: fmp(*o, SENDERS, RECEIVERS), a, c))(x.array, w)
+        want = jax.jit(lambda a, c: run(lambda *o: e3nn_pattern(tp, *o), a, c))(x.array, w)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+        assert paths_bound(lambda a, c: run(lambda *o: fmp(*o, SENDERS, RECEIVERS), a, c), x.array, w) == paths
 
 
 def test_bad_input():

@@ -16,12 +16,17 @@ weights are e3nn's flat layout: instruction order, ``path_shape = (mul_in1, 1)``
 How it runs: the instructions are grouped by ``mul_in1`` (the channel count), each group one
 :class:`e3j.Convolution` over core's un-normalized tables (``normalization="none"``: the bare
 Clebsch–Gordan coefficients e3nn's ``left_right`` uses) restricted to the group's paths in
-instruction order (:func:`e3j_core.select_paths`). Each instruction's normalized ``path_weight`` —
+instruction order (:func:`e3j_core.select_paths`), given only the blocks of ``x`` and ``y`` its paths
+read. Each instruction's normalized ``path_weight`` —
 read from ``tp.instructions``, where e3nn's ``_normalize_instruction_path_weights`` put
 ``irrep_normalization``, ``path_normalization``, ``gradient_normalization``, the variances and the
 instruction's own weight — scales its weights by one static multiply that XLA fuses into the
 weights' rearrangement (core's tables have no per-path scale). Instructions into the same output
 slot are summed by static slices and adds after the scatter; slots no instruction reaches are zeros.
+
+Instructions that read a block its input marks zero (``zero_flags``) are skipped: the convolutions
+of the others run, built once per set of marks. The e3nn-jax pattern computes those products (its
+``vmap`` drops the marks) and gets zeros: the values and gradients are the same.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ class _Op:
     conv: Convolution
     irreps_x: Irreps  # e3j irreps of the op's x (one copy per block of x it reads)
     x: Gather
+    y: Gather  # the columns of the blocks of y it reads
     weights: Gather
     scale: np.ndarray  # [P, 1] e3nn's normalized path_weight of each path's instruction
     chunks: tuple[tuple[int, int], ...]  # (output slot, flat width) of each path, in path order
@@ -69,7 +75,9 @@ class FunctionalMessagePassing:
     ``fmp(..., graph=g)`` (an :class:`e3j.Graph` built once) with ``node_feats: IrrepsArray
     [N, tp.irreps_in1]``, ``edge_attrs: IrrepsArray or array [E, tp.irreps_in2]`` and
     ``weights: [E, fmp.num_weights]`` in e3nn's flat weight layout returns ``IrrepsArray
-    [N, tp.irreps_out]``. ``fmp.ops`` are the convolutions run per call (one per ``mul_in1``).
+    [N, tp.irreps_out]``. ``fmp.ops`` are the convolutions run per call (one per ``mul_in1``);
+    a call whose ``node_feats`` or ``edge_attrs`` mark blocks zero (``zero_flags``) runs them without
+    the instructions that read those blocks.
 
     >>> import numpy as np, jax.numpy as jnp
     >>> tp = FunctionalTensorProduct("4x0e + 2x1o", "0e + 1o", "4x0e + 2x0e + 2x1o",
@@ -110,32 +118,50 @@ class FunctionalMessagePassing:
             w_start += prod(ins.path_shape)
         self.num_weights: int = w_start  # e3nn's: Σ prod(path_shape) over the instructions
 
+        self._by_mul = by_mul
+        self._irreps = (irreps_x, irreps_y, x_starts, y_starts)
+        self._reduced: dict[tuple, tuple] = {}  # (zero_x, zero_y) -> (ops, slot chunks) without their products
+        self.ops, self._slot_chunks = self._ops(lambda ins: True)
+
+    def _ops(self, runs) -> tuple[tuple[_Op, ...], tuple]:
+        """The convolutions of the instructions ``runs(instruction)`` keeps, and the output slots' chunks."""
+        irreps_x, irreps_y, x_starts, y_starts = self._irreps
         ops = []
-        for C, members in by_mul.items():
+        for C, members in self._by_mul.items():
             # an instruction repeating an earlier one's (x block, y block, output irrep), into the same slot
             # or another, is a path the first convolution already has: it goes to a further one
             rounds: list[list[tuple]] = []
             for member in members:
                 ins = member[0]
-                label = (ins.i_in1, ins.i_in2, irreps_out[ins.i_out].ir)
+                if not runs(ins):
+                    continue
+                label = (ins.i_in1, ins.i_in2, self._irreps_out[ins.i_out].ir)
                 for r in rounds:
-                    if all((i.i_in1, i.i_in2, irreps_out[i.i_out].ir) != label for i, _ in r):
+                    if all((i.i_in1, i.i_in2, self._irreps_out[i.i_out].ir) != label for i, _ in r):
                         r.append(member)
                         break
                 else:
                     rounds.append([member])
             for r in rounds:
-                ops.append(_op(r, C, irreps_x, irreps_y, irreps_out, x_starts, y_starts, self.num_weights))
-        self.ops: tuple[_Op, ...] = tuple(ops)
+                ops.append(_op(r, C, irreps_x, irreps_y, self._irreps_out, x_starts, y_starts, self.num_weights))
 
         # output slot -> its chunks in the concatenation of the ops' flat outputs
         slot_chunks: dict[int, list[tuple[int, int]]] = {}
         offset = 0
-        for op in self.ops:
+        for op in ops:
             for slot, width in op.chunks:
                 slot_chunks.setdefault(slot, []).append((offset, offset + width))
                 offset += width
-        self._slot_chunks = tuple(tuple(slot_chunks.get(i, ())) for i in range(len(irreps_out)))
+        return tuple(ops), tuple(tuple(slot_chunks.get(i, ())) for i in range(len(self._irreps_out)))
+
+    def _ops_for(self, zero_x: tuple[bool, ...], zero_y: tuple[bool, ...]) -> tuple[tuple[_Op, ...], tuple]:
+        """As e3nn-jax's ``left_right``, the instructions reading a block marked zero are skipped."""
+        if not any(zero_x) and not any(zero_y):
+            return self.ops, self._slot_chunks
+        key = (zero_x, zero_y)
+        if key not in self._reduced:
+            self._reduced[key] = self._ops(lambda ins: not zero_x[ins.i_in1] and not zero_y[ins.i_in2])
+        return self._reduced[key]
 
     @property
     def irreps_out(self) -> e3nn.Irreps:
@@ -159,17 +185,20 @@ class FunctionalMessagePassing:
             "e3nn's flat layout: instruction order, mul_in1 each", senders, receivers, graph, simplify=True,
         )  # fmt: skip
         num_edges, num_nodes, dtype = y.shape[0], x.shape[0], x.dtype
+        zero_x = _marks(node_feats, tp.irreps_in1)
+        zero_y = _marks(edge_attrs, tp.irreps_in2) if isinstance(edge_attrs, e3nn.IrrepsArray) else ()
+        ops, slot_chunks = self._ops_for(zero_x, zero_y or (False,) * len(tp.irreps_in2))
 
         flats = []
-        for op in self.ops:
+        for op in ops:
             s = take_columns(w, op.weights).reshape(num_edges, op.conv.num_paths, op.channels)
             if not (op.scale == 1.0).all():
                 s = s * op.scale.astype(dtype)
-            out = op.conv(from_mul_ir(op.x(x), op.irreps_x, op.channels), y, s, graph, backend=backend)
+            out = op.conv(from_mul_ir(op.x(x), op.irreps_x, op.channels), op.y(y), s, graph, backend=backend)
             flats.append(to_mul_ir(out, op.conv.irreps_out))
         flat = flats[0] if len(flats) == 1 else jnp.concatenate(flats, axis=-1) if flats else None
         slots = []
-        for (mul, ir), chunks in zip(self._irreps_out, self._slot_chunks):
+        for (mul, ir), chunks in zip(self._irreps_out, slot_chunks):
             if not chunks:
                 slots.append(jnp.zeros((num_nodes, mul * ir.dim), dtype))
                 continue
@@ -185,19 +214,31 @@ class FunctionalMessagePassing:
         return f"FunctionalMessagePassing({self.tp!r}; {ops})"
 
 
+def _marks(a: e3nn.IrrepsArray, irreps) -> tuple[bool, ...]:
+    """``a.zero_flags`` on the blocks of ``irreps`` (equal to ``a.irreps`` up to merged neighbours, as
+    e3nn's ``rechunk`` takes them): a block is marked where every one of its rows is."""
+    rows = np.concatenate([np.full(mul * ir.dim, z) for (mul, ir), z in zip(a.irreps, a.zero_flags)] or [[]])
+    return tuple(bool(rows[s].all()) for s in Irreps(irreps).slices())
+
+
 def _op(members, C, irreps_x, irreps_y, irreps_out, x_starts, y_starts, num_weights) -> _Op:
     """The convolution of instructions ``members`` (``(instruction, first weight column)``, all
     ``mul_in1 == C``, distinct paths), its paths in the members' order."""
     blocks = sorted({ins.i_in1 for ins, _ in members})
     irreps_op = Irreps([(1, irreps_x[b].ir) for b in blocks])
     op_row = {b: s.start for b, s in zip(blocks, irreps_op.slices())}
-    full = tensor_product_coo(irreps_op, irreps_y, normalization="none", regroup_output=False)
+    # only the edge attributes' blocks the members read: an unread block is never read (as e3nn's)
+    y_blocks = sorted({ins.i_in2 for ins, _ in members})
+    irreps_y_op = Irreps([irreps_y[b] for b in y_blocks])
+    y_row = {b: s.start for b, s in zip(y_blocks, irreps_y_op.slices())}
+    full = tensor_product_coo(irreps_op, irreps_y_op, normalization="none", regroup_output=False)
     path_of = {(p.x_start, p.y_start, p.ir_out): j for j, p in enumerate(full.paths)}
-    order = [path_of[(op_row[ins.i_in1], y_starts[ins.i_in2], irreps_out[ins.i_out].ir)] for ins, _ in members]
+    order = [path_of[(op_row[ins.i_in1], y_row[ins.i_in2], irreps_out[ins.i_out].ir)] for ins, _ in members]
     coo = select_paths(full, order)
     x_cols = np.concatenate([np.arange(x_starts[b], x_starts[b] + C * irreps_x[b].ir.dim) for b in blocks])
+    y_cols = np.concatenate([np.arange(y_starts[b], y_starts[b] + irreps_y[b].dim) for b in y_blocks])
     w_cols = np.concatenate([np.arange(start, start + C) for _, start in members])
     scale = np.array([[ins.path_weight] for ins, _ in members], np.float64)
     chunks = tuple((ins.i_out, C * irreps_out[ins.i_out].ir.dim) for ins, _ in members)
     return _Op(C, Convolution.from_coo(coo), irreps_op, Gather.of(x_cols, irreps_x.dim),
-               Gather.of(w_cols, num_weights), scale, chunks)  # fmt: skip
+               Gather.of(y_cols, irreps_y.dim), Gather.of(w_cols, num_weights), scale, chunks)  # fmt: skip
