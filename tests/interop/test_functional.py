@@ -128,16 +128,19 @@ def marked(a, irreps, marks):  # inside each trace: the marks are static
 
 
 @pytest.mark.parametrize("zero_x, zero_y", MARKED)
-def test_marked_blocks_are_skipped(zero_x, zero_y):
+@pytest.mark.parametrize("factored", [False, True])
+def test_marked_blocks_are_skipped(zero_x, zero_y, factored):
     """e3nn-jax's pattern computes the products of blocks marked zero (``jax.vmap`` drops the marks:
     ``IrrepsArray``'s pytree keeps the array alone) and gets zeros; the drop-in skips the
     instructions that read a marked block (fewer paths bound), with the pattern's values and
-    gradients (float64), the skipped weights' gradient exactly zero. What only those instructions
-    read is never read: non-finite values there stay out (e3nn-jax's zeros times NaN are NaN)."""
+    gradients (float64), array or factored weights, the skipped weights' gradient exactly zero.
+    What only those instructions read is never read: non-finite values there stay out (e3nn-jax's
+    zeros times NaN are NaN)."""
     tp = FunctionalTensorProduct(IRREPS_X, IRREPS_Y, IRREPS_OUT, INSTRUCTIONS)
     fmp = interop.FunctionalMessagePassing(tp)
     x, y, w = operands(tp, fmp.num_weights, seed=5)
     args = (x.array, y.array, w)
+    hidden = jax.random.normal(jax.random.key(9), (E, 4), jnp.float64)
 
     def loss(f):
         def run(a, b, c):
@@ -147,6 +150,10 @@ def test_marked_blocks_are_skipped(zero_x, zero_y):
 
     ref = loss(lambda a, b, c: e3nn_pattern(tp, a, b, c))
     got = loss(lambda a, b, c: fmp(a, b, c, SENDERS, RECEIVERS))
+    if factored:  # c is the kernel [4, num_weights] of FactoredWeights(hidden, c)
+        args = (x.array, y.array, w[:4])
+        ref = loss(lambda a, b, c: e3nn_pattern(tp, a, b, hidden @ c))
+        got = loss(lambda a, b, c: fmp(a, b, e3j.FactoredWeights(hidden, c), SENDERS, RECEIVERS))
     value, grads = jax.jit(jax.value_and_grad(got, (0, 1, 2)))(*args)
     ref_value, ref_grads = jax.jit(jax.value_and_grad(ref, (0, 1, 2)))(*args)
     np.testing.assert_allclose(value, ref_value, rtol=1e-12, atol=1e-12)
@@ -157,9 +164,11 @@ def test_marked_blocks_are_skipped(zero_x, zero_y):
     assert (np.asarray(grads[2])[:, unread] == 0).all()
 
     run = paths_bound(got, *args)
-    full = paths_bound(loss(lambda a, b, c: fmp(x, y, c, SENDERS, RECEIVERS)), *args)
+    full = paths_bound(lambda: fmp(x, y, w, SENDERS, RECEIVERS).array)
     assert full == len(INSTRUCTIONS) and run == sum(kept) < full
 
+    if factored:
+        return
     # NaN in y's blocks and in the weights that only skipped instructions read
     read_y = {i2 for (_, i2, *_), k in zip(INSTRUCTIONS, kept) if k}
     nan_y = np.concatenate([np.full(m * ir.dim, i not in read_y) for i, (m, ir) in enumerate(tp.irreps_in2)])
