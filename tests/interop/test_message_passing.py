@@ -309,6 +309,33 @@ def test_marked_blocks_are_skipped_on_every_backend(backend):
     assert unread.any() and not unread.all() and (np.asarray(grads[2])[:, unread] == 0).all()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_blocks_no_product_reads_stay_out(backend):
+    """Blocks of the node features and edge attributes whose every product the filter drops
+    (``4e`` and ``6o`` under ``0e + 1o``) are never read by e3nn-jax: NaN there leaves its values
+    and gradients finite, and the drop-in's equal them on every CPU-runnable backend."""
+    if backend not in {b.name for b in e3j.available_backends()}:
+        pytest.skip(f"backend {backend} is not installed")
+    irreps_x, irreps_y, filter_ = "4x0e + 2x1o + 2x4e", "0e + 1o + 6o", "0e + 1o"
+    mp = interop.MessagePassing(irreps_x, irreps_y, filter_)
+    x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=13)
+    args = (x.array.at[:, 10:].set(jnp.nan), y.array.at[:, 4:].set(jnp.nan), w)
+
+    def loss(f):
+        def run(a, b, c):
+            return jnp.sum(jnp.sin(f(e3nn.IrrepsArray(irreps_x, a), e3nn.IrrepsArray(irreps_y, b), c).array))
+
+        return run
+
+    ref = jax.value_and_grad(loss(lambda a, b, c: e3nn_pattern(a, b, c, filter_, None)), (0, 1, 2))(*args)
+    with e3j.use_backend(backend):
+        got = jax.jit(jax.value_and_grad(loss(lambda a, b, c: mp(a, b, c, SENDERS, RECEIVERS)), (0, 1, 2)))(*args)
+    assert np.isfinite(ref[0]) and all(np.isfinite(r).all() for r in ref[1])
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-12)
+    for g, r in zip(got[1], ref[1]):
+        np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+
+
 def test_inputs_marked_zero_give_e3nns_values_and_marks():
     """Node features whose blocks are marked zero (e3nn's ``zero_flags``, e.g. from
     ``e3nn.from_chunks`` with ``None``): e3nn skips those products, e3j computes zeros; the values

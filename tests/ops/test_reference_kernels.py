@@ -101,6 +101,36 @@ def test_gathered_formulation_with_a_broadcast_operand(operands, monkeypatch):
         assert len(jax.make_jaxpr(apply)(a, b).jaxpr.eqns) < 20 < table.num_records
 
 
+@pytest.mark.parametrize("form", ["unrolled", "dense", "gathered"])
+def test_components_no_record_reads_stay_out(monkeypatch, form):
+    """Operand components no record reads (x's 4e and y's 6o, whose products the filter drops) are
+    never read, in every formulation and channel mix: NaN there changes nothing (the dense
+    formulation multiplied them by its table's zeros), as in e3nn-jax and every kernel."""
+    monkeypatch.setattr(ref_tp, "_UNROLL_SPARSITY", 0 if form == "unrolled" else 10**9)
+    if form == "gathered":
+        monkeypatch.setattr(ref_tp, "_UNROLL_LIMIT", 0)
+        monkeypatch.setattr(ref_tp, "_DENSE_LIMIT", 0)
+    coo = tensor_product_coo("2x0e + 1o + 4e", "0e + 1o + 6o", "0e + 1o")
+    rng = np.random.default_rng(1)
+    x, y, dz = (rng.normal(size=(4, d, 3)) for d in (coo.dim_x, coo.dim_y, coo.dim_out))
+    unread_x, unread_y = np.arange(coo.dim_x) >= 5, np.arange(coo.dim_y) >= 4  # 4e, 6o
+    assert not np.isin(np.flatnonzero(unread_x), coo.table.indices[1]).any()
+    assert not np.isin(np.flatnonzero(unread_y), coo.table.indices[2]).any()
+    nan_x, zero_x = np.where(unread_x[:, None], np.nan, x), np.where(unread_x[:, None], 0.0, x)
+    nan_y, zero_y = np.where(unread_y[:, None], np.nan, y), np.where(unread_y[:, None], 0.0, y)
+    rep = lambda v: np.repeat(v[..., None], 3, -1)  # noqa: E731
+    cases = [  # (table, a, b, a_channels, b_channels, out_channels, numpy result on the zeroed operands)
+        (coo.table, nan_x, nan_y[..., 0], True, False, True, numpy_apply(coo.table, zero_x, rep(zero_y[..., 0]))),
+        (coo.table, nan_x, nan_y, True, True, True, numpy_apply(coo.table, zero_x, zero_y)),
+        (coo.vjp_x, nan_y[..., 0], dz, False, True, True, numpy_apply(coo.vjp_x, rep(zero_y[..., 0]), dz)),
+        (coo.vjp_y, nan_x, dz, True, True, False, numpy_apply(coo.vjp_y, zero_x, dz, out_channels=False)),
+    ]
+    for table, a, b, ac, bc, oc, want in cases:
+        got = ref_tp.apply_table(table, jnp.asarray(a), jnp.asarray(b), a_channels=ac, b_channels=bc, out_channels=oc)
+        assert np.isfinite(want).all()
+        np.testing.assert_allclose(got, want, atol=1e-11)
+
+
 def test_large_table_compiles_fast_and_matches_e3nn():
     import time
 

@@ -227,7 +227,7 @@ def _op(members, C, irreps_x, irreps_y, irreps_out, x_starts, y_starts, num_weig
     blocks = sorted({ins.i_in1 for ins, _ in members})
     irreps_op = Irreps([(1, irreps_x[b].ir) for b in blocks])
     op_row = {b: s.start for b, s in zip(blocks, irreps_op.slices())}
-    # only the edge attributes' blocks the members read: an unread block is never read (as e3nn's)
+    # only the edge attributes' blocks the members read, as for x: the tables are no larger than they need
     y_blocks = sorted({ins.i_in2 for ins, _ in members})
     irreps_y_op = Irreps([irreps_y[b] for b in y_blocks])
     y_row = {b: s.start for b, s in zip(y_blocks, irreps_y_op.slices())}

@@ -22,6 +22,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from e3j_core import CooTable, TensorProductCoo
 
@@ -120,8 +121,13 @@ def _unrolling_pays(table: CooTable, channels: int, a_channels: bool, b_channels
 _DENSE_LIMIT = 2**22
 
 
-def _dense(table: CooTable, dtype) -> jnp.ndarray:
-    return jnp.asarray(table.dense(), dtype)
+def _read(indices: np.ndarray, size: int) -> slice | np.ndarray:
+    """The components of an operand axis of ``size`` that ``indices`` (a table's records) read: a
+    slice when they are contiguous (every one, usually), else their sorted indices."""
+    used = np.unique(indices)
+    if used.size and used[-1] - used[0] + 1 == used.size:
+        return slice(int(used[0]), int(used[-1]) + 1)
+    return used if used.size else slice(0, 0)
 
 
 # The reference is the ground truth: float32 products in full float32 on every device. JAX's default
@@ -130,8 +136,18 @@ _EXACT = jax.lax.Precision.HIGHEST
 
 
 def _apply_dense(table, a, b, *, a_channels, b_channels, out_channels):
-    dtype = jnp.result_type(a, b)
-    T = _dense(table, dtype)  # [D0, D1, D2]
+    # the operands' components no record reads are left out, not multiplied by the dense table's
+    # zeros: as in the unrolled contraction (and every kernel), a non-finite value there stays out
+    # (e.g. an edge attribute's block whose products a filter drops, which e3nn-jax never reads)
+    _, i1, i2 = table.indices
+    r1, r2 = _read(i1, table.dims[1]), _read(i2, table.dims[2])
+    T = table.dense()[:, r1][:, :, r2]
+    a, b = a[:, r1], b[:, r2]
+    return _contract_dense(jnp.asarray(T, jnp.result_type(a, b)), a, b, a_channels, b_channels, out_channels)
+
+
+def _contract_dense(T, a, b, a_channels, b_channels, out_channels):
+    """``apply_table`` with the dense table ``T [D0, D1, D2]``."""
     if out_channels and a_channels and not b_channels:
         W = jnp.einsum("bk,ijk->bij", b, T, precision=_EXACT)
         return jnp.einsum("bij,bjc->bic", W, a, precision=_EXACT)
@@ -142,7 +158,7 @@ def _apply_dense(table, a, b, *, a_channels, b_channels, out_channels):
         G = jnp.einsum("bjc,bkc->bjk", a, b, precision=_EXACT)
         return jnp.einsum("bjk,ijk->bi", G, T, precision=_EXACT)
     if not out_channels and a_channels != b_channels:
-        return _apply_dense(table, a, b, a_channels=a_channels, b_channels=b_channels, out_channels=True).sum(-1)
+        return _contract_dense(T, a, b, a_channels, b_channels, True).sum(-1)
     raise AssertionError("unreachable")
 
 
