@@ -12,6 +12,10 @@ Two formulations, chosen per call:
   (``a`` with channels, ``b`` broadcast) of a small table whose dense matrix is mostly zeros (many
   copies of the ``x`` irreps) is unrolled as above, which is faster there.
 
+Every formulation reads only the operand components some record reads (the dense one slices the
+others out with the table): a non-finite value in a component no product uses stays out of the
+result, as in e3nn-jax, which never reads a block whose products its filter drops.
+
 Layouts: operands ``[B, D]`` (broadcast over channels) or ``[B, D, C]``; the output has channels
 when requested, and is summed over channels otherwise (the cotangent of a broadcast operand).
 """
@@ -136,9 +140,7 @@ _EXACT = jax.lax.Precision.HIGHEST
 
 
 def _apply_dense(table, a, b, *, a_channels, b_channels, out_channels):
-    # the operands' components no record reads are left out, not multiplied by the dense table's
-    # zeros: as in the unrolled contraction (and every kernel), a non-finite value there stays out
-    # (e.g. an edge attribute's block whose products a filter drops, which e3nn-jax never reads)
+    # components no record reads are sliced out, not multiplied by the dense table's zeros (0 * NaN)
     _, i1, i2 = table.indices
     r1, r2 = _read(i1, table.dims[1]), _read(i2, table.dims[2])
     T = table.dense()[:, r1][:, :, r2]
