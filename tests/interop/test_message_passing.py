@@ -149,6 +149,34 @@ def test_global_none_normalization_as_e3nn(explicit):
     np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("setting", ["none", "norm"])
+def test_config_read_at_each_call(setting):
+    """With ``irrep_normalization=None`` e3nn-jax reads ``e3nn.config`` when the pattern runs: a
+    drop-in built before the setting changed follows it (the product's normalization and ``m * w``'s
+    scale both), and one given the argument keeps it for the product."""
+    irreps_x, irreps_y, filter_ = "4x0e + 2x1o + 2x2e", "0e + 1o + 2e", "0e + 1o + 2e"
+    mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=filter_)
+    fixed = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=filter_,
+                                   irrep_normalization="component")  # fmt: skip
+    x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=14)
+    before = e3nn.config("irrep_normalization")
+    e3nn.config("irrep_normalization", setting)
+    try:
+        ref = e3nn_pattern(x, y, w, filter_, filter_).array
+        out = mp(x, y, w, SENDERS, RECEIVERS).array
+        m = x[SENDERS]
+        m = e3nn.concatenate(
+            [m.filter(filter_), e3nn.tensor_product(m, y, filter_ir_out=filter_, irrep_normalization="component")]
+        ).regroup()
+        ref_fixed = e3nn.scatter_sum(m * w, dst=RECEIVERS, output_size=N).array
+        out_fixed = fixed(x, y, w, SENDERS, RECEIVERS).array
+    finally:
+        e3nn.config("irrep_normalization", before)
+    np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(out_fixed, ref_fixed, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(ref, ref_fixed)  # the setting mattered
+
+
 @pytest.mark.parametrize("backend", ["reference", "cuda_host", "pallas_gpu_interpret"])
 def test_gradients_equal_e3nn_on_cpu_backends(backend):
     if backend not in {b.name for b in e3j.available_backends()}:

@@ -61,7 +61,8 @@ class MessagePassing:
     Mixed multiplicities run natively (one convolution per multiplicity, ``mp.groups``);
     ``grouping="gcd"`` runs them as gcd copies instead (see :class:`e3j.MulIrConvolution`).
     As e3nn's ``m * w``, the call reads ``e3nn.config("irrep_normalization")``: under ``"none"``
-    each output copy of irrep ``l`` is scaled by ``1/sqrt(2l+1)``. As e3nn-jax, the call skips the
+    each output copy of irrep ``l`` is scaled by ``1/sqrt(2l+1)``; with ``irrep_normalization=None``
+    the product's normalization is read there too, at each call, as e3nn-jax reads it. As e3nn-jax, the call skips the
     products that read a block its inputs mark zero (``zero_flags``): it runs the product over the
     other blocks, taking their weights from e3nn's columns.
 
@@ -85,6 +86,7 @@ class MessagePassing:
         irrep_normalization: str | None = None,
         grouping: str = "multiplicity",
     ) -> None:
+        self._irrep_normalization = irrep_normalization  # None: e3nn.config's, read at each call as e3nn-jax does
         irrep_normalization = check_irrep_normalization(irrep_normalization)
         self.irreps_node = as_irreps(irreps_node, "irreps_node")
         self.irreps_edge = as_irreps(irreps_edge, "irreps_edge")
@@ -128,21 +130,24 @@ class MessagePassing:
             node_feats, self.irreps_node, edge_attrs, self.irreps_edge, weights, self.num_weights,
             f"one per irrep copy of {self.irreps_out}, e3nn's order", senders, receivers, graph,
         )  # fmt: skip
+        args, convolution = self._args, self.convolution
+        normalization = check_irrep_normalization(self._irrep_normalization)
+        if normalization != args[2]:  # e3nn.config changed since construction
+            args = (args[0], args[1], normalization, args[3])
+            convolution = _convolution(self.irreps_node, self.irreps_edge, *args)
         zero_x = tuple(node_feats.zero_flags)
         marked_y = isinstance(edge_attrs, e3nn.IrrepsArray)
         zero_y = tuple(edge_attrs.zero_flags) if marked_y else (False,) * len(self.irreps_edge)
         if any(zero_x) or any(zero_y):
             # e3nn-jax skips every product that reads a marked block: so does the call
-            filter_out, keep, normalization, grouping = self._args
-            reduced = _pruned(self.irreps_node, self.irreps_edge, filter_out, keep, normalization, grouping,
-                              zero_x, zero_y)  # fmt: skip
+            reduced = _pruned(self.irreps_node, self.irreps_edge, *args, zero_x, zero_y)
             if reduced is None:
                 out = jnp.zeros((x.shape[0], self.plan.irreps_out.dim), x.dtype)
             else:
                 maps, conv = reduced  # conv reads its weights' columns of w where they are
                 out = maps.place(conv(maps.x(x), maps.y(y), w, graph, backend=backend))
         else:
-            out = self.convolution(x, y, w, graph, backend=backend)
+            out = convolution(x, y, w, graph, backend=backend)
         if e3nn.config("irrep_normalization") == "none":
             # e3nn's ``m * w`` is an elementwise product 0e ⊗ l under the global setting, whose
             # "none" Clebsch–Gordan coefficient is 1/sqrt(2l+1) (1 for "component" and "norm"):
