@@ -149,6 +149,25 @@ def test_global_none_normalization_as_e3nn(explicit):
     np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
 
 
+def test_weights_split_into_blocks_split_the_output_as_e3nn():
+    """Weights as an ``IrrepsArray`` of scalars in several blocks: e3nn's ``m * w`` splits the
+    output's irreps alike (``10x0e + 6x0e + ...`` where the messages have ``16x0e``); so does the
+    drop-in, with the same values."""
+    irreps_x, irreps_y, filter_ = "4x0e + 2x1o + 2x2e", "0e + 1o + 2e", "0e + 1o + 2e"
+    mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=filter_)
+    x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=15)
+    for w_irreps in (
+        f"{mp.num_weights}x0e",
+        f"10x0e + {mp.num_weights - 10}x0e",
+        f"3x0e + 20x0e + {mp.num_weights - 23}x0e",
+    ):
+        weights = e3nn.IrrepsArray(w_irreps, w)
+        ref, out = e3nn_pattern(x, y, weights, filter_, filter_), mp(x, y, weights, SENDERS, RECEIVERS)
+        assert out.irreps == ref.irreps
+        np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
+    assert len(out.irreps) > len(mp.irreps_out)  # the last split the output
+
+
 @pytest.mark.parametrize("setting", ["none", "norm"])
 def test_config_read_at_each_call(setting):
     """With ``irrep_normalization=None`` e3nn-jax reads ``e3nn.config`` when the pattern runs: a

@@ -126,6 +126,8 @@ class MessagePassing:
         graph: Graph | None = None,
         backend: str | None = None,
     ) -> e3nn.IrrepsArray:
+        # e3nn's ``m * w`` splits the messages' blocks where an IrrepsArray of weights has its own
+        w_blocks = weights.irreps if isinstance(weights, e3nn.IrrepsArray) and len(weights.irreps) > 1 else None
         x, y, w, graph = message_passing_operands(
             node_feats, self.irreps_node, edge_attrs, self.irreps_edge, weights, self.num_weights,
             f"one per irrep copy of {self.irreps_out}, e3nn's order", senders, receivers, graph,
@@ -153,7 +155,8 @@ class MessagePassing:
             # "none" Clebsch–Gordan coefficient is 1/sqrt(2l+1) (1 for "component" and "norm"):
             # one static scale per output row, applied to the node-sized result
             out = out * jnp.asarray(_none_normalization_rows(self.plan.irreps_out), out.dtype)
-        return e3nn.IrrepsArray(self.irreps_out, out)
+        irreps = self.irreps_out if w_blocks is None else e3nn.elementwise_tensor_product(self.irreps_out, w_blocks)
+        return e3nn.IrrepsArray(irreps, out)
 
 
 @lru_cache(maxsize=256)
