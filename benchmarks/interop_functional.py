@@ -8,6 +8,9 @@ features, edge attributes, weights), on this machine's default backend. Also tim
 graph, and the same product with every path weight 1 (``gradient_normalization="element"``), which
 skips the static multiply of the weights by the instructions' path weights: the difference is that
 multiply's cost. All variants are timed in interleaved rounds (``interop_message_passing.interleaved``).
+With ``--pairs N`` also the conversions' share of the call with a prebuilt graph: paired against
+"ops alone", each of ``fmp.ops``' convolutions on operands already in its layout (node features
+split, weights taken and scaled, outputs left per op), as ``interop_message_passing.paired_share``.
 
     python benchmarks/interop_functional.py --nodes 1000 --runs 20
 """
@@ -23,10 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from e3nn_jax.legacy import FunctionalTensorProduct
-from interop_message_passing import interleaved
+from interop_message_passing import interleaved, paired_share
 
 import e3j
 from e3j import interop
+from e3j.layout import from_mul_ir
 
 
 def nequip_tp(irreps_x, irreps_sh, filter_ir_out, **kwargs) -> FunctionalTensorProduct:
@@ -98,6 +102,23 @@ def measure(n: int, args) -> dict:
         "scale_share_fwd": round(1 - times["e3j_graph_unit_weights_fwd"] / times["e3j_graph_fwd"], 3),
         "scale_share_fwd_bwd": round(1 - times["e3j_graph_unit_weights_fwd_bwd"] / times["e3j_graph_fwd_bwd"], 3),
     }
+    if args.pairs:
+        xs = [from_mul_ir(op.x(x), op.irreps_x, op.channels) for op in fmp.ops]
+        ys = [op.y(sh) for op in fmp.ops]
+        ss = [op.weights(w).reshape(num_edges, op.conv.num_paths, op.channels) * op.scale.astype(np.float32)
+              for op in fmp.ops]  # fmt: skip
+
+        def alone(xs, ys, ss, g):
+            return [op.conv(a, b, c, g) for op, a, b, c in zip(fmp.ops, xs, ys, ss)]
+
+        def loss(f):
+            return lambda *a: sum(jnp.sum(jnp.sin(o)) for o in jax.tree.leaves(f(*a)))
+
+        fused_g, grouped = with_graph(fmp), (xs, ys, ss, graph)
+        for part, wrap in (("fwd", lambda f: jax.jit(loss(f))),
+                           ("fwd_bwd", lambda f: jax.jit(jax.value_and_grad(loss(f), (0, 1, 2))))):  # fmt: skip
+            share = paired_share((wrap(fused_g), (x, sh, w, graph)), (wrap(alone), grouped), args.pairs)
+            row[f"conversion_share_{part}"] = share
     print(json.dumps(row), flush=True)
     return row
 
@@ -111,6 +132,9 @@ def main(argv=None) -> int:
     parser.add_argument("--filter", default="0e + 1o + 1e + 2e")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=4, help="interleaved timing rounds (runs split among them)")
+    parser.add_argument(
+        "--pairs", type=int, default=0, help="paired calls for the conversions' share (0: not measured)"
+    )
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
     rows = [measure(n, args) for n in args.nodes]
