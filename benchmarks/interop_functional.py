@@ -104,17 +104,16 @@ def measure(n: int, args) -> dict:
     }
     if args.pairs:
         xs = [from_mul_ir(op.x(x), op.irreps_x, op.channels) for op in fmp.ops]
-        ys = [op.y(sh) for op in fmp.ops]
         ss = [op.weights(w).reshape(num_edges, op.conv.num_paths, op.channels) * op.scale.astype(np.float32)
               for op in fmp.ops]  # fmt: skip
 
-        def alone(xs, ys, ss, g):
-            return [op.conv(a, b, c, g) for op, a, b, c in zip(fmp.ops, xs, ys, ss)]
+        def alone(xs, y, ss, g):
+            return [op.conv(a, y, c, g) for op, a, c in zip(fmp.ops, xs, ss)]
 
         def loss(f):
             return lambda *a: sum(jnp.sum(jnp.sin(o)) for o in jax.tree.leaves(f(*a)))
 
-        fused_g, grouped = with_graph(fmp), (xs, ys, ss, graph)
+        fused_g, grouped = with_graph(fmp), (xs, sh, ss, graph)
         for part, wrap in (("fwd", lambda f: jax.jit(loss(f))),
                            ("fwd_bwd", lambda f: jax.jit(jax.value_and_grad(loss(f), (0, 1, 2))))):  # fmt: skip
             share = paired_share((wrap(fused_g), (x, sh, w, graph)), (wrap(alone), grouped), args.pairs)

@@ -18,12 +18,18 @@ from ..graph import Graph
 REAL = "real (e3j's products are real)"
 
 
+def marked_rows(a: e3nn.IrrepsArray) -> np.ndarray:
+    """``[a.irreps.dim]`` bool: the components of the blocks ``a.zero_flags`` marks zero."""
+    rows = [np.full(mul * ir.dim, z, bool) for (mul, ir), z in zip(a.irreps, a.zero_flags)]
+    return np.concatenate(rows) if rows else np.zeros(0, bool)
+
+
 def marks_zeroed(a: e3nn.IrrepsArray) -> jax.Array:
     """``a.array`` with the blocks ``a.zero_flags`` marks set to zero: e3nn-jax never reads a marked
     block's data (its chunk is ``None``), so neither does a drop-in, whatever the data holds."""
     if not any(a.zero_flags):
         return a.array
-    mask = np.concatenate([np.full(mul * ir.dim, z) for (mul, ir), z in zip(a.irreps, a.zero_flags)])
+    mask = marked_rows(a)
     return jnp.where(mask, jnp.zeros((), a.dtype), a.array)
 
 

@@ -16,8 +16,8 @@ weights are e3nn's flat layout: instruction order, ``path_shape = (mul_in1, 1)``
 How it runs: the instructions are grouped by ``mul_in1`` (the channel count), each group one
 :class:`e3j.Convolution` over core's un-normalized tables (``normalization="none"``: the bare
 Clebsch–Gordan coefficients e3nn's ``left_right`` uses) restricted to the group's paths in
-instruction order (:func:`e3j_core.select_paths`), given only the blocks of ``x`` and ``y`` its paths
-read. Each instruction's normalized ``path_weight`` —
+instruction order (:func:`e3j_core.select_paths`), given only the blocks of ``x`` its paths read.
+Each instruction's normalized ``path_weight`` —
 read from ``tp.instructions``, where e3nn's ``_normalize_instruction_path_weights`` put
 ``irrep_normalization``, ``path_normalization``, ``gradient_normalization``, the variances and the
 instruction's own weight — scales its weights by one static multiply that XLA fuses into the
@@ -47,7 +47,7 @@ from ..convolution import Convolution
 from ..factored import FactoredWeights, take_columns
 from ..graph import Graph
 from ..layout import from_mul_ir, to_mul_ir
-from ._operands import message_passing_operands
+from ._operands import marked_rows, message_passing_operands
 
 __all__ = ["FunctionalMessagePassing"]
 
@@ -60,7 +60,6 @@ class _Op:
     conv: Convolution
     irreps_x: Irreps  # e3j irreps of the op's x (one copy per block of x it reads)
     x: Gather
-    y: Gather  # the columns of the blocks of y it reads
     weights: Gather
     scale: np.ndarray  # [P, 1] e3nn's normalized path_weight of each path's instruction
     chunks: tuple[tuple[int, int], ...]  # (output slot, flat width) of each path, in path order
@@ -194,7 +193,7 @@ class FunctionalMessagePassing:
             s = take_columns(w, op.weights).reshape(num_edges, op.conv.num_paths, op.channels)
             if not (op.scale == 1.0).all():
                 s = s * op.scale.astype(dtype)
-            out = op.conv(from_mul_ir(op.x(x), op.irreps_x, op.channels), op.y(y), s, graph, backend=backend)
+            out = op.conv(from_mul_ir(op.x(x), op.irreps_x, op.channels), y, s, graph, backend=backend)
             flats.append(to_mul_ir(out, op.conv.irreps_out))
         flat = flats[0] if len(flats) == 1 else jnp.concatenate(flats, axis=-1) if flats else None
         slots = []
@@ -217,7 +216,7 @@ class FunctionalMessagePassing:
 def _marks(a: e3nn.IrrepsArray, irreps) -> tuple[bool, ...]:
     """``a.zero_flags`` on the blocks of ``irreps`` (equal to ``a.irreps`` up to merged neighbours, as
     e3nn's ``rechunk`` takes them): a block is marked where every one of its rows is."""
-    rows = np.concatenate([np.full(mul * ir.dim, z) for (mul, ir), z in zip(a.irreps, a.zero_flags)] or [[]])
+    rows = marked_rows(a)
     return tuple(bool(rows[s].all()) for s in Irreps(irreps).slices())
 
 
@@ -227,18 +226,13 @@ def _op(members, C, irreps_x, irreps_y, irreps_out, x_starts, y_starts, num_weig
     blocks = sorted({ins.i_in1 for ins, _ in members})
     irreps_op = Irreps([(1, irreps_x[b].ir) for b in blocks])
     op_row = {b: s.start for b, s in zip(blocks, irreps_op.slices())}
-    # only the edge attributes' blocks the members read, as for x: the tables are no larger than they need
-    y_blocks = sorted({ins.i_in2 for ins, _ in members})
-    irreps_y_op = Irreps([irreps_y[b] for b in y_blocks])
-    y_row = {b: s.start for b, s in zip(y_blocks, irreps_y_op.slices())}
-    full = tensor_product_coo(irreps_op, irreps_y_op, normalization="none", regroup_output=False)
+    full = tensor_product_coo(irreps_op, irreps_y, normalization="none", regroup_output=False)
     path_of = {(p.x_start, p.y_start, p.ir_out): j for j, p in enumerate(full.paths)}
-    order = [path_of[(op_row[ins.i_in1], y_row[ins.i_in2], irreps_out[ins.i_out].ir)] for ins, _ in members]
+    order = [path_of[(op_row[ins.i_in1], y_starts[ins.i_in2], irreps_out[ins.i_out].ir)] for ins, _ in members]
     coo = select_paths(full, order)
     x_cols = np.concatenate([np.arange(x_starts[b], x_starts[b] + C * irreps_x[b].ir.dim) for b in blocks])
-    y_cols = np.concatenate([np.arange(y_starts[b], y_starts[b] + irreps_y[b].dim) for b in y_blocks])
     w_cols = np.concatenate([np.arange(start, start + C) for _, start in members])
     scale = np.array([[ins.path_weight] for ins, _ in members], np.float64)
     chunks = tuple((ins.i_out, C * irreps_out[ins.i_out].ir.dim) for ins, _ in members)
     return _Op(C, Convolution.from_coo(coo), irreps_op, Gather.of(x_cols, irreps_x.dim),
-               Gather.of(y_cols, irreps_y.dim), Gather.of(w_cols, num_weights), scale, chunks)  # fmt: skip
+               Gather.of(w_cols, num_weights), scale, chunks)  # fmt: skip

@@ -19,8 +19,8 @@ features' blocks are grouped by multiplicity, each group one uniform-channel :cl
 (``64x0e + 32x1o + 16x2e``: 64, 32 and 16 channels; uniform multiplicities: one convolution), its
 paths in the order e3nn numbers the copies of ``m`` (:func:`e3j_core.select_paths`), so each path's
 weights are one run of e3nn's weight columns, read in place (an array of weights runs all groups as
-one primitive), and the outputs are put in place by static slices and concatenations. The filtered copy of ``x``
-is the tensor product with a constant ``0e`` edge attribute, so ``y' = [1, y]``: one column prepended
+one primitive), and the outputs are put in place by static slices and concatenations. The filtered
+copy of ``x`` is the tensor product with a constant ``0e`` edge attribute, so ``y' = [1, y]``: one column prepended
 per edge (``x ⊗ 1 = x`` exactly under e3nn's ``component`` and ``norm`` normalizations; under
 ``none`` it is ``x / sqrt(2l+1)``, and a static factor per output row restores ``x``). Only an edge
 attribute with a multiplicity above 1 (never spherical harmonics) makes e3nn's order depend on the
@@ -62,9 +62,9 @@ class MessagePassing:
     ``grouping="gcd"`` runs them as gcd copies instead (see :class:`e3j.MulIrConvolution`).
     As e3nn's ``m * w``, the call reads ``e3nn.config("irrep_normalization")``: under ``"none"``
     each output copy of irrep ``l`` is scaled by ``1/sqrt(2l+1)``; with ``irrep_normalization=None``
-    the product's normalization is read there too, at each call, as e3nn-jax reads it. As e3nn-jax, the call skips the
-    products that read a block its inputs mark zero (``zero_flags``): it runs the product over the
-    other blocks, taking their weights from e3nn's columns.
+    the product's normalization is read there too, at each call, as e3nn-jax reads it. As e3nn-jax,
+    the call skips the products that read a block its inputs mark zero (``zero_flags``): it runs
+    the product over the other blocks, taking their weights from e3nn's columns.
 
     >>> import numpy as np, jax.numpy as jnp
     >>> mp = MessagePassing("8x0e + 8x1o", "1o + 2e", "0e + 1o", self_connection="0e + 1o")
