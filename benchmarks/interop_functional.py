@@ -4,20 +4,25 @@ NequIP's original convolution: ``tp = FunctionalTensorProduct(irreps_x, sh, irre
 with one ``uvu`` instruction per ``(x irrep, sh irrep, output irrep in --filter)`` (NequIP's own
 construction, output sorted), ``scatter_sum(vmap(tp.left_right)(w, x[senders], sh), dst=receivers)``.
 Random graph, ``--neighbours`` edges per node, float32, jitted, value and value + gradient (node
-features, edge attributes, weights), on this machine's default backend. Also timed with a prebuilt
-graph, and the same product with every path weight 1 (``gradient_normalization="element"``), which
-skips the static multiply of the weights by the instructions' path weights: the difference is that
+features, edge attributes, weights), on the backend e3j selects (``--backend`` to choose; on a CPU
+with test plugins installed, give ``--backend reference``). Also timed with a prebuilt graph, and
+the same product with every path weight 1 (``gradient_normalization="element"``), which skips the
+static multiply of the output columns by the instructions' path weights: the difference is that
 multiply's cost. All variants are timed in interleaved rounds (``interop_message_passing.interleaved``).
-With ``--pairs N`` also the conversions' share of the call with a prebuilt graph: paired against
-"ops alone", each of ``fmp.ops``' convolutions on operands already in its layout (node features
-split, weights taken and scaled, outputs left per op), as ``interop_message_passing.paired_share``.
+With ``--pairs N`` also the conversions' share of the call with a prebuilt graph, paired (as
+``interop_message_passing.paired_share``) against "ops alone": each of ``fmp.ops``' convolutions
+on operands already in its layout (node features split, weights taken and scaled, outputs left per
+op), the baseline ``interop_message_passing.py`` uses for ``MessagePassing``'s groups. Where the
+backend has grouped kernels the drop-in runs all ops in one call reading the weights in place, so
+the share can be negative.
 
-    python benchmarks/interop_functional.py --nodes 1000 --runs 20
+    python benchmarks/interop_functional.py --nodes 1000 --runs 20 --backend reference
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 
@@ -89,8 +94,14 @@ def measure(n: int, args) -> dict:
         jitted[f"{name}_fwd"] = (jax.jit(f), ops)
         jitted[f"{name}_fwd_bwd"] = (grad_of(f), ops)
     times = interleaved(jitted, args.runs, args.rounds)
+    platform = e3j.backends.device_platform(jax.devices()[0])
+    request = e3j.backends.OpRequest("convolution", platform, "float32", fmp.ops[0].channels, args.lmax)
     row = {
         "nodes": n,
+        # the backend e3j selected (a plugin of higher priority may displace the reference on a CPU)
+        # and whether it runs all the ops in one call (one sweep reading the weights in place)
+        "backend": (selected := e3j.backends.select_backend(request, args.backend)).name,
+        "grouped_kernels": e3j.backends.kernels_of(selected).provides("grouped_convolution"),
         "edges": num_edges,
         "tp": repr(tp),
         "ops": [[op.channels, op.conv.num_paths] for op in fmp.ops],
@@ -134,12 +145,14 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--pairs", type=int, default=0, help="paired calls for the conversions' share (0: not measured)"
     )
+    parser.add_argument("--backend", default=None, help="e3j backend (default: selected per platform)")
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
-    rows = [measure(n, args) for n in args.nodes]
+    with e3j.use_backend(args.backend) if args.backend else contextlib.nullcontext():
+        rows = [measure(n, args) for n in args.nodes]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"backend": jax.default_backend(), "unit": "ms", "rows": rows}, f, indent=1)
+            json.dump({"platform": jax.default_backend(), "unit": "ms", "rows": rows}, f, indent=1)
     return 0
 
 

@@ -113,6 +113,72 @@ def test_equals_e3nn_on_a_kernel_backend(backend, kwargs):
     assert (scales == 1).all() if kwargs else not (scales == 1).all()
 
 
+def nequip_tp(irreps_x, irreps_y, filter_ir_out, **kwargs) -> FunctionalTensorProduct:
+    """NequIP's instruction set: one ``uvu`` instruction per allowed output irrep, each its own slot."""
+    irreps_x, irreps_y, allowed = e3nn.Irreps(irreps_x), e3nn.Irreps(irreps_y), e3nn.Irreps(filter_ir_out)
+    instr, irreps_out = [], []
+    for i1, (mul, ir1) in enumerate(irreps_x):
+        for i2, (_, ir2) in enumerate(irreps_y):
+            for ir in ir1 * ir2:
+                if ir in allowed:
+                    instr.append((i1, i2, len(irreps_out), "uvu", True))
+                    irreps_out.append((mul, ir))
+    return FunctionalTensorProduct(irreps_x, irreps_y, irreps_out, instr, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"gradient_normalization": "element"}])
+def test_one_primitive_reads_operands_in_place(kwargs):
+    """NequIP's instructions at two channel counts run as one grouped primitive that reads the node
+    features, edge attributes and e3nn's flat weights as given (no copy into the ops' layouts) and
+    writes e3nn's output (no slots to assemble): the path weights are a factor on output columns,
+    and with every path weight 1 the primitive's output is the result."""
+    tp = nequip_tp("8x0e + 4x1o", "0e + 1o + 2e", "0e + 1o + 1e + 2e", **kwargs)
+    fmp = interop.FunctionalMessagePassing(tp)
+    x, y, w = operands(tp, fmp.num_weights)
+    graph = e3j.Graph.from_edges(SENDERS, RECEIVERS, N)
+    jaxpr = jax.make_jaxpr(lambda a, b, c: fmp(e3nn.IrrepsArray(x.irreps, a), b, c, graph=graph).array)(
+        x.array, y.array, w
+    ).jaxpr
+    (conv,) = [e for e in jaxpr.eqns if e.primitive.name == "e3j_grouped_convolution"]
+    assert conv.invars[:3] == jaxpr.invars
+    assert {e.primitive.name for e in jaxpr.eqns} <= {"e3j_grouped_convolution", "broadcast_in_dim", "mul"}
+    assert len(conv.params["spec"].plan.groups) == 2
+    if kwargs:
+        assert jaxpr.outvars == conv.outvars
+
+
+@pytest.mark.parametrize("backend", ["cuda_host", "pallas_gpu_interpret"])
+def test_marked_blocks_on_a_kernel_backend(backend):
+    """Skipped instructions on a kernel backend: its kernels read the kept columns of e3nn's weights
+    in place; the columns no kept path reads get a zero gradient (kernels write their own columns)."""
+    if backend not in {b.name for b in e3j.available_backends()}:
+        pytest.skip(f"backend {backend} is not installed")
+    tp = nequip_tp("4x0e + 2x1o + 2x2e", "0e + 1o + 2e", "0e + 1o + 2e")
+    fmp = interop.FunctionalMessagePassing(tp)
+    x, y, w = operands(tp, fmp.num_weights, seed=4)
+    tol = 1e-12 if "float64" in e3j.backends.get_backend(backend).dtypes else 1e-5
+    dtype = jnp.float64 if tol == 1e-12 else jnp.float32
+    zero_x, zero_y = (False, True, False), (False, False, True)
+
+    def loss(f):
+        def run(a, b, c):
+            return jnp.sum(jnp.sin(f(marked(a, tp.irreps_in1, zero_x), marked(b, tp.irreps_in2, zero_y), c).array))
+
+        return run
+
+    got = loss(lambda a, b, c: fmp(a, b, c, SENDERS, RECEIVERS))
+    ref = loss(lambda a, b, c: e3nn_pattern(tp, a, b, c))
+    with e3j.use_backend(backend):
+        value, grads = jax.jit(jax.value_and_grad(got, (0, 1, 2)))(*(a.astype(dtype) for a in (x.array, y.array, w)))
+    ref_value, ref_grads = jax.value_and_grad(ref, (0, 1, 2))(x.array, y.array, w)
+    np.testing.assert_allclose(value, ref_value, rtol=tol)
+    for g, r in zip(grads, ref_grads):
+        np.testing.assert_allclose(g, r, rtol=tol, atol=tol * float(jnp.abs(r).max()))
+    kept = [not zero_x[i.i_in1] and not zero_y[i.i_in2] for i in tp.instructions]
+    unread = np.concatenate([np.full(tp.irreps_in1[i.i_in1].mul, not k) for i, k in zip(tp.instructions, kept)])
+    assert unread.any() and not unread.all() and (np.asarray(grads[2])[:, unread] == 0).all()
+
+
 MARKED = [  # marks of x's blocks, of y's blocks
     ((False, True), (False, False, False)),  # x's vectors (scalars embedded by a Linear)
     ((True, False), (False, False, False)),

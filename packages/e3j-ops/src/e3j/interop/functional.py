@@ -17,12 +17,15 @@ How it runs: the instructions are grouped by ``mul_in1`` (the channel count), ea
 :class:`e3j.Convolution` over core's un-normalized tables (``normalization="none"``: the bare
 Clebsch–Gordan coefficients e3nn's ``left_right`` uses) restricted to the group's paths in
 instruction order (:func:`e3j_core.select_paths`), given only the blocks of ``x`` its paths read.
-Each instruction's normalized ``path_weight`` —
-read from ``tp.instructions``, where e3nn's ``_normalize_instruction_path_weights`` put
+The groups run as one :class:`e3j.MulIrConvolution` over a plan of their own: each path reads its
+``mul_in1`` weight columns of e3nn's flat array in place and writes its copies where
+``tp.irreps_out`` has its slot, so with one instruction per slot (NequIP's) nothing is rearranged;
+instructions into an occupied slot write after e3nn's columns and are added by static slices, and
+slots no instruction reaches are zeros. Each instruction's normalized ``path_weight`` — read from
+``tp.instructions``, where e3nn's ``_normalize_instruction_path_weights`` put
 ``irrep_normalization``, ``path_normalization``, ``gradient_normalization``, the variances and the
-instruction's own weight — scales its weights by one static multiply that XLA fuses into the
-weights' rearrangement (core's tables have no per-path scale). Instructions into the same output
-slot are summed by static slices and adds after the scatter; slots no instruction reaches are zeros.
+instruction's own weight — multiplies its output columns (core's tables have no per-path scale; a
+path is linear in its weights, so this is the weights' scale).
 
 Instructions that read a block its input marks zero (``zero_flags``) are skipped: the convolutions
 of the others run, built once per set of marks. The e3nn-jax pattern computes those products (its
@@ -42,11 +45,11 @@ from e3nn_jax.legacy import FunctionalTensorProduct
 
 from e3j_core import Irreps, select_paths, tensor_product_coo
 
-from .._mul_ir_plan import Gather
+from .._mul_ir_plan import Gather, Group, Plan, _to_mul_ir_index
 from ..convolution import Convolution
-from ..factored import FactoredWeights, take_columns
+from ..factored import FactoredWeights
 from ..graph import Graph
-from ..layout import from_mul_ir, to_mul_ir
+from ..mul_ir import MulIrConvolution
 from ._operands import marked_rows, message_passing_operands
 
 __all__ = ["FunctionalMessagePassing"]
@@ -120,10 +123,10 @@ class FunctionalMessagePassing:
         self._by_mul = by_mul
         self._irreps = (irreps_x, irreps_y, x_starts, y_starts)
         self._reduced: dict[tuple, tuple] = {}  # (zero_x, zero_y) -> (ops, slot chunks) without their products
-        self.ops, self._slot_chunks = self._ops(lambda ins: True)
+        self.ops, self._run = self._ops(lambda ins: True)
 
-    def _ops(self, runs) -> tuple[tuple[_Op, ...], tuple]:
-        """The convolutions of the instructions ``runs(instruction)`` keeps, and the output slots' chunks."""
+    def _ops(self, runs) -> tuple[tuple[_Op, ...], _Run | None]:
+        """The convolutions of the instructions ``runs(instruction)`` keeps, and how one call runs them."""
         irreps_x, irreps_y, x_starts, y_starts = self._irreps
         ops = []
         for C, members in self._by_mul.items():
@@ -144,19 +147,12 @@ class FunctionalMessagePassing:
             for r in rounds:
                 ops.append(_op(r, C, irreps_x, irreps_y, self._irreps_out, x_starts, y_starts, self.num_weights))
 
-        # output slot -> its chunks in the concatenation of the ops' flat outputs
-        slot_chunks: dict[int, list[tuple[int, int]]] = {}
-        offset = 0
-        for op in ops:
-            for slot, width in op.chunks:
-                slot_chunks.setdefault(slot, []).append((offset, offset + width))
-                offset += width
-        return tuple(ops), tuple(tuple(slot_chunks.get(i, ())) for i in range(len(self._irreps_out)))
+        return tuple(ops), _run(ops, irreps_x, self._irreps_out, self.num_weights)
 
-    def _ops_for(self, zero_x: tuple[bool, ...], zero_y: tuple[bool, ...]) -> tuple[tuple[_Op, ...], tuple]:
+    def _ops_for(self, zero_x: tuple[bool, ...], zero_y: tuple[bool, ...]) -> tuple[tuple[_Op, ...], _Run | None]:
         """As e3nn-jax's ``left_right``, the instructions reading a block marked zero are skipped."""
         if not any(zero_x) and not any(zero_y):
-            return self.ops, self._slot_chunks
+            return self.ops, self._run
         key = (zero_x, zero_y)
         if key not in self._reduced:
             self._reduced[key] = self._ops(lambda ins: not zero_x[ins.i_in1] and not zero_y[ins.i_in2])
@@ -183,29 +179,13 @@ class FunctionalMessagePassing:
             node_feats, tp.irreps_in1, edge_attrs, tp.irreps_in2, weights, self.num_weights,
             "e3nn's flat layout: instruction order, mul_in1 each", senders, receivers, graph, simplify=True,
         )  # fmt: skip
-        num_edges, num_nodes, dtype = y.shape[0], x.shape[0], x.dtype
+        num_nodes, dtype = x.shape[0], x.dtype
         zero_x = _marks(node_feats, tp.irreps_in1)
         zero_y = _marks(edge_attrs, tp.irreps_in2) if isinstance(edge_attrs, e3nn.IrrepsArray) else ()
-        ops, slot_chunks = self._ops_for(zero_x, zero_y or (False,) * len(tp.irreps_in2))
-
-        flats = []
-        for op in ops:
-            s = take_columns(w, op.weights).reshape(num_edges, op.conv.num_paths, op.channels)
-            if not (op.scale == 1.0).all():
-                s = s * op.scale.astype(dtype)
-            out = op.conv(from_mul_ir(op.x(x), op.irreps_x, op.channels), y, s, graph, backend=backend)
-            flats.append(to_mul_ir(out, op.conv.irreps_out))
-        flat = flats[0] if len(flats) == 1 else jnp.concatenate(flats, axis=-1) if flats else None
-        slots = []
-        for (mul, ir), chunks in zip(self._irreps_out, slot_chunks):
-            if not chunks:
-                slots.append(jnp.zeros((num_nodes, mul * ir.dim), dtype))
-                continue
-            total = flat[:, chunks[0][0] : chunks[0][1]]
-            for a, b in chunks[1:]:
-                total = total + flat[:, a:b]
-            slots.append(total)
-        out = jnp.concatenate(slots, axis=-1) if slots else jnp.zeros((num_nodes, 0), dtype)
+        _, run = self._ops_for(zero_x, zero_y or (False,) * len(tp.irreps_in2))
+        if run is None:  # every instruction skipped
+            return e3nn.IrrepsArray(tp.irreps_out, jnp.zeros((num_nodes, tp.irreps_out.dim), dtype))
+        out = run.slots(run.conv(x, y, w, graph, backend=backend), num_nodes)
         return e3nn.IrrepsArray(tp.irreps_out, out)
 
     def __repr__(self) -> str:
@@ -236,3 +216,81 @@ def _op(members, C, irreps_x, irreps_y, irreps_out, x_starts, y_starts, num_weig
     chunks = tuple((ins.i_out, C * irreps_out[ins.i_out].ir.dim) for ins, _ in members)
     return _Op(C, Convolution.from_coo(coo), irreps_op, Gather.of(x_cols, irreps_x.dim),
                Gather.of(w_cols, num_weights), scale, chunks)  # fmt: skip
+
+
+@dataclass(frozen=True, eq=False)
+class _Run:
+    """All the ops of one call as one :class:`e3j.MulIrConvolution` (each op one group of its plan),
+    whose output puts each slot's first path where e3nn's output has the slot, and further paths into
+    a slot after those; ``chunks``: each output slot's column ranges in that output."""
+
+    conv: MulIrConvolution
+    chunks: tuple[tuple[tuple[int, int], ...], ...]
+    irreps_out: Irreps
+    identity: bool  # every slot has one path, in place: the output is e3nn's as it comes
+
+    def slots(self, flat: jax.Array, num_nodes: int) -> jax.Array:
+        """e3nn's ``[N, irreps_out.dim]``: slots no instruction reaches are zeros, those several reach sums."""
+        if self.identity:
+            return flat
+        slots = []
+        for (mul, ir), chunks in zip(self.irreps_out, self.chunks):
+            if not chunks:
+                slots.append(jnp.zeros((num_nodes, mul * ir.dim), flat.dtype))
+                continue
+            total = flat[:, chunks[0][0] : chunks[0][1]]
+            for a, b in chunks[1:]:
+                total = total + flat[:, a:b]
+            slots.append(total)
+        return jnp.concatenate(slots, axis=-1) if slots else jnp.zeros((num_nodes, 0), flat.dtype)
+
+
+def _run(ops, irreps_x: Irreps, irreps_out: Irreps, num_weights: int) -> _Run | None:
+    """The plan of ``ops``: groups reading the weights in place (e3nn's flat layout), each path's
+    ``path_weight`` a factor on its output rows (exact: the path is linear in its weights)."""
+    if not ops:
+        return None
+    # (op, path) of each path, the first path into each slot before the others
+    paths = [(k, p) for k, op in enumerate(ops) for p in range(op.conv.num_paths)]
+    first = {}
+    for k, p in paths:
+        first.setdefault(ops[k].chunks[p][0], (k, p))
+    order = [first[slot] for slot in sorted(first)] + [kp for kp in paths if kp not in set(first.values())]
+    column, offset = {}, 0
+    for k, p in order:
+        column[(k, p)] = offset
+        offset += ops[k].chunks[p][1]
+    slot_chunks: dict[int, list[tuple[int, int]]] = {}
+    for k, p in paths:
+        slot, width = ops[k].chunks[p]
+        slot_chunks.setdefault(slot, []).append((column[(k, p)], column[(k, p)] + width))
+    chunks = tuple(tuple(sorted(slot_chunks.get(i, ()))) for i in range(len(irreps_out)))
+    starts = [s.start for s in irreps_out.slices()]
+    identity = all(len(c) == 1 and c[0][0] == starts[i] for i, c in enumerate(chunks)) and offset == irreps_out.dim
+
+    groups, blocks, out_index = [], [], np.empty(offset, np.int64)
+    scale = np.ones(offset)
+    flat_start = 0  # the op's first column in the ops' to_mul_ir outputs concatenated (Plan.out's input)
+    for k, op in enumerate(ops):
+        coo = op.conv.coo
+        rows = np.ones(coo.dim_out)
+        pos = np.empty(coo.dim_out * op.channels, np.int64)
+        pos[_to_mul_ir_index(coo.irreps_out, op.channels)] = np.arange(coo.dim_out * op.channels)
+        for p, path in enumerate(coo.paths):
+            dim, col = path.ir_out.dim, column[(k, p)]
+            rows[path.out_start : path.out_start + dim] = op.scale[p, 0]
+            scale[col : col + op.channels * dim] = op.scale[p, 0]
+            blocks.append((col, k, path.out_start, dim))
+            # copy-major: column (c, m) of the block is row out_start + m, channel c
+            c, m = np.meshgrid(np.arange(op.channels), np.arange(dim), indexing="ij")
+            out_index[col : col + op.channels * dim] = (
+                flat_start + pos[((path.out_start + m) * op.channels + c).ravel()]
+            )
+        flat_start += coo.dim_out * op.channels
+        unit = (rows == 1).all()
+        groups.append(Group(coo, op.channels, op.irreps_x, op.x, op.weights, None if unit else rows))
+    unit = (scale == 1).all()
+    irreps_flat = Irreps([(ops[k].channels, ops[k].conv.coo.paths[p].ir_out) for k, p in order])
+    plan = Plan(tuple(groups), irreps_x, irreps_flat, Gather.of(out_index, flat_start), False, tuple(sorted(blocks)),
+                None if unit else scale, num_weights)  # fmt: skip
+    return _Run(MulIrConvolution._of_plan(plan), chunks, irreps_out, identity)
