@@ -52,6 +52,19 @@ def operands(tp, num_weights, seed=0):
     return x, y, jax.random.normal(k[2], (E, num_weights), jnp.float64)
 
 
+def nequip_tp(irreps_x, irreps_y, filter_ir_out, **kwargs) -> FunctionalTensorProduct:
+    """NequIP's instruction set: one ``uvu`` instruction per allowed output irrep, each its own slot."""
+    irreps_x, irreps_y, allowed = e3nn.Irreps(irreps_x), e3nn.Irreps(irreps_y), e3nn.Irreps(filter_ir_out)
+    instr, irreps_out = [], []
+    for i1, (mul, ir1) in enumerate(irreps_x):
+        for i2, (_, ir2) in enumerate(irreps_y):
+            for ir in ir1 * ir2:
+                if ir in allowed:
+                    instr.append((i1, i2, len(irreps_out), "uvu", True))
+                    irreps_out.append((mul, ir))
+    return FunctionalTensorProduct(irreps_x, irreps_y, irreps_out, instr, **kwargs)
+
+
 def check_value_and_grad(tp, backend, seed):
     fmp = interop.FunctionalMessagePassing(tp)
     x, y, w = operands(tp, fmp.num_weights, seed)
@@ -98,32 +111,10 @@ def test_equals_e3nn_functional_tensor_product(path_normalization):
 def test_equals_e3nn_on_a_kernel_backend(backend, kwargs):
     if backend not in {b.name for b in e3j.available_backends()}:
         pytest.skip(f"backend {backend} is not installed")
-    # NequIP's instruction set for 8x0e + 8x1o x sh(lmax 2) -> 0e + 1o + 1e + 2e, one slot each
-    irreps_x, irreps_y = e3nn.Irreps("8x0e + 8x1o"), e3nn.Irreps("0e + 1o + 2e")
-    instr, irreps_out = [], []
-    for i1, (mul, ir1) in enumerate(irreps_x):
-        for i2, (_, ir2) in enumerate(irreps_y):
-            for ir in ir1 * ir2:
-                if ir in e3nn.Irreps("0e + 1o + 1e + 2e"):
-                    instr.append((i1, i2, len(irreps_out), "uvu", True))
-                    irreps_out.append((mul, ir))
-    tp = FunctionalTensorProduct(irreps_x, irreps_y, irreps_out, instr, **kwargs)
+    tp = nequip_tp("8x0e + 8x1o", "0e + 1o + 2e", "0e + 1o + 1e + 2e", **kwargs)
     fmp, _ = check_value_and_grad(tp, backend, seed=1)
     scales = np.concatenate([op.scale.ravel() for op in fmp.ops])
     assert (scales == 1).all() if kwargs else not (scales == 1).all()
-
-
-def nequip_tp(irreps_x, irreps_y, filter_ir_out, **kwargs) -> FunctionalTensorProduct:
-    """NequIP's instruction set: one ``uvu`` instruction per allowed output irrep, each its own slot."""
-    irreps_x, irreps_y, allowed = e3nn.Irreps(irreps_x), e3nn.Irreps(irreps_y), e3nn.Irreps(filter_ir_out)
-    instr, irreps_out = [], []
-    for i1, (mul, ir1) in enumerate(irreps_x):
-        for i2, (_, ir2) in enumerate(irreps_y):
-            for ir in ir1 * ir2:
-                if ir in allowed:
-                    instr.append((i1, i2, len(irreps_out), "uvu", True))
-                    irreps_out.append((mul, ir))
-    return FunctionalTensorProduct(irreps_x, irreps_y, irreps_out, instr, **kwargs)
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"gradient_normalization": "element"}])
