@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 from kernel_cases import (
     CONV_CASES,
+    GROUPED,
+    GROUPED_ALIGNED,
+    GROUPED_PART_ALIGNED,
     HIGH_L_CASES,
     LAUNCH_CASES,
     ODD_CHANNEL_CASES,
@@ -20,6 +23,7 @@ from kernel_cases import (
     check_convolution,
     check_deterministic,
     check_gradients_through_primitives,
+    check_grouped_convolution,
     check_launch_case,
     check_tensor_product,
     conv_operands,
@@ -120,6 +124,17 @@ def test_launch_limits(name, case):
         check_launch_case(kernels_of(get_backend(name)), case)
     else:
         _refuses_dtype(name, case.coo, case.channels, case.y_channels, case.dtype)
+
+
+@pytest.mark.parametrize(
+    "op", [GROUPED, GROUPED_ALIGNED, GROUPED_PART_ALIGNED], ids=["mixed", "aligned", "part-aligned"]
+)
+def test_grouped_convolution(backend, op):
+    # mixed multiplicities on e3nn's flat operands and [E, num_weights] weights read in place (issue
+    # 14), each dtype the backend declares; on Mosaic GPU the three cover no group, every group and
+    # some groups read through TMA in place
+    for dtype in get_backend(backend).dtypes:
+        check_grouped_convolution(kernels_of(get_backend(backend)), dtype, op=op)
 
 
 def test_bitwise_deterministic(backend):
