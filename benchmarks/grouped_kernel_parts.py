@@ -27,9 +27,11 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+import datetime
 import glob
 import json
 import re
+import sys
 import tempfile
 
 import jax
@@ -143,6 +145,12 @@ def main(argv=None) -> int:
     parser.add_argument("--json", help="also write the rows here (each row as it is measured)")
     parser.add_argument("--profile", type=int, default=0, metavar="CALLS", help="also profile CALLS calls of each")
     args = parser.parse_args(argv)
+    head = {
+        "device": jax.devices()[0].device_kind,
+        "command": "python benchmarks/grouped_kernel_parts.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "jax": jax.__version__,
+    }
     rows = []
     for n in args.nodes:
         progs = programs(n, args.backend)
@@ -154,7 +162,7 @@ def main(argv=None) -> int:
         print(json.dumps({k: v for k, v in row.items() if k != "profile_ms"}), flush=True)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"device": jax.devices()[0].device_kind, "rows": rows}, f, indent=1)
+                json.dump({**head, "rows": rows}, f, indent=1)
     return 0
 
 

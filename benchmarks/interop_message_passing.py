@@ -81,13 +81,13 @@ def interleaved(fns: dict, runs: int, rounds: int) -> dict:
 
 def paired_share(a, b, pairs: int) -> dict:
     """``1 - t_b / t_a`` (the share of ``a`` that ``b`` does not do) from ``pairs`` alternating single
-    calls of ``a = (f, operands)`` and ``b``: median and quartiles over the pairs. Load that lasts
-    longer than one pair falls on both calls alike, so the share is steadier than that of two
-    separately timed minima."""
+    calls of ``a = (f, operands)`` and ``b``: median and quartiles over the pairs, and each call's
+    median milliseconds (``a_ms``, ``b_ms``). Load that lasts longer than one pair falls on both
+    calls alike, so the share is steadier than that of two separately timed minima."""
     (fa, oa), (fb, ob) = a, b
     for f, ops in (a, b):
         jax.block_until_ready(f(*ops))
-    shares = []
+    shares, ta, tb = [], [], []
     for i in range(pairs):
         # alternate which goes first: a fixed order would charge one call with the other's after-effects
         order = ((fa, oa), (fb, ob)) if i % 2 == 0 else ((fb, ob), (fa, oa))
@@ -97,8 +97,11 @@ def paired_share(a, b, pairs: int) -> dict:
             jax.block_until_ready(f(*ops))
             t[f] = time.perf_counter() - t0
         shares.append(1 - t[fb] / t[fa])
+        ta.append(t[fa])
+        tb.append(t[fb])
     q1, median, q3 = (round(float(v), 4) for v in np.percentile(shares, [25, 50, 75]))
-    return {"median": median, "q1": q1, "q3": q3}
+    ms = {k: round(float(np.median(v)) * 1e3, 4) for k, v in (("a_ms", ta), ("b_ms", tb))}
+    return {"median": median, "q1": q1, "q3": q3, **ms}
 
 
 def main(argv=None) -> int:

@@ -160,7 +160,8 @@ def accelerator_results() -> dict[str, list[tuple[str, dict]]]:
     by_device: dict[str, list[tuple[str, dict]]] = {}
     for path in sorted(RESULTS.glob("*.json")):
         result = json.loads(path.read_text())
-        if "copy" in result and result["device"]["platform"] != "cpu":
+        # (benchmarks/tp_fwd_diag.py's files, whose device is a name, have blocks of their own)
+        if "copy" in result and isinstance(result["device"], dict) and result["device"]["platform"] != "cpu":
             by_device.setdefault(result["device"]["kind"], []).append((path.stem, result))
     return by_device
 
@@ -187,10 +188,60 @@ def render_accelerators(by_device: dict[str, list[tuple[str, dict]]]) -> str:
     return "\n\n".join(parts)
 
 
+def render_diag(result: dict) -> str:
+    """``benchmarks/tp_fwd_diag.py``: each backend's op timed alone, streamed, beside a Python thread
+    and under the profiler, against the largest copy of the same run."""
+    copy = max(result["copy"], key=lambda c: c["bytes"])
+    lines = [
+        f"Measured on {result['device']}, {result['date'][:10]}; command: `{result['command']}`; the largest "
+        f"jitted copy in the same run ({copy['bytes'] / 2**30:.0f} GiB): {copy['GBps']:.0f} GB/s.",
+        "",
+        "| op | backend | lmax | C | rows | alone ms | streamed ms | beside Python ms | kernel ms (profiler) "
+        "| streamed GB/s | fraction of copy |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result["rows"]:
+        kernel = " + ".join(f"{e['mean_s'] * 1e3:.3f}" for e in r.get("device_events", [])) or "-"
+        lines.append(
+            f"| tensor_product {r['direction']} | {r['impl']} | {r['lmax']} | {r['channels']} | {r['batch']} "
+            f"| {r['quiet_s'] * 1e3:.3f} | {r['stream_s'] * 1e3:.3f} | {r['beside_python_s'] * 1e3:.3f} | {kernel} "
+            f"| {r['stream_GBps']:.0f} | {r['stream_fraction_of_copy']:.0%} |"
+        )
+    return "\n".join(lines)
+
+
+def _share(s: dict) -> str:
+    cell = f"{s['median']:+.1%} [{s['q1']:+.1%}, {s['q3']:+.1%}]"
+    return cell + (f" ({s['a_ms']:.3f} / {s['b_ms']:.3f} ms)" if "a_ms" in s else "")
+
+
+def render_shares(result: dict) -> str:
+    """``benchmarks/grouped_kernel_parts.py``: the grouped kernels' share beyond the groups' own."""
+    head = "Measured on " + ", ".join(str(result[k]) for k in ("device", "machine", "date") if k in result)
+    if "command" in result:
+        head += f"; command: `{result['command']}`"
+    lines = [
+        head + ". Share = 1 − groups / grouped, median [quartiles] of paired single calls"
+        " (with the medians' ms, grouped / groups, where recorded).",
+        "",
+        "| backend | nodes | edges | pairs | forward share | backward share |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['backend']} | {r['nodes']} | {r['edges']} | {r['pairs']} | {_share(r['fwd'])} | {_share(r['bwd'])} |"
+        )
+    return "\n".join(lines)
+
+
 def render(name: str) -> str:
     if name == "accelerators":
         return render_accelerators(accelerator_results())
     result = json.loads((RESULTS / f"{name}.json").read_text())
+    if "switch_interval_s" in result:  # benchmarks/tp_fwd_diag.py
+        return render_diag(result)
+    if isinstance((result.get("rows") or [{}])[0].get("fwd"), dict):
+        return render_shares(result)  # benchmarks/grouped_kernel_parts.py
     if "target" in result:  # benchmarks/triton_resources.py
         spec = importlib.util.spec_from_file_location("triton_resources", ROOT / "benchmarks" / "triton_resources.py")
         module = importlib.util.module_from_spec(spec)

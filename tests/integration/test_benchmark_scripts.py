@@ -181,8 +181,9 @@ def test_interop_benchmark_paired_share_measures_the_difference():
         return f
 
     share = script["paired_share"]((wait(0.02), (1.0,)), (wait(0.01), (1.0,)), 20)
-    assert set(share) == {"median", "q1", "q3"}
+    assert set(share) == {"median", "q1", "q3", "a_ms", "b_ms"}
     assert share["q1"] <= share["median"] <= share["q3"]
     assert 0.3 < share["median"] < 0.6, share
+    assert 19 < share["a_ms"] < 40 and 9 < share["b_ms"] < 30, share
     same = script["paired_share"]((wait(0.01), (1.0,)), (wait(0.01), (1.0,)), 20)
     assert abs(same["median"]) < 0.2, same
