@@ -122,7 +122,7 @@ class FunctionalMessagePassing:
 
         self._by_mul = by_mul
         self._irreps = (irreps_x, irreps_y, x_starts, y_starts)
-        self._reduced: dict[tuple, tuple] = {}  # (zero_x, zero_y) -> (ops, slot chunks) without their products
+        self._reduced: dict[tuple, tuple] = {}  # (zero_x, zero_y) -> (ops, run) without their products
         self.ops, self._run = self._ops(lambda ins: True)
 
     def _ops(self, runs) -> tuple[tuple[_Op, ...], _Run | None]:
@@ -149,14 +149,14 @@ class FunctionalMessagePassing:
 
         return tuple(ops), _run(ops, irreps_x, self._irreps_out, self.num_weights)
 
-    def _ops_for(self, zero_x: tuple[bool, ...], zero_y: tuple[bool, ...]) -> tuple[tuple[_Op, ...], _Run | None]:
+    def _run_for(self, zero_x: tuple[bool, ...], zero_y: tuple[bool, ...]) -> _Run | None:
         """As e3nn-jax's ``left_right``, the instructions reading a block marked zero are skipped."""
         if not any(zero_x) and not any(zero_y):
-            return self.ops, self._run
+            return self._run
         key = (zero_x, zero_y)
         if key not in self._reduced:
             self._reduced[key] = self._ops(lambda ins: not zero_x[ins.i_in1] and not zero_y[ins.i_in2])
-        return self._reduced[key]
+        return self._reduced[key][1]
 
     @property
     def irreps_out(self) -> e3nn.Irreps:
@@ -182,7 +182,7 @@ class FunctionalMessagePassing:
         num_nodes, dtype = x.shape[0], x.dtype
         zero_x = _marks(node_feats, tp.irreps_in1)
         zero_y = _marks(edge_attrs, tp.irreps_in2) if isinstance(edge_attrs, e3nn.IrrepsArray) else ()
-        _, run = self._ops_for(zero_x, zero_y or (False,) * len(tp.irreps_in2))
+        run = self._run_for(zero_x, zero_y or (False,) * len(tp.irreps_in2))
         if run is None:  # every instruction skipped
             return e3nn.IrrepsArray(tp.irreps_out, jnp.zeros((num_nodes, tp.irreps_out.dim), dtype))
         out = run.slots(run.conv(x, y, w, graph, backend=backend), num_nodes)
@@ -255,7 +255,8 @@ def _run(ops, irreps_x: Irreps, irreps_out: Irreps, num_weights: int) -> _Run | 
     first = {}
     for k, p in paths:
         first.setdefault(ops[k].chunks[p][0], (k, p))
-    order = [first[slot] for slot in sorted(first)] + [kp for kp in paths if kp not in set(first.values())]
+    firsts = set(first.values())
+    order = [first[slot] for slot in sorted(first)] + [kp for kp in paths if kp not in firsts]
     column, offset = {}, 0
     for k, p in order:
         column[(k, p)] = offset
