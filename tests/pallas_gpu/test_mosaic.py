@@ -33,6 +33,7 @@ from kernel_cases import (
     check_grouped_convolution,
     check_tensor_product,
     conv_operands,
+    grouped_operands,
     tp_operands,
 )
 
@@ -290,6 +291,33 @@ def test_which_groups_read_e3nn_weights_in_place():
 )
 def test_grouped_convolution_matches_reference(kernels, no_races, linear_tma_stores, op, outs_sets):
     check_grouped_convolution(kernels, "float32", outs_sets, op=op)
+
+
+def _eqns(jaxpr):
+    """Every equation of ``jaxpr`` and of its sub-jaxprs (``run_state``'s, the kernels' bodies)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                sub = getattr(v, "jaxpr", v)  # a ClosedJaxpr's Jaxpr
+                if hasattr(sub, "eqns"):
+                    yield from _eqns(sub)
+
+
+@pytest.mark.parametrize("op", [GROUPED_ALIGNED, GROUPED_PART_ALIGNED], ids=["aligned", "part-aligned"])
+def test_grouped_backward_writes_no_zeros_first(op):
+    """The groups that read e3nn's weights in place write every edge's row of their columns of the
+    weights' cotangent, so the first such launch writes a fresh buffer: no ``[E, num_weights]`` of
+    zeros is written first (the largest array; XLA cannot drop it once a launch aliases the buffer).
+    With part-aligned groups the buffer still needs no zeros: the other groups' columns are copied in."""
+    plan, graph, x, y, s, dm = grouped_operands("float32", op=op)
+    bwd = functools.partial(mosaic_convolution.grouped_convolution_bwd, plan, graph=graph, outs=("x", "y", "s"))
+    jaxpr = jax.make_jaxpr(lambda x, y, s, dm: bwd(x, y, s, dm))(x, y, s, dm).jaxpr
+    filled = [e for e in _eqns(jaxpr) if e.primitive.name == "broadcast_in_dim" and e.outvars[0].aval.shape == s.shape]
+    assert not filled, filled
+    assert sum(e.primitive.name == "run_state" for e in _eqns(jaxpr)) == sum(
+        mosaic_convolution.reads_in_place(g, plan.num_weights) for g in plan.groups[1:]
+    )
 
 
 def test_strict_stores_see_a_store_past_an_axis():

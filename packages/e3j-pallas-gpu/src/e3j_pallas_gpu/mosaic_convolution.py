@@ -319,21 +319,23 @@ def convolution_bwd_kernel(
     outs,
     lanes,
     s_columns=None,
+    ds_into=False,
 ):
     """``rows`` senders × ``width`` channels of the backward; the last program clears padding edges.
 
     ``refs`` are the needed operands among ``x, y, s`` (in that order), ``dm``, then the cotangents
     named in ``outs``; unneeded scratch refs are ``None``. With ``s_columns`` (see
-    :func:`convolution_kernel`) ``s`` is e3nn's ``[E, num_weights]``, read in place, and when ``ds`` is
-    wanted its buffer, of the same layout, comes after ``dm`` (a mutable ref the caller threads from
-    group to group): each path's ``ds`` is written into its own columns there, not returned.
+    :func:`convolution_kernel`) ``s`` is e3nn's ``[E, num_weights]``, read in place, and ``ds`` has
+    that layout too: each path's ``ds`` is written into its own columns, of every edge (padding edges'
+    zeros too), the other columns left as they are. With ``ds_into`` that buffer comes after ``dm``
+    (a mutable ref the caller threads from group to group), else it is the ``ds`` output.
     """
     want_x, want_y, want_s = ("x" in outs), ("y" in outs), ("s" in outs)
     need = {"x": want_y or want_s, "y": want_x or want_s, "s": want_x or want_y}
     refs = list(refs)
     gmem = {n: refs.pop(0) for n in ("x", "y", "s") if need[n]}
     gmem["dm"] = refs.pop(0)
-    if want_s and s_columns is not None:
+    if want_s and ds_into:
         gmem["ds"] = refs.pop(0)
     gmem.update({f"d{o}": refs.pop(0) for o in outs if f"d{o}" not in gmem})
     unit = lanes.block_rows(1) if s_columns is not None else 1  # path p's row in the s/ds blocks: p · unit
@@ -500,10 +502,13 @@ def convolution_bwd(
     return _backward(coo, x, y, s, dm, graph, outs=outs, y_channels=y_channels, interpret=interpret)
 
 
-def _backward(coo, x, y, s, dm, graph, *, outs, y_channels: bool, interpret, s_columns=None, ds=None) -> dict:
+def _backward(
+    coo, x, y, s, dm, graph, *, outs, y_channels: bool, interpret, s_columns=None, ds=None, num_weights=None
+) -> dict:
     """:func:`convolution_bwd`, or with ``s_columns`` (see :func:`convolution_kernel`) reading ``s [E,
-    num_weights]`` in place and writing ``ds`` into ``ds``, a mutable ref of that layout (no ``"s"``
-    in the result then)."""
+    num_weights]`` in place and writing ``ds`` in that layout: into ``ds``, a mutable ref (no ``"s"``
+    in the result then), or with ``ds=None`` into a fresh ``"s" [E, num_weights]`` whose columns
+    outside this table's paths are unwritten (undefined)."""
     outs = tuple(o for o in ("x", "y", "s") if o in outs)
     num_nodes, _, channels = dm.shape
     num_edges = graph.senders.shape[0]
@@ -528,7 +533,12 @@ def _backward(coo, x, y, s, dm, graph, *, outs, y_channels: bool, interpret, s_c
         "y": (nc, num_edges, coo.dim_y) if y_scalars else (num_edges, coo.dim_y, cp),
         "s": (num_edges, coo.num_paths, cp),
     }
-    returned = tuple(o for o in outs if not (o == "s" and s_columns is not None))
+    ds_into = want_s and s_columns is not None and ds is not None
+    if want_s and s_columns is not None and not ds_into:
+        if num_weights is None:
+            raise ValueError("num_weights: the width of the fresh [E, num_weights] ds is needed with s_columns")
+        shapes["s"] = (num_edges, num_weights)
+    returned = tuple(o for o in outs if not (o == "s" and ds_into))
     scratch = {
         "x_smem": _smem(lanes, coo.dim_x, dtype) if need["x"] else None,
         "y_smem": _smem(lanes, coo.dim_y, dtype, 2) if need["y"] and not y_scalars else None,
@@ -553,11 +563,10 @@ def _backward(coo, x, y, s, dm, graph, *, outs, y_channels: bool, interpret, s_c
         outs=outs,
         lanes=lanes,
         s_columns=s_columns,
+        ds_into=ds_into,
         **{k: None for k, v in scratch.items() if v is None},
     )
     groups = -(-num_nodes // lanes.rows)
-    if want_s and s_columns is not None and ds is None:
-        raise ValueError("ds: the [E, num_weights] buffer to write into is needed with s_columns")
     results = plgpu.kernel(
         body,
         out_type=tuple(jax.ShapeDtypeStruct(shapes[o], dtype) for o in returned),
@@ -573,7 +582,7 @@ def _backward(coo, x, y, s, dm, graph, *, outs, y_channels: bool, interpret, s_c
         graph.num_valid.reshape(1),
         *(operands[n] for n in ("x", "y", "s") if need[n]),
         pad_channels(dm, cp),
-        *((ds,) if want_s and s_columns is not None else ()),
+        *((ds,) if ds_into else ()),
     )
     res = dict(zip(returned, results, strict=True))
     if want_y and y_scalars:
@@ -639,53 +648,37 @@ def grouped_convolution(plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *
 def grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs: tuple[str, ...], interpret=False) -> dict:
     """Cotangents of :func:`grouped_convolution` for ``outs ⊆ {x, y, s}``, in its layouts.
 
-    ``ds [E, num_weights]`` is one buffer threaded through the launches as a state ref
-    (``pl.run_state``: JAX turns it into an operand that each launch aliases to its output): the
-    groups that :func:`reads_in_place` write their columns there; the others' ``[E, P_g, C_g]``
-    cotangents are copied into theirs afterwards. Every column belongs to exactly one path.
+    ``ds [E, num_weights]`` is one buffer the groups write in turn (``plan.backward_by_group``): a
+    group that :func:`reads_in_place` writes its columns there, every edge's (padding edges' zeros
+    too): the first launch into a fresh buffer (no zeros written first), a later one into the buffer
+    threaded through it as a state ref (``pl.run_state``: an operand the launch aliases to its
+    output); another group's ``[E, P_g, C_g]`` cotangent is copied into its columns. Every column
+    belongs to exactly one path; the frame zeroes those no path reads.
     """
-    groups = plan.groups
-    num_nodes, num_edges, dtype = dm.shape[0], graph.senders.shape[0], dm.dtype
-    in_place = [reads_in_place(g, plan.num_weights, jnp.dtype(dtype).itemsize) for g in groups]
-    xs = plan.split_x(x) if x is not None else [None] * len(groups)
-    gs = plan.split_out(dm)
+    num_edges, dtype = graph.senders.shape[0], dm.dtype
+    itemsize = jnp.dtype(dtype).itemsize
 
-    def launch(k, ds_ref):
-        g, direct = groups[k], in_place[k]
-        if direct:
-            cols = _first_columns(g)
-            return _backward(
-                g.coo, xs[k], y, s, gs[k], graph, outs=outs, y_channels=False, interpret=interpret,
-                s_columns=cols, ds=ds_ref,
-            )  # fmt: skip
-        sg = g.split_weights(s) if s is not None else None
-        return _backward(g.coo, xs[k], y, sg, gs[k], graph, outs=outs, y_channels=False, interpret=interpret)
-
-    if "s" in outs:
-        # each launch's results leave the state's scope through a ref of their own (the initial
-        # zeros are overwritten whole: dead, removed by XLA)
-        def shape(o, g):
-            return {
-                "x": (num_nodes, g.coo.dim_x, g.channels),
-                "y": (num_edges, g.coo.dim_y),
-                "s": (num_edges, g.coo.num_paths, g.channels),
-            }[o]
-
-        init = [
-            {o: jnp.zeros(shape(o, g), dtype) for o in outs if o != "s" or not direct}
-            for g, direct in zip(groups, in_place)
-        ]
+    def launch(g, xg, dmg, ds):
+        kw = dict(outs=outs, y_channels=False, interpret=interpret)
+        if not reads_in_place(g, plan.num_weights, itemsize):
+            r = _backward(g.coo, xg, y, g.split_weights(s) if s is not None else None, dmg, graph, **kw)
+            if "s" in r:
+                into = jnp.zeros((num_edges, plan.num_weights), dtype) if ds is None else ds
+                r["s"] = into.at[:, _columns(g)].set(r["s"].reshape(num_edges, -1), unique_indices=True)
+            return r
+        cols = _first_columns(g)
+        if ds is None:  # the first launch, or no ds wanted: a fresh buffer (or none)
+            return _backward(g.coo, xg, y, s, dmg, graph, s_columns=cols, num_weights=plan.num_weights, **kw)
+        # the other cotangents leave the state's scope through refs of their own (their initial zeros
+        # are overwritten whole: dead, removed by XLA)
+        shapes = {"x": (dmg.shape[0], g.coo.dim_x, g.channels), "y": (num_edges, g.coo.dim_y)}
 
         def body(refs):
             ds_ref, result_refs = refs
-            for k, refs_k in enumerate(result_refs):
-                for o, v in launch(k, ds_ref).items():
-                    refs_k[o][...] = v
+            for o, v in _backward(g.coo, xg, y, s, dmg, graph, s_columns=cols, ds=ds_ref, **kw).items():
+                result_refs[o][...] = v
 
-        ds, results = pl.run_state(body)((jnp.zeros((num_edges, plan.num_weights), dtype), init))
-        for g, direct, r in zip(groups, in_place, results):
-            if not direct:
-                ds = ds.at[:, _columns(g)].set(r.pop("s").reshape(num_edges, -1), unique_indices=True)
-    else:
-        results, ds = [launch(k, None) for k in range(len(groups))], None
-    return plan.join_cotangents(results, ds, outs)
+        ds, results = pl.run_state(body)((ds, {o: jnp.zeros(shapes[o], dtype) for o in outs if o != "s"}))
+        return {**results, "s": ds}
+
+    return plan.backward_by_group(x, dm, outs, launch)
