@@ -9,12 +9,13 @@ import functools
 import jax
 import numpy as np
 import pytest
-from e3j_pallas_gpu import _records
+from e3j_pallas_gpu import _blocks, _records
 from jax.sharding import AbstractDevice, AbstractMesh
 from kernel_cases import (
     ALL_OUTS,
     CONV_CASES,
     GROUPED,
+    GROUPED_PART_ALIGNED,
     HIGH_L_CASES,
     ODD_CHANNEL_CASES,
     TP_CASES,
@@ -26,6 +27,7 @@ from kernel_cases import (
     check_grouped_lowering,
     check_tensor_product,
     conv_operands,
+    grouped_operands,
     interpreted_conv_cases,
     tp_operands,
 )
@@ -180,4 +182,30 @@ def test_grouped_kernels_match_the_reference(kernels, monkeypatch, walk):
 
 
 def test_grouped_convolution_lowers_for_cuda_without_copying_the_weights():
-    check_grouped_lowering(_lower_cuda, "pallas_gpu", TRITON_CALL)
+    # aliased from launch to launch: the weights' cotangent (backward) and e3nn's output (forward)
+    check_grouped_lowering(_lower_cuda, "pallas_gpu", TRITON_CALL, aliases=2 * (len(GROUPED.plan.groups) - 1))
+
+
+@pytest.mark.parametrize("op", [GROUPED, GROUPED_PART_ALIGNED], ids=["mixed", "part-aligned"])
+def test_grouped_forward_writes_e3nn_output_in_place(op):
+    """Each group's launch stores its output blocks where e3nn's ``[N, Dout_flat]`` has them, into one
+    buffer aliased from launch to launch: the lowered forward moves no output after the launches
+    (no concatenate into e3nn's output, no ``[N, Dout_g, C_g]`` output to transpose)."""
+    plan, graph, x, y, s, _ = grouped_operands("float32", op=op)
+    kernels = kernels_of(get_backend("pallas_gpu"))
+    text = _lower_cuda(lambda x, y, s, g: kernels.grouped_convolution(plan, x, y, s, g), x, y, s, graph)
+    n, groups = x.shape[0], plan.groups
+    assert text.count(TRITON_CALL) == len(groups)
+    assert text.count("output_operand_aliases") == len(groups) - 1
+    out = f"tensor<{n}x{plan.irreps_out.dim}xf32>"
+    assert not [line for line in text.splitlines() if "concatenate" in line and out in line]
+    for g in groups:  # no launch returns the group's own layout
+        assert f"tensor<{n}x{g.coo.dim_out}x{g.channels}xf32>" not in text
+
+
+def test_grouped_forward_in_place_over_channel_blocks(kernels, monkeypatch):
+    """The in-place stores of a group run in several channel blocks (programs) land each block's
+    channels at their own columns (``column + c · dim``)."""
+    monkeypatch.setattr(_blocks, "MAX_CHANNEL_BLOCK", 8)  # 24 channels: 3 programs, 40: 5
+    op = e3j.MulIrConvolution("24x0e + 8x1o + 40x2e", "0e + 1o", "0e + 1o + 2e")
+    check_grouped_convolution(kernels, "float64", (("x",),), op=op)

@@ -27,8 +27,11 @@ The kernels read the weights (and write their cotangent) as a 2-D ``[E, W]`` arr
 (:func:`grouped_convolution`, :func:`grouped_convolution_bwd`) run the groups of a mixed-multiplicity
 plan so, one launch per group: each reads its paths' weight columns in place and writes their
 cotangent into one shared ``[E, num_weights]`` buffer (aliased from launch to launch), so the weights,
-the largest operand, are never copied into the groups' layout; only the node-sized features and
-outputs are split and joined around the launches.
+the largest operand, are never copied into the groups' layout. The forward stores each group's output
+rows where e3nn's ``[N, Dout_flat]`` has them (channel ``c`` of a block's row ``m`` at column
+``block + c · dim + m``: a strided store, once per receiver and row), one buffer aliased from launch
+to launch; only the node features (and in the backward ``dm`` and ``dx``) are split and joined
+around the launches.
 """
 
 from __future__ import annotations
@@ -80,16 +83,19 @@ def _y_row(y_ref, e, lanes, y_channels: bool):
 
 def convolution_kernel(
     offsets_ref, order_ref, senders_ref, x_ref, y_ref, s_ref, m_ref,
-    *, table: CooTable, i3: tuple, cols: tuple, y_channels: bool,
+    *, table: CooTable, i3: tuple, cols: tuple, y_channels: bool, out_cols: tuple | None = None, cb: int = 0,
 ) -> None:  # fmt: skip
     """Receiver ``program_id(0)``'s message row ``m_ref [Dout, cb]``, records unrolled.
 
     ``offsets_ref``/``order_ref`` are the graph's ``receiver_offsets``/``order``; ``x_ref``, ``y_ref``
     and ``s_ref [E, W]`` are whole arrays, gathered by row; ``i3[i0]`` is the path of output row
-    ``i0``, whose weights start at column ``cols[i3[i0]]`` of ``s_ref``.
+    ``i0``, whose weights start at column ``cols[i3[i0]]`` of ``s_ref``. With ``out_cols`` (one
+    ``(column, stride)`` per output row) ``m_ref`` is the whole flat output ``[N, W_out]`` and
+    channel ``c`` of row ``i0`` goes to column ``column + c · stride`` of the receiver's row: e3nn's
+    copy-major blocks, written in place (``cb``: the program's channels).
     """
     b = pl.program_id(0)
-    cb = m_ref.shape[-1]
+    cb = m_ref.shape[-1] if out_cols is None else cb
     lanes = _lanes(cb)
 
     def edge(k, acc):
@@ -107,9 +113,14 @@ def convolution_kernel(
         return tuple(acc)
 
     zero = jnp.zeros((cb,), m_ref.dtype)
-    acc = jax.lax.fori_loop(offsets_ref[b], offsets_ref[b + 1], edge, (zero,) * m_ref.shape[0])
+    dim_out = m_ref.shape[0] if out_cols is None else len(out_cols)
+    acc = jax.lax.fori_loop(offsets_ref[b], offsets_ref[b + 1], edge, (zero,) * dim_out)
     for i0, v in enumerate(acc):
-        m_ref[i0, :] = v
+        if out_cols is None:
+            m_ref[i0, :] = v
+        else:
+            col, stride = out_cols[i0]
+            m_ref[b, pl.ds(col + lanes.start * stride, cb, stride=stride)] = v
 
 
 def convolution_walk_kernel(
@@ -384,25 +395,49 @@ def convolution(
     return _forward(coo, x, y, s2, _path_columns(coo.num_paths, channels), graph, y_channels, interpret)
 
 
-def _forward(coo: TensorProductCoo, x, y, s2, cols: tuple, graph, y_channels: bool, interpret: bool) -> jax.Array:
-    """``m [N, Dout, C]`` from ``x [N, Dx, C]``, ``y`` and the 2-D weights ``s2 [E, W]`` (columns ``cols``)."""
+def _forward(
+    coo: TensorProductCoo, x, y, s2, cols: tuple, graph, y_channels: bool, interpret: bool,
+    out: tuple | None = None, m_into=None,
+) -> jax.Array:  # fmt: skip
+    """``m [N, Dout, C]`` from ``x [N, Dx, C]``, ``y`` and the 2-D weights ``s2 [E, W]`` (columns ``cols``).
+
+    With ``out = (width, out_cols)`` (unrolled tables only; see :func:`convolution_kernel`) ``m`` is
+    ``[N, width]`` with only this table's columns written: into ``m_into`` (aliased, its other
+    columns kept) when given, else into a fresh buffer whose other columns are undefined.
+    """
     num_nodes, _, channels = x.shape
     cb = channel_block(channels)
     args = [graph.receiver_offsets, graph.order, graph.senders]
     if unrolls(coo.table):
         kernel = functools.partial(
-            convolution_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), cols=cols, y_channels=y_channels
-        )
-    else:
+            convolution_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), cols=cols, y_channels=y_channels,
+            out_cols=None if out is None else out[1], cb=cb,
+        )  # fmt: skip
+    elif out is None:
         kernel = functools.partial(convolution_walk_kernel, y_channels=y_channels)
         args += [records(coo.table, x.dtype), jnp.asarray(np.asarray(cols, np.int32)[coo.i3])]
+    else:
+        raise ValueError("out: the in-place output needs an unrolled table")
     args += [x, y, s2]
+    if out is None:
+        out_shape = jax.ShapeDtypeStruct((num_nodes, coo.dim_out, channels), x.dtype)
+        out_spec = pl.BlockSpec((None, coo.dim_out, cb), lambda b, c: (b, 0, c))
+    else:
+        out_shape = jax.ShapeDtypeStruct((num_nodes, out[0]), x.dtype)
+        out_spec = _whole(out_shape)
+    aliases = {}
+    if m_into is not None:
+        # the kernel never reads it: its buffer becomes m's, the other groups' columns kept
+        aliases = {len(args): 0}
+        kernel = _skipping_arg(kernel, len(args))
+        args.append(m_into)
     return pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((num_nodes, coo.dim_out, channels), x.dtype),
+        out_shape=out_shape,
         grid=(num_nodes, channels // cb),
         in_specs=jax.tree.map(_whole, args),
-        out_specs=pl.BlockSpec((None, coo.dim_out, cb), lambda b, c: (b, 0, c)),
+        out_specs=out_spec,
+        input_output_aliases=aliases,
         compiler_params=_params(cb),
         interpret=interpret,
         name="e3j_convolution",
@@ -509,14 +544,38 @@ def grouped_convolution(plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *
     """Every group of ``plan`` (an ``e3j`` mixed-multiplicity plan whose weights are in place):
     ``x [N, Dx_flat]``, ``y [E, Dy]``, ``s [E, num_weights]`` (e3nn's order) → ``m [N, Dout_flat]``.
 
-    One launch per group, each reading its paths' columns of ``s`` where they are; the node features
-    are split into the groups' ``[N, Dx_g, C_g]`` and the outputs joined into e3nn's layout around them.
+    One launch per group, each reading its paths' columns of ``s`` where they are, the node features
+    split into the groups' ``[N, Dx_g, C_g]`` first. Each group writes its output blocks where e3nn's
+    ``[N, Dout_flat]`` has them (channel ``c`` of block row ``m`` at column ``block + c · dim + m``),
+    one buffer aliased from launch to launch; where a table is walked, or a path's copies are not
+    consecutive (``plan.out_blocks`` is ``None``), the groups' outputs are joined after the launches.
     """
+    cols = [tuple(g.weight_columns.tolist()) for g in plan.groups]
+    places = _out_places(plan)
+    if places is None:
+        return plan.forward_by_group(
+            x, lambda g, xg: _forward(g.coo, xg, y, s, cols[plan.groups.index(g)], graph, False, interpret)
+        )
+    m = None
+    for k, (g, xg) in enumerate(zip(plan.groups, plan.split_x(x))):
+        m = _forward(g.coo, xg, y, s, cols[k], graph, False, interpret, out=places[k], m_into=m)
+    return m
 
-    def launch(g, xg):
-        return _forward(g.coo, xg, y, s, tuple(g.weight_columns.tolist()), graph, False, interpret)
 
-    return plan.forward_by_group(x, launch)
+def _out_places(plan) -> list[tuple[int, tuple]] | None:
+    """Per group, ``(Dout_flat, out_cols)`` for :func:`convolution_kernel`: each output row's first
+    column in e3nn's output and its stride (the block's ``dim``); ``None`` where the groups cannot
+    write in place (no ``out_blocks``, or a table walked rather than unrolled)."""
+    if plan.out_blocks is None or not all(unrolls(g.coo.table) for g in plan.groups):
+        return None
+    rows = [[None] * g.coo.dim_out for g in plan.groups]
+    width = 0
+    for col, k, row, dim in plan.out_blocks:
+        for m in range(dim):
+            rows[k][row + m] = (int(col) + m, int(dim))
+        width += dim * plan.groups[k].channels
+    assert all(r is not None for rs in rows for r in rs), "an output row of a group has no block"
+    return [(width, tuple(rs)) for rs in rows]
 
 
 def grouped_convolution_bwd(
