@@ -550,15 +550,17 @@ def grouped_convolution(plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *
     one buffer aliased from launch to launch; where a table is walked, or a path's copies are not
     consecutive (``plan.out_blocks`` is ``None``), the groups' outputs are joined after the launches.
     """
-    cols = [tuple(g.weight_columns.tolist()) for g in plan.groups]
+
+    def launch(g, xg, out=None, m_into=None):
+        cols = tuple(g.weight_columns.tolist())
+        return _forward(g.coo, xg, y, s, cols, graph, False, interpret, out=out, m_into=m_into)
+
     places = _out_places(plan)
     if places is None:
-        return plan.forward_by_group(
-            x, lambda g, xg: _forward(g.coo, xg, y, s, cols[plan.groups.index(g)], graph, False, interpret)
-        )
+        return plan.forward_by_group(x, launch)
     m = None
-    for k, (g, xg) in enumerate(zip(plan.groups, plan.split_x(x))):
-        m = _forward(g.coo, xg, y, s, cols[k], graph, False, interpret, out=places[k], m_into=m)
+    for g, xg, out in zip(plan.groups, plan.split_x(x), places):
+        m = launch(g, xg, out, m)
     return m
 
 
