@@ -18,7 +18,9 @@
 # scaling fig1; also e2e, diag: ~60 s of TP-forward timings that tell host from kernel time, and
 # grouped: mixed multiplicities, each GPU backend's grouped kernels against its groups' own),
 # and E3J_DEVICE_BUDGET (seconds, default 570) bounds the whole run: each step's own limit is cut to
-# what is left, so a 15-minute lease can be split into two calls.
+# what is left, so a 15-minute lease can be split into two calls; E3J_TESTS_TIMEOUT (default 270)
+# bounds tests/gpu. Seen on the H200 (2026-12-04, e3j-cuda prebuilt): install + info ~30 s, tests/gpu
+# 303 s (88 tests on 12 processes, compile-bound), grouped ~150 s, diag ~60 s; a machine's start ~1 min.
 # A prebuilt e3j-cuda wheel in .whl (pip wheel packages/e3j-cuda with E3J_CUDA=ON and
 # CMAKE_ARGS=-DE3J_CUDA_ARCHITECTURES=90a-real, on any x86-64 machine with nvcc) skips the build there.
 # Rehearse it on a CPU machine with E3J_DEVICE_REHEARSAL=1 (python3 = a Python 3.12 with that image's
