@@ -19,8 +19,9 @@
 # grouped: mixed multiplicities, each GPU backend's grouped kernels against its groups' own),
 # and E3J_DEVICE_BUDGET (seconds, default 570) bounds the whole run: each step's own limit is cut to
 # what is left, so a 15-minute lease can be split into two calls; E3J_TESTS_TIMEOUT (default 270)
-# bounds tests/gpu. Seen on the H200 (2026-12-04, e3j-cuda prebuilt): install + info ~30 s, tests/gpu
-# 303 s (88 tests on 12 processes, compile-bound), grouped ~150 s, diag ~60 s; a machine's start ~1 min.
+# bounds tests/gpu and E3J_TESTS_ARGS adds pytest arguments (e.g. "-k grouped": a kernel change's
+# own cases first, in a fraction of the suite's time). Seen on the H200 (2026-12-04, e3j-cuda prebuilt): install + info ~30 s, tests/gpu
+# 303 s (88 tests on 12 processes, compile-bound), grouped ~120 s, diag ~60 s; a machine's start ~1 min.
 # A prebuilt e3j-cuda wheel in .whl (pip wheel packages/e3j-cuda with E3J_CUDA=ON and
 # CMAKE_ARGS=-DE3J_CUDA_ARCHITECTURES=90a-real, on any x86-64 machine with nvcc) skips the build there.
 # Rehearse it on a CPU machine with E3J_DEVICE_REHEARSAL=1 (python3 = a Python 3.12 with that image's
@@ -76,7 +77,7 @@ for step in $STEPS; do
     # benchmarks/results/sm90a-pallas-gpu-resources.json): spread the tests over processes sharing the GPU
     # (H200, 2026-11-30: 79 tests in 230 s on 8 processes, compile-bound)
     XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 12")
-    E3J_FAILURES_FILE="$OUT/failures.txt" XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$(limit ${E3J_TESTS_TIMEOUT:-270})" python3 -m pytest -q -rfE -m gpu -p no:cacheprovider $XDIST tests/gpu 2>&1 \
+    E3J_FAILURES_FILE="$OUT/failures.txt" XLA_PYTHON_CLIENT_PREALLOCATE=false timeout "$(limit ${E3J_TESTS_TIMEOUT:-270})" python3 -m pytest -q -rfE -m gpu -p no:cacheprovider $XDIST ${E3J_TESTS_ARGS:-} tests/gpu 2>&1 \
       | tee "$OUT/tests-gpu.txt" | tail -15
     ;;
   table1 | fig1)
