@@ -297,11 +297,8 @@ def _eqns(jaxpr):
     """Every equation of ``jaxpr`` and of its sub-jaxprs (``run_state``'s, the kernels' bodies)."""
     for eqn in jaxpr.eqns:
         yield eqn
-        for value in eqn.params.values():
-            for v in value if isinstance(value, (tuple, list)) else (value,):
-                sub = getattr(v, "jaxpr", v)  # a ClosedJaxpr's Jaxpr
-                if hasattr(sub, "eqns"):
-                    yield from _eqns(sub)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            yield from _eqns(sub)
 
 
 @pytest.mark.parametrize("op", [GROUPED_ALIGNED, GROUPED_PART_ALIGNED], ids=["aligned", "part-aligned"])
