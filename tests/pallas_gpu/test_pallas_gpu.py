@@ -203,9 +203,29 @@ def test_grouped_forward_writes_e3nn_output_in_place(op):
         assert f"tensor<{n}x{g.coo.dim_out}x{g.channels}xf32>" not in text
 
 
-def test_grouped_forward_in_place_over_channel_blocks(kernels, monkeypatch):
-    """The in-place stores of a group run in several channel blocks (programs) land each block's
-    channels at their own columns (``column + c · dim``)."""
+@pytest.mark.parametrize("op", [GROUPED, GROUPED_PART_ALIGNED], ids=["mixed", "part-aligned"])
+def test_grouped_gradient_reads_and_writes_e3nn_layouts_in_place(op):
+    """Value and gradient: every launch reads ``x`` and the output cotangent where e3nn's flat layouts
+    have them and writes ``dx`` there (strided loads and stores), so no group's ``[N, Dx_g, C_g]``
+    features or ``[N, Dout_g, C_g]`` output, or their cotangents, exist in the program."""
+    plan, graph, x, y, s, _ = grouped_operands("float32", op=op)
+
+    def loss(x, y, s, g):
+        return jax.numpy.sum(jax.numpy.sin(op(x, y, s, g, backend="pallas_gpu")))
+
+    if plan.constant_row:
+        y = y[:, 1:]  # the op prepends the self connection's constant column itself
+    text = _lower_cuda(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
+    assert text.count(TRITON_CALL) == 2 * len(plan.groups)
+    n = x.shape[0]
+    for g in plan.groups:
+        for dim in (g.coo.dim_x, g.coo.dim_out):
+            assert f"tensor<{n}x{dim}x{g.channels}xf32>" not in text, (g.irreps_x, dim)
+
+
+def test_grouped_in_place_over_channel_blocks(kernels, monkeypatch):
+    """The in-place loads and stores of a group run in several channel blocks (programs) read and land
+    each block's channels at their own columns (``column + c · dim``)."""
     monkeypatch.setattr(_blocks, "MAX_CHANNEL_BLOCK", 8)  # 24 channels: 3 programs, 40: 5
     op = e3j.MulIrConvolution("24x0e + 8x1o + 40x2e", "0e + 1o", "0e + 1o + 2e")
-    check_grouped_convolution(kernels, "float64", (("x",),), op=op)
+    check_grouped_convolution(kernels, "float64", ALL_OUTS, op=op)

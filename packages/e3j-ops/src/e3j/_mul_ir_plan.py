@@ -118,6 +118,16 @@ class Group:
         """``[.., Dx_flat] -> [.., Dx, C]``."""
         return from_mul_ir(self.x(x), self.irreps_x, self.channels)
 
+    @cached_property
+    def x_columns(self) -> np.ndarray:
+        """``int [Dx, C]``: the column of the flat ``x`` that :meth:`split_x` puts at row ``i``,
+        channel ``c`` (for kernels that read e3nn's ``x``, or write its cotangent, in place)."""
+        columns = np.empty(self.irreps_x.dim * self.channels, np.int64)
+        columns[_to_mul_ir_index(self.irreps_x, self.channels)] = self.x.indices()  # from_mul_ir's rearrangement
+        columns = columns.reshape(self.irreps_x.dim, self.channels)
+        columns.setflags(write=False)  # cached on a shared (cached) plan
+        return columns
+
     def split_weights(self, w) -> jax.Array:
         """``[.., num_weights] -> [.., P, C]`` (an array or :class:`e3j.FactoredWeights`)."""
         cols = take_columns(w, self.weights)
@@ -207,32 +217,54 @@ class Plan:
         return self.join_out([launch(g, xg) for g, xg in zip(self.groups, self.split_x(x))])
 
     def backward_by_group(
-        self, x: jax.Array | None, dm: jax.Array, outs: Sequence[str], launch: Callable
+        self, x: jax.Array | None, dm: jax.Array, outs: Sequence[str], launch: Callable, *, flat: bool = False
     ) -> dict[str, jax.Array]:
         """A grouped backward kernel's frame: the groups in order, ``launch(group, x_g, dm_g, ds)``
         returning one group's cotangents ``{"x"|"y"|"s": ...}`` (for ``outs``) from its ``x_g`` (``None``
         where ``x`` is) and ``dm_g [N, Dout_g, C_g]``. Its ``"s"`` is the whole ``[E, num_weights]``
         cotangent of the weights with its own columns written: ``ds`` is the previous group's (``None``
         for the first group), so the launches write one buffer in turn. Returns
-        :meth:`join_cotangents` of them."""
-        xs = self.split_x(x) if x is not None else [None] * len(self.groups)
-        ds, results = None, []
-        for g, xg, dmg in zip(self.groups, xs, self.split_out(dm)):
-            r = dict(launch(g, xg, dmg, ds))
+        :meth:`join_cotangents` of them.
+
+        With ``flat``, the kernels read e3nn's flat ``x [N, Dx_flat]`` and ``dm [N, Dout_flat]`` in
+        place (:attr:`Group.x_columns`, :attr:`out_blocks`) and write ``dx`` there too:
+        ``launch(group, x, dm, ds, dx)``, whose ``"x"`` is the whole ``[N, Dx_flat]`` cotangent with
+        the group's columns written, threaded from launch to launch as ``ds`` is (so the groups'
+        ``x_columns`` must cover every column of ``x``: :meth:`covers_x`).
+        """
+        n = len(self.groups)
+        if flat:
+            xs, dms = [x] * n, [dm] * n
+        else:
+            xs = self.split_x(x) if x is not None else [None] * n
+            dms = self.split_out(dm)
+        ds, dx, results = None, None, []
+        for g, xg, dmg in zip(self.groups, xs, dms):
+            r = dict(launch(g, xg, dmg, ds, dx) if flat else launch(g, xg, dmg, ds))
             ds = r.pop("s", None)
+            if flat:
+                dx = r.pop("x", None)
             results.append(r)
         if ds is not None and self.unread_weights is not None:
             # the launches write their own columns only: the others, which no path reads, are zero
             ds = jnp.where(self.unread_weights, jnp.zeros((), ds.dtype), ds)
-        return self.join_cotangents(results, ds, outs)
+        return self.join_cotangents(results, ds, outs, dx=dx)
 
-    def join_cotangents(self, results: Sequence[dict], ds: jax.Array | None, outs: Sequence[str]) -> dict:
+    def covers_x(self) -> bool:
+        """Whether the groups' :attr:`Group.x_columns` hold every column of the flat ``x`` once."""
+        columns = np.concatenate([g.x_columns.ravel() for g in self.groups])
+        return np.array_equal(np.sort(columns), np.arange(self.irreps_x.dim))
+
+    def join_cotangents(
+        self, results: Sequence[dict], ds: jax.Array | None, outs: Sequence[str], *, dx: jax.Array | None = None
+    ) -> dict:
         """The groups' cotangents (one ``{"x": [N, Dx_g, C_g], "y": [E, Dy]}`` per group, the keys in
         ``outs``) and the weights' ``ds [E, num_weights]`` in e3nn's layouts: ``{o: ...}`` for ``o`` in
-        ``outs``, ``dx`` joined by :meth:`join_x`, ``dy`` the groups' sum (in group order)."""
+        ``outs``, ``dx`` joined by :meth:`join_x` (or given, already flat), ``dy`` the groups' sum (in
+        group order)."""
         res = {"s": ds}
         if "x" in outs:
-            res["x"] = self.join_x([r["x"] for r in results])
+            res["x"] = dx if dx is not None else self.join_x([r["x"] for r in results])
         if "y" in outs:
             res["y"] = results[0]["y"]
             for r in results[1:]:

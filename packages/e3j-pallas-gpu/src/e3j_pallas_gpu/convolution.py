@@ -27,11 +27,12 @@ The kernels read the weights (and write their cotangent) as a 2-D ``[E, W]`` arr
 (:func:`grouped_convolution`, :func:`grouped_convolution_bwd`) run the groups of a mixed-multiplicity
 plan so, one launch per group: each reads its paths' weight columns in place and writes their
 cotangent into one shared ``[E, num_weights]`` buffer (aliased from launch to launch), so the weights,
-the largest operand, are never copied into the groups' layout. The forward stores each group's output
-rows where e3nn's ``[N, Dout_flat]`` has them (channel ``c`` of a block's row ``m`` at column
-``block + c · dim + m``: a strided store, once per receiver and row), one buffer aliased from launch
-to launch; only the node features (and in the backward ``dm`` and ``dx``) are split and joined
-around the launches.
+the largest operand, are never copied into the groups' layout. The node-sized operands stay in
+e3nn's layouts too: each group reads its rows of the flat ``x`` (and in the backward of ``dm``) where
+they are and stores its output rows (``dx``) where e3nn's ``[N, Dout_flat]`` (``[N, Dx_flat]``) has
+them, channel ``c`` of a block's row ``m`` at column ``block + c · dim + m`` (strided loads and
+stores), the outputs one buffer aliased from launch to launch: around the launches XLA moves nothing
+but the sum of ``dy`` over the groups.
 """
 
 from __future__ import annotations
@@ -75,6 +76,21 @@ def _window(lanes, col):
     return pl.ds(col + lanes.start, lanes.size)
 
 
+def _flat(node, place, lanes):
+    """The index of channels ``lanes`` of one feature row in e3nn's flat ``[N, width]`` layout: row
+    ``place = (column, stride)`` has channel ``c`` at column ``column + c · stride`` of ``node``'s row."""
+    col, stride = place
+    return node, pl.ds(col + lanes.start * stride, lanes.size, stride=stride)
+
+
+def _x_row(x_ref, a, lanes, x_cols):
+    """Feature row ``i`` of sender ``a``: ``x [N, Dx, C]``, or e3nn's flat ``x`` read in place at
+    ``x_cols[i]``."""
+    if x_cols is None:
+        return lambda i: x_ref[a, i, lanes]
+    return lambda i: x_ref[_flat(a, x_cols[i], lanes)]
+
+
 def _y_row(y_ref, e, lanes, y_channels: bool):
     if y_channels:
         return lambda i: y_ref[e, i, lanes]
@@ -84,6 +100,7 @@ def _y_row(y_ref, e, lanes, y_channels: bool):
 def convolution_kernel(
     offsets_ref, order_ref, senders_ref, x_ref, y_ref, s_ref, m_ref,
     *, table: CooTable, i3: tuple, cols: tuple, y_channels: bool, out_cols: tuple | None = None, cb: int = 0,
+    x_cols: tuple | None = None,
 ) -> None:  # fmt: skip
     """Receiver ``program_id(0)``'s message row ``m_ref [Dout, cb]``, records unrolled.
 
@@ -92,7 +109,8 @@ def convolution_kernel(
     ``i0``, whose weights start at column ``cols[i3[i0]]`` of ``s_ref``. With ``out_cols`` (one
     ``(column, stride)`` per output row) ``m_ref`` is the whole flat output ``[N, W_out]`` and
     channel ``c`` of row ``i0`` goes to column ``column + c · stride`` of the receiver's row: e3nn's
-    copy-major blocks, written in place (``cb``: the program's channels).
+    copy-major blocks, written in place (``cb``: the program's channels). With ``x_cols`` (the same
+    per input row) ``x_ref`` is e3nn's flat ``[N, Dx_flat]``, read in place.
     """
     b = pl.program_id(0)
     cb = m_ref.shape[-1] if out_cols is None else cb
@@ -101,7 +119,7 @@ def convolution_kernel(
     def edge(k, acc):
         e = order_ref[k]
         a = senders_ref[e]
-        x_row = functools.cache(lambda i: x_ref[a, i, lanes])
+        x_row = functools.cache(_x_row(x_ref, a, lanes, x_cols))
         y_row = functools.cache(_y_row(y_ref, e, lanes, y_channels))
         s_row = functools.cache(lambda p: s_ref[e, _window(lanes, cols[p])])
         acc = list(acc)
@@ -119,8 +137,7 @@ def convolution_kernel(
         if out_cols is None:
             m_ref[i0, :] = v
         else:
-            col, stride = out_cols[i0]
-            m_ref[b, pl.ds(col + lanes.start * stride, cb, stride=stride)] = v
+            m_ref[_flat(b, out_cols[i0], lanes)] = v
 
 
 def convolution_walk_kernel(
@@ -198,6 +215,8 @@ def convolution_bwd_kernel(
     cols: tuple,
     cb: int,
     y_channels: bool,
+    x_cols: tuple | None = None,
+    dm_cols: tuple | None = None,
 ) -> None:
     """Sender ``program_id(0)``'s ``dx`` row and its edges' ``dy``/``ds`` rows, records unrolled.
 
@@ -206,6 +225,9 @@ def convolution_bwd_kernel(
     is the sender's ``[Dx, cb]`` block; ``dy_ref`` (``[E, Dy, C]``, or ``[C / cb, E, Dy]`` partial sums
     for a broadcast ``y``), ``s_ref`` and ``ds_ref`` (``[E, W]``, path ``p`` at columns ``cols[p] ..``)
     are whole; only the paths' columns of ``ds_ref`` are written. Program ``N`` clears the padding edges.
+    With ``x_cols`` and ``dm_cols`` (see :func:`convolution_kernel`) ``x_ref``, ``dm_ref`` and ``dx_ref``
+    are e3nn's flat ``[N, Dx_flat]``/``[N, Dout_flat]``, read in place, and the sender's ``dx`` is
+    stored into its columns of ``dx_ref`` (the whole array).
     """
     a, c = pl.program_id(0), pl.program_id(1)
     num_nodes = dm_ref.shape[0]
@@ -218,10 +240,10 @@ def convolution_bwd_kernel(
     def edge(k, dx_acc):
         e = order_ref[k]
         b = receivers_ref[e]
-        x_row = functools.cache(lambda i: x_ref[a, i, lanes]) if x_ref is not None else None
+        x_row = functools.cache(_x_row(x_ref, a, lanes, x_cols)) if x_ref is not None else None
         y_row = functools.cache(_y_row(y_ref, e, lanes, y_channels)) if y_ref is not None else None
         s_row = functools.cache(lambda p: s_ref[e, _window(lanes, cols[p])]) if s_ref is not None else None
-        dm_row = functools.cache(lambda i: dm_ref[b, i, lanes])  # ds reads the rows again
+        dm_row = functools.cache(_x_row(dm_ref, b, lanes, dm_cols))  # ds reads the rows again
         # contract_vjp reads each output row's cotangent once
         gs = (lambda i0: dm_row(i0) * s_row(i3[i0])) if (want_x or want_y) else None
         ds = {"path": None, "sum": None}
@@ -260,7 +282,10 @@ def convolution_bwd_kernel(
         dx = jax.lax.fori_loop(offsets_ref[a], offsets_ref[a + 1], edge, (zero,) * table.dims[1])
         if want_x:
             for i, v in enumerate(dx):
-                dx_ref[i, :] = v
+                if x_cols is None:
+                    dx_ref[i, :] = v
+                else:
+                    dx_ref[_flat(a, x_cols[i], lanes)] = v
 
     if want_y or want_s:
 
@@ -397,21 +422,23 @@ def convolution(
 
 def _forward(
     coo: TensorProductCoo, x, y, s2, cols: tuple, graph, y_channels: bool, interpret: bool,
-    out: tuple | None = None, m_into=None,
+    out: tuple | None = None, m_into=None, flat_x: tuple | None = None,
 ) -> jax.Array:  # fmt: skip
     """``m [N, Dout, C]`` from ``x [N, Dx, C]``, ``y`` and the 2-D weights ``s2 [E, W]`` (columns ``cols``).
 
     With ``out = (width, out_cols)`` (unrolled tables only; see :func:`convolution_kernel`) ``m`` is
     ``[N, width]`` with only this table's columns written: into ``m_into`` (aliased, its other
-    columns kept) when given, else into a fresh buffer whose other columns are undefined.
+    columns kept) when given, else into a fresh buffer whose other columns are undefined. With
+    ``flat_x = (channels, x_cols)`` (with ``out`` only) ``x`` is e3nn's flat ``[N, Dx_flat]``, read in place.
     """
-    num_nodes, _, channels = x.shape
+    num_nodes = x.shape[0]
+    channels = x.shape[-1] if flat_x is None else flat_x[0]
     cb = channel_block(channels)
     args = [graph.receiver_offsets, graph.order, graph.senders]
     if unrolls(coo.table):
         kernel = functools.partial(
             convolution_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), cols=cols, y_channels=y_channels,
-            out_cols=None if out is None else out[1], cb=cb,
+            out_cols=None if out is None else out[1], cb=cb, x_cols=None if flat_x is None else flat_x[1],
         )  # fmt: skip
     elif out is None:
         kernel = functools.partial(convolution_walk_kernel, y_channels=y_channels)
@@ -473,41 +500,53 @@ def convolution_bwd(
 
 def _backward(
     coo: TensorProductCoo, x, y, s2, dm, graph, cols: tuple, width: int, ds_into, outs, y_channels: bool,
-    interpret: bool,
+    interpret: bool, flat: tuple | None = None, dx_into=None,
 ) -> dict[str, jax.Array]:  # fmt: skip
     """:func:`convolution_bwd` on 2-D weights ``s2 [E, width]`` (columns ``cols``); ``ds`` is
     ``[E, width]`` with only the paths' columns written: into ``ds_into`` (aliased, its other columns
-    kept) when given, else into a fresh buffer whose other columns are undefined."""
-    num_nodes, _, channels = dm.shape
+    kept) when given, else into a fresh buffer whose other columns are undefined.
+
+    With ``flat = (channels, x_cols, dm_cols, Dx_flat)`` (unrolled tables only) ``x`` and ``dm`` are
+    e3nn's flat ``[N, Dx_flat]``/``[N, Dout_flat]``, read in place, and ``dx`` is ``[N, Dx_flat]`` with
+    this table's columns written, into ``dx_into`` as ``ds`` into ``ds_into``."""
+    num_nodes = dm.shape[0]
+    channels = dm.shape[-1] if flat is None else flat[0]
     num_edges = graph.senders.shape[0]
     dtype = dm.dtype
     want = {o: o in outs for o in ("x", "y", "s")}
     cb = channel_block(channels)
     nc = channels // cb
     shapes = {
-        "x": (num_nodes, coo.dim_x, channels),
+        "x": (num_nodes, coo.dim_x, channels) if flat is None else (num_nodes, flat[3]),
         "y": (num_edges, coo.dim_y, channels) if y_channels else (nc, num_edges, coo.dim_y),
         "s": (num_edges, width),
     }
     out_shape = tuple(jax.ShapeDtypeStruct(shapes[o], dtype) if want[o] else None for o in shapes)
-    dx_spec = pl.BlockSpec((None, coo.dim_x, cb), lambda a, c: (jnp.minimum(a, num_nodes - 1), 0, c))
+    if flat is None:
+        dx_spec = pl.BlockSpec((None, coo.dim_x, cb), lambda a, c: (jnp.minimum(a, num_nodes - 1), 0, c))
+    else:
+        dx_spec = _whole(out_shape[0])
     out_specs = (dx_spec if want["x"] else None, _whole(out_shape[1]), _whole(out_shape[2]))
     args = [graph.sender_offsets, graph.sender_order, graph.receivers, graph.num_valid.reshape(1)]
     if unrolls(coo.table):
         kernel = functools.partial(
-            convolution_bwd_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), cols=cols, cb=cb, y_channels=y_channels
-        )
+            convolution_bwd_kernel, table=coo.table, i3=tuple(coo.i3.tolist()), cols=cols, cb=cb, y_channels=y_channels,
+            x_cols=None if flat is None else flat[1], dm_cols=None if flat is None else flat[2],
+        )  # fmt: skip
+    elif flat is not None:
+        raise ValueError("flat: reading e3nn's layouts in place needs an unrolled table")
     else:
         kernel = functools.partial(convolution_bwd_walk_kernel, cols=cols, cb=cb, y_channels=y_channels)
         args += [records(coo.trilinear.transpose(k), dtype) if want[o] else None for k, o in enumerate("xys", 1)]
         args.append(jnp.asarray(cols, jnp.int32))
     args += [x, y, s2, dm]
     aliases = {}
-    if ds_into is not None:
-        # the kernel never reads it: its buffer becomes ds's, the other groups' columns kept
-        aliases = {len(jax.tree.leaves(args)): want["x"] + want["y"]}
-        kernel = _skipping_arg(kernel, len(args))
-        args.append(ds_into)
+    # the kernel never reads them: their buffers become dx's and ds's, the other groups' columns kept
+    for into, name, index in ((dx_into, "x", 0), (ds_into, "s", want["x"] + want["y"])):
+        if into is not None and want[name]:
+            aliases[len(jax.tree.leaves(args))] = index
+            kernel = _skipping_arg(kernel, len(args))
+            args.append(into)
     dx, dy, ds = pl.pallas_call(
         kernel,
         out_shape=out_shape,
@@ -544,40 +583,57 @@ def grouped_convolution(plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *
     """Every group of ``plan`` (an ``e3j`` mixed-multiplicity plan whose weights are in place):
     ``x [N, Dx_flat]``, ``y [E, Dy]``, ``s [E, num_weights]`` (e3nn's order) → ``m [N, Dout_flat]``.
 
-    One launch per group, each reading its paths' columns of ``s`` where they are, the node features
-    split into the groups' ``[N, Dx_g, C_g]`` first. Each group writes its output blocks where e3nn's
-    ``[N, Dout_flat]`` has them (channel ``c`` of block row ``m`` at column ``block + c · dim + m``),
-    one buffer aliased from launch to launch; where a table is walked, or a path's copies are not
-    consecutive (``plan.out_blocks`` is ``None``), the groups' outputs are joined after the launches.
+    One launch per group, each reading its paths' columns of ``s`` and its rows of ``x`` where they
+    are (channel ``c`` of row ``m`` of an irrep block at column ``block + c · dim + m``: a strided
+    load) and writing its output blocks where e3nn's ``[N, Dout_flat]`` has them, one buffer aliased
+    from launch to launch; where a table is walked, or a path's copies are not consecutive
+    (``plan.out_blocks`` is ``None``), ``x`` is split into the groups' ``[N, Dx_g, C_g]`` and their
+    outputs joined around the launches.
     """
-
-    def launch(g, xg, out=None, m_into=None):
-        cols = tuple(g.weight_columns.tolist())
-        return _forward(g.coo, xg, y, s, cols, graph, False, interpret, out=out, m_into=m_into)
-
-    places = _out_places(plan)
+    places = _places(plan)
     if places is None:
+
+        def launch(g, xg):
+            return _forward(g.coo, xg, y, s, tuple(g.weight_columns.tolist()), graph, False, interpret)
+
         return plan.forward_by_group(x, launch)
     m = None
-    for g, xg, out in zip(plan.groups, plan.split_x(x), places):
-        m = launch(g, xg, out, m)
+    for g, (x_cols, out_cols) in zip(plan.groups, places):
+        cols = tuple(g.weight_columns.tolist())
+        out, flat_x = (plan.irreps_out.dim, out_cols), (g.channels, x_cols)
+        m = _forward(g.coo, x, y, s, cols, graph, False, interpret, out=out, m_into=m, flat_x=flat_x)
     return m
 
 
-def _out_places(plan) -> list[tuple[int, tuple]] | None:
-    """Per group, ``(Dout_flat, out_cols)`` for :func:`convolution_kernel`: each output row's first
-    column in e3nn's output and its stride (the block's ``dim``); ``None`` where the groups cannot
-    write in place (no ``out_blocks``, or a table walked rather than unrolled)."""
-    if plan.out_blocks is None or not all(unrolls(g.coo.table) for g in plan.groups):
+def _row_places(columns: np.ndarray) -> tuple[tuple[int, int], ...] | None:
+    """``(first column, stride)`` per row of an ``int [D, C]`` column map, or ``None`` where some row's
+    channels are not evenly spaced."""
+    places = []
+    for row in np.asarray(columns):
+        stride = int(row[1] - row[0]) if row.size > 1 else 1
+        if stride < 1 or not np.array_equal(row, row[0] + stride * np.arange(row.size)):
+            return None
+        places.append((int(row[0]), stride))
+    return tuple(places)
+
+
+def _places(plan) -> list[tuple[tuple, tuple]] | None:
+    """Per group, ``(x_cols, out_cols)`` for the kernels' in-place reads and writes of e3nn's flat
+    layouts: each row's ``(first column, stride)`` in the flat ``x`` (:attr:`Group.x_columns`) and in
+    the flat output (the block's ``dim``: ``plan.out_blocks``); ``None`` where the groups cannot read
+    and write in place (no ``out_blocks``, a table walked rather than unrolled, or channels of an ``x``
+    row not evenly spaced, or a column of ``x`` no group reads, whose ``dx`` no launch would write)."""
+    if plan.out_blocks is None or not all(unrolls(g.coo.table) for g in plan.groups) or not plan.covers_x():
+        return None
+    x_places = [_row_places(g.x_columns) for g in plan.groups]
+    if any(p is None for p in x_places):
         return None
     rows = [[None] * g.coo.dim_out for g in plan.groups]
-    width = 0
     for col, k, row, dim in plan.out_blocks:
         for m in range(dim):
             rows[k][row + m] = (int(col) + m, int(dim))
-        width += dim * plan.groups[k].channels
     assert all(r is not None for rs in rows for r in rs), "an output row of a group has no block"
-    return [(width, tuple(rs)) for rs in rows]
+    return [(xp, tuple(rs)) for xp, rs in zip(x_places, rows)]
 
 
 def grouped_convolution_bwd(
@@ -586,11 +642,26 @@ def grouped_convolution_bwd(
     """Cotangents of :func:`grouped_convolution` for ``outs ⊆ {x, y, s}``, in its layouts.
 
     ``ds [E, num_weights]`` is one buffer that each group's launch writes its columns of, in place
-    (every column belongs to exactly one group's path, so together they write all of it).
+    (every column belongs to exactly one group's path, so together they write all of it); where the
+    forward reads ``x`` in place, the launches read ``x`` and ``dm`` in place too and write ``dx [N,
+    Dx_flat]`` the same way.
     """
+    places = _places(plan)
+    if places is None:
 
-    def launch(g, xg, dmg, ds):
+        def launch(g, xg, dmg, ds):
+            cols = tuple(g.weight_columns.tolist())
+            return _backward(g.coo, xg, y, s, dmg, graph, cols, plan.num_weights, ds, outs, False, interpret)
+
+        return plan.backward_by_group(x, dm, outs, launch)
+    by_group = dict(zip((id(g) for g in plan.groups), places))
+
+    def launch_flat(g, x, dm, ds, dx):
         cols = tuple(g.weight_columns.tolist())
-        return _backward(g.coo, xg, y, s, dmg, graph, cols, plan.num_weights, ds, outs, False, interpret)
+        x_cols, out_cols = by_group[id(g)]
+        flat = (g.channels, x_cols, out_cols, plan.irreps_x.dim)
+        return _backward(
+            g.coo, x, y, s, dm, graph, cols, plan.num_weights, ds, outs, False, interpret, flat=flat, dx_into=dx
+        )
 
-    return plan.backward_by_group(x, dm, outs, launch)
+    return plan.backward_by_group(x, dm, outs, launch_flat, flat=True)
