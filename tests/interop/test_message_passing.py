@@ -271,6 +271,7 @@ MARKED = [  # marks of x's blocks, of y's blocks, self connection
     ((False, False, False), (False, True, True, False), None),  # edge attributes only
     ((True, True, True), (False, False, False, False), "0e + 1o + 2e"),  # nothing left: zeros
     ((False, True, False), (True, True, True, True), "0e + 1o + 2e"),  # the self connection alone
+    ((False, True, True), (True, True, True, False), None),  # 0e x 3o -> 3o only, filtered out: zeros
 ]
 
 
@@ -308,9 +309,9 @@ def test_marked_blocks_are_skipped_as_e3nn_skips_them(zero_x, zero_y, self_conne
     run = paths_bound(lambda a, b, h, k: mp(marked(a, irreps_x, zero_x), marked(b, irreps_y, zero_y), h @ k,
                                            SENDERS, RECEIVERS).array, *args)  # fmt: skip
     assert full > 0 and (run < full) == (any(zero_x) or any(zero_y))
-    if zero_x == (False, True, True) and self_connection is None:
+    if zero_x == (False, True, True) and not any(zero_y) and self_connection is None:
         assert (run, full) == (3, 13)  # 0e x {0e, 1o, 2e} -> {0e, 1o, 2e}, the other 10 of e3nn's 13 skipped
-    if all(zero_x):
+    if all(zero_x) or (zero_y == (True, True, True, False) and self_connection is None):
         assert run == 0
 
 

@@ -143,6 +143,16 @@ def test_marked_blocks_are_skipped_as_e3nn_skips_them(regroup_output, zero_x, ze
     )
 
 
+def test_marked_blocks_leaving_no_path_give_e3nns_zeros():
+    """The unmarked blocks reach no wanted output (``1o`` marked, ``0e ⊗ 1o`` filtered out), where the
+    marked ones would: e3nn-jax's zeros, irreps and marks, not a refusal of a pathless product."""
+    x = e3nn.from_chunks("1o + 0e", [None, jnp.ones((2, 1, 1))], (2,), jnp.float64)
+    y = _random("1o", (2,), 9)
+    out, ref = interop.tensor_product(x, y, filter_ir_out="0e"), e3nn.tensor_product(x, y, filter_ir_out="0e")
+    assert out.irreps == ref.irreps and out.zero_flags == ref.zero_flags and out.shape == ref.shape == (2, 1)
+    np.testing.assert_array_equal(out.array, ref.array)
+
+
 def test_no_path_gives_e3nn_empty_output():
     x, y = _random("2x0e", (3,), 7), _random("1o", (3,), 8)
     out = interop.tensor_product(x, y, filter_ir_out="0e")

@@ -25,7 +25,7 @@ import numpy as np
 
 from e3j_core import Irrep, Irreps
 
-from ._mul_ir_plan import Gather, Plan, e3nn_copies
+from ._mul_ir_plan import Gather, Plan, _wanted_filter, e3nn_copies
 
 
 @dataclass(frozen=True, eq=False)
@@ -75,6 +75,12 @@ class Pruned:
         return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
 
 
+def _reaches(irreps_x: Irreps, irreps_y: Irreps, wanted: tuple[Irrep, ...] | None) -> bool:
+    """Whether some block of ``irreps_x`` times some block of ``irreps_y`` has an output irrep in
+    ``wanted`` (any, for ``None``): whether their product has a path."""
+    return any(wanted is None or ir in wanted for mx, a in irreps_x if mx for my, b in irreps_y if my for ir in a * b)
+
+
 def _kept(irreps: Irreps, marks: tuple[bool, ...]) -> tuple[Irreps, np.ndarray, dict[int, int]]:
     """The unmarked blocks' irreps, their columns of the flat array, and the map from a row of the
     reduced flat array to the row of the full one."""
@@ -106,6 +112,8 @@ def pruned(
     _, copies = e3nn_copies(irreps_x, irreps_y, filter_out, keep, normalization, regroup_output)
     if kept_x.dim == 0 or (kept_y.dim == 0 and keep is None):  # (the self connection needs no y)
         return None
+    if not _reaches(kept_x, Irreps("0e") + kept_y if keep is not None else kept_y, _wanted_filter(filter_out, keep)):
+        return None  # the unmarked blocks reach no wanted output (e3nn_copies would refuse a pathless product)
     _, reduced = e3nn_copies(kept_x, kept_y, filter_out, keep, normalization, regroup_output)
     if not reduced:
         return None
