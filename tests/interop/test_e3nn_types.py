@@ -31,6 +31,12 @@ def test_irrep_mul_irrep_and_items_from_e3nn():
     assert e3j.Irreps([(2, (1, -1))]) == "2x1o"  # plain (mul, (l, p)) pairs still work
     # e3nn-jax refuses a MulIrrep as a filter; e3j reads it as its irrep
     assert e3j.TensorProduct("1o", "1o", filter=e3nn.MulIrrep(2, e3nn.Irrep("1e"))).irreps_out == "1e"
+    # (mul, e3nn Irrep) pairs: reading the pair as (l, p) must not run e3nn's Irrep.__eq__ on the int
+    # parity test (an AssertionError inside e3nn-jax before)
+    assert e3j.Irreps([(2, e3nn.Irrep("0e")), (1, e3nn.Irrep("1o"))]) == "2x0e + 1o"
+    assert e3j.TensorProduct("1o", "1o", filter=[(2, e3nn.Irrep("0e"))]).irreps_out == "0e"
+    with pytest.raises(ValueError, match="parity"):
+        e3j.Irrep((1, e3nn.Irrep("0e")))
 
 
 @pytest.mark.parametrize(
@@ -140,8 +146,10 @@ def test_spherical_harmonics_bad_irreps_named():
         e3j.spherical_harmonics(["0e", "bad"], jnp.ones(3), True)
     from e3j import interop
 
-    with pytest.raises(TypeError, match="normalize must be a bool, got 'no'"):
+    with pytest.raises(TypeError, match=r"normalize must be a bool \(or 0 / 1\), got 'no'"):
         interop.spherical_harmonics("1o", jnp.ones(3), "no")
+    ref = e3nn.spherical_harmonics("1o", jnp.ones(3), True).array
+    np.testing.assert_allclose(interop.spherical_harmonics("1o", jnp.ones(3), jnp.array(True)).array, ref, rtol=1e-6)
 
 
 @pytest.mark.parametrize(

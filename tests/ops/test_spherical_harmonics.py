@@ -230,11 +230,17 @@ def test_bad_inputs_raise():
     for irreps in ("1o + 1e", "0o", "2o", "0e + 1o + 3e"):
         with pytest.raises(ValueError, match="mix parities"):
             e3j.spherical_harmonics(irreps, v, True)
-    # a truthy non-bool (a string, an array) would silently pick one branch
-    for normalize in ("no", None, jnp.array(True), 0):
+    # a truthy non-bool (a string, None, another number or array) would silently pick one branch
+    for normalize in ("no", None, 2, 0.0, jnp.array([True]), jnp.array(0.5), np.int64(-1)):
         with pytest.raises(TypeError, match="normalize must be a bool"):
             e3j.spherical_harmonics(1, v, normalize)
-    np.testing.assert_array_equal(e3j.spherical_harmonics(1, v, np.bool_(False)), e3j.spherical_harmonics(1, v, False))
+    with pytest.raises(TypeError, match="normalize must be a static bool, got a traced"):
+        jax.jit(lambda n: e3j.spherical_harmonics(1, v, n))(True)
+    # e3nn-jax's unambiguous flags: numpy bools, 0 / 1, concrete 0-d bool or integer arrays
+    for normalize in (np.bool_(False), 0, jnp.array(False), np.int32(0)):
+        np.testing.assert_array_equal(e3j.spherical_harmonics(1, v, normalize), e3j.spherical_harmonics(1, v, False))
+    for normalize in (1, jnp.array(True), np.array(1)):
+        np.testing.assert_array_equal(e3j.spherical_harmonics(1, v, normalize), e3j.spherical_harmonics(1, v, True))
 
 
 def test_an_eager_call_compiles_one_program():

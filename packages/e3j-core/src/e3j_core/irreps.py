@@ -72,7 +72,8 @@ class Irrep:
         l = int(l)
         if l < 0:
             raise ValueError(f"Irrep degree l must be >= 0, got l={l}")
-        if isinstance(p, bool) or p not in (1, -1):
+        # is_int first: `p not in (1, -1)` on an arbitrary object runs its __eq__ (e3nn-jax's Irrep asserts)
+        if isinstance(p, bool) or not is_int(p) or p not in (1, -1):
             raise ValueError(f"Irrep parity p must be 1 or -1, got p={p!r}")
         object.__setattr__(self, "_l", int(l))
         object.__setattr__(self, "_p", int(p))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
-from e3j_core._checks import check_bool, check_int
+from e3j_core._checks import check_bool, check_int, is_int
 
 __all__ = [
     "STATIC",
@@ -14,6 +16,7 @@ __all__ = [
     "check_positive_int",
     "check_rank",
     "check_same_dtype",
+    "check_truth",
     "edge_arrays",
     "float_dtype",
     "is_irreps_array",
@@ -92,6 +95,21 @@ def check_rank(name: str, a, ranks: tuple[int, ...], layout: str) -> None:
     check_array(name, a)
     if jnp.ndim(a) not in ranks:
         raise ValueError(f"{name} must have shape {layout}, got shape {jnp.shape(a)}")
+
+
+def check_truth(name: str, value: object) -> bool:
+    """A flag as e3nn-jax reads it (``if value:``) where that reading is unambiguous: a bool, an int
+    ``0`` or ``1``, or a concrete 0-d bool or integer array holding one (``jnp.array(True)``). Else a
+    ``TypeError`` naming ``name``: a string (``"no"`` is true to e3nn-jax), ``None``, another number
+    or array, or a traced value (no truth at trace time)."""
+    if isinstance(value, jax.core.Tracer):
+        raise TypeError(f"{name} must be a static bool, got a traced {value.aval}")
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    is_flag_array = isinstance(value, (np.ndarray, jax.Array)) and value.shape == () and value.dtype.kind in "biu"
+    if (is_int(value) or is_flag_array) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool (or 0 / 1), got {value!r}")
 
 
 def check_same_dtype(**arrays) -> jnp.dtype:

@@ -8,10 +8,9 @@ import jax
 import jax.numpy as jnp
 
 from e3j_core import NORMALIZATIONS, Irreps, as_irreps, spherical_harmonic_recurrence
-from e3j_core._checks import check_bool
 from e3j_core.spherical_harmonics import is_degrees, legendre_step
 
-from ._checks import check_array, is_irreps_array, promoted_real_dtype
+from ._checks import check_array, check_truth, is_irreps_array, promoted_real_dtype
 
 __all__ = ["spherical_harmonics"]
 
@@ -35,9 +34,11 @@ def spherical_harmonics(
     ``e3nn.IrrepsArray`` of one vector (``1x1o`` or ``1x1e``), read as its array; as e3nn-jax
     checks, odd degrees given as irreps must then have the vector's parity. The result is a plain
     array either way (``e3j.interop.spherical_harmonics`` returns an ``IrrepsArray``, labelled
-    with the parities). ``normalization`` is ``"component"`` (also for ``None``: e3nn-jax's
-    default; its ``e3nn.config`` setting is read only by the interop function), ``"norm"`` or
-    ``"integral"``. Conventions are e3nn's (``y`` polar, ``l=1`` components ``(x, y, z)``). An
+    with the parities). ``normalize`` is a bool, or what e3nn-jax reads unambiguously as one (``0``
+    / ``1``, a concrete 0-d bool or integer array); a string or ``None`` is refused.
+    ``normalization`` is ``"component"`` (also for ``None``: e3nn-jax's default; its
+    ``e3nn.config`` setting is read only by the interop function), ``"norm"`` or ``"integral"``.
+    Conventions are e3nn's (``y`` polar, ``l=1`` components ``(x, y, z)``). An
     integer or boolean ``input`` is promoted to JAX's default float dtype, as e3nn-jax's arithmetic
     promotes it. ``algorithm`` (e3nn-jax's choice of how to evaluate the same polynomials:
     ``("recursive", "sparse", "custom_jvp")`` and so on) is checked and otherwise ignored: e3j has
@@ -50,7 +51,7 @@ def spherical_harmonics(
     >>> spherical_harmonics("0e + 1o", jnp.array([0.0, 2.0, 0.0], jnp.float32), normalize=True)
     Array([1.       , 0.       , 1.7320508, 0.       ], dtype=float32)
     """
-    normalize = check_bool("normalize", normalize)
+    normalize = check_truth("normalize", normalize)
     normalization = "component" if normalization is None else normalization
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")

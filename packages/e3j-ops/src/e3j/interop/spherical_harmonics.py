@@ -8,9 +8,9 @@ import e3nn_jax as e3nn
 import jax
 
 from e3j_core import Irreps, as_irreps, spherical_harmonic_polynomials
-from e3j_core._checks import check_bool
 from e3j_core.spherical_harmonics import is_degrees
 
+from .._checks import check_truth
 from ..spherical_harmonics import _vector_parity, check_algorithm
 from ..spherical_harmonics import spherical_harmonics as _sh
 from .layout import to_e3nn_irreps
@@ -37,7 +37,7 @@ def spherical_harmonics(
     >>> spherical_harmonics([1, 2], e3nn.IrrepsArray("1e", jnp.array([0.0, 1.0, 0.0])), True).irreps
     1x1e+1x2e
     """
-    normalize = check_bool("normalize", normalize)
+    normalize = check_truth("normalize", normalize)
     check_algorithm(algorithm)
     if normalization is None:
         normalization = e3nn.config("spherical_harmonics_normalization")
