@@ -411,3 +411,34 @@ def test_inputs_marked_zero_give_e3nns_values_and_marks():
     out = mp(nan_x, nan_y, nan_w, SENDERS, RECEIVERS).array
     assert np.isfinite(ref).all()
     np.testing.assert_allclose(out, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("self_connection", [None, "0e + 1o + 2e"])
+def test_node_feats_chunked_otherwise_are_e3nns(self_connection):
+    """Node features and edge attributes whose irreps split a block of the op's (``2x0e + 2x0e`` for
+    ``4x0e``: the same flat layout; e3nn's pattern gives the same result for either chunking) are
+    accepted, with marks on one chunk read on the op's blocks: e3nn-jax's values and gradients."""
+    irreps_x, irreps_y, filter_ = "4x0e + 2x1o + 1x2e", "0e + 1e + 1o + 2e", "0e + 1o + 2e"
+    mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=self_connection)
+    x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=5)
+    chunked_x, chunked_y = "2x0e + 2x0e + 1o + 1o + 2e", "0e + 1e + 1o + 2e"
+
+    def as_chunked(a, irreps, marked=()):
+        a = e3nn.IrrepsArray(irreps, a)
+        return e3nn.from_chunks(a.irreps, [None if i in marked else c for i, c in enumerate(a.chunks)], a.shape[:-1])
+
+    for marked in [(), (3,), (0, 1)]:  # none, one of two 1o chunks (block not marked), both 0e chunks
+
+        def loss(f, marked=marked):
+            return lambda a, b, c: jnp.sum(
+                jnp.sin(f(as_chunked(a, chunked_x, marked), as_chunked(b, chunked_y), c).array)
+            )
+
+        got = loss(lambda a, b, c: mp(a, b, c, SENDERS, RECEIVERS))
+        ref = loss(lambda a, b, c: e3nn_pattern(a, b, c, filter_, self_connection))
+        args = (x.array, y.array, w)
+        np.testing.assert_allclose(got(*args), ref(*args), rtol=1e-12)
+        for g, r in zip(jax.grad(got, (0, 1, 2))(*args), jax.grad(ref, (0, 1, 2))(*args)):
+            np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="node_feats must be an IrrepsArray"):  # another flat layout
+        mp(e3nn.IrrepsArray("2x1o + 4x0e + 1x2e", x.array), y, w, SENDERS, RECEIVERS)

@@ -24,6 +24,13 @@ def marked_rows(a: e3nn.IrrepsArray) -> np.ndarray:
     return np.concatenate(rows) if rows else np.zeros(0, bool)
 
 
+def block_marks(a: e3nn.IrrepsArray, irreps) -> tuple[bool, ...]:
+    """``a.zero_flags`` on the blocks of ``irreps`` (equal to ``a.irreps`` up to merged neighbours, as
+    e3nn's ``rechunk`` takes them): a block is marked where every one of its rows is."""
+    rows = marked_rows(a)
+    return tuple(bool(rows[s].all()) for s in Irreps(irreps).slices())
+
+
 def marks_zeroed(a: e3nn.IrrepsArray) -> jax.Array:
     """``a.array`` with the blocks ``a.zero_flags`` marks set to zero: e3nn-jax never reads a marked
     block's data (its chunk is ``None``), so neither does a drop-in, whatever the data holds."""

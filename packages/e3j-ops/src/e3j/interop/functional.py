@@ -50,7 +50,7 @@ from ..convolution import Convolution
 from ..factored import FactoredWeights
 from ..graph import Graph
 from ..mul_ir import MulIrConvolution
-from ._operands import marked_rows, message_passing_operands
+from ._operands import block_marks, message_passing_operands
 
 __all__ = ["FunctionalMessagePassing"]
 
@@ -180,8 +180,8 @@ class FunctionalMessagePassing:
             "e3nn's flat layout: instruction order, mul_in1 each", senders, receivers, graph, simplify=True,
         )  # fmt: skip
         num_nodes, dtype = x.shape[0], x.dtype
-        zero_x = _marks(node_feats, tp.irreps_in1)
-        zero_y = _marks(edge_attrs, tp.irreps_in2) if isinstance(edge_attrs, e3nn.IrrepsArray) else ()
+        zero_x = block_marks(node_feats, tp.irreps_in1)
+        zero_y = block_marks(edge_attrs, tp.irreps_in2) if isinstance(edge_attrs, e3nn.IrrepsArray) else ()
         run = self._run_for(zero_x, zero_y or (False,) * len(tp.irreps_in2))
         if run is None:  # every instruction skipped
             return e3nn.IrrepsArray(tp.irreps_out, jnp.zeros((num_nodes, tp.irreps_out.dim), dtype))
@@ -191,13 +191,6 @@ class FunctionalMessagePassing:
     def __repr__(self) -> str:
         ops = ", ".join(f"{op.channels} ch x {op.conv.num_paths} paths" for op in self.ops)
         return f"FunctionalMessagePassing({self.tp!r}; {ops})"
-
-
-def _marks(a: e3nn.IrrepsArray, irreps) -> tuple[bool, ...]:
-    """``a.zero_flags`` on the blocks of ``irreps`` (equal to ``a.irreps`` up to merged neighbours, as
-    e3nn's ``rechunk`` takes them): a block is marked where every one of its rows is."""
-    rows = marked_rows(a)
-    return tuple(bool(rows[s].all()) for s in Irreps(irreps).slices())
 
 
 def _op(members, C, irreps_x, irreps_y, irreps_out, x_starts, y_starts, num_weights) -> _Op:

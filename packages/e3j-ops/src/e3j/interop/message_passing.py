@@ -44,7 +44,7 @@ from .._mul_ir_pruning import pruned
 from ..factored import FactoredWeights
 from ..graph import Graph
 from ..mul_ir import MulIrConvolution
-from ._operands import check_irrep_normalization, message_passing_operands
+from ._operands import block_marks, check_irrep_normalization, message_passing_operands
 from .layout import to_e3nn_irreps
 
 __all__ = ["MessagePassing", "message_passing"]
@@ -130,16 +130,18 @@ class MessagePassing:
         w_blocks = weights.irreps if isinstance(weights, e3nn.IrrepsArray) and len(weights.irreps) > 1 else None
         x, y, w, graph = message_passing_operands(
             node_feats, self.irreps_node, edge_attrs, self.irreps_edge, weights, self.num_weights,
-            f"one per irrep copy of {self.irreps_out}, e3nn's order", senders, receivers, graph,
+            f"one per irrep copy of {self.irreps_out}, e3nn's order", senders, receivers, graph, simplify=True,
         )  # fmt: skip
         args, convolution = self._args, self.convolution
         normalization = check_irrep_normalization(self._irrep_normalization)
         if normalization != args[2]:  # e3nn.config changed since construction
             args = (args[0], args[1], normalization, args[3])
             convolution = _convolution(self.irreps_node, self.irreps_edge, *args)
-        zero_x = tuple(node_feats.zero_flags)
+        # the flat layouts are the same whatever the chunking (e3nn's product merges neighbouring
+        # equal blocks first): the marks are read on the op's blocks
+        zero_x = block_marks(node_feats, self.irreps_node)
         marked_y = isinstance(edge_attrs, e3nn.IrrepsArray)
-        zero_y = tuple(edge_attrs.zero_flags) if marked_y else (False,) * len(self.irreps_edge)
+        zero_y = block_marks(edge_attrs, self.irreps_edge) if marked_y else (False,) * len(self.irreps_edge)
         if any(zero_x) or any(zero_y):
             # e3nn-jax skips every product that reads a marked block: so does the call
             reduced = _pruned(self.irreps_node, self.irreps_edge, *args, zero_x, zero_y)
