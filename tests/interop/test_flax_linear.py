@@ -84,7 +84,7 @@ def test_channel_axis_reads_e3nn_channel_out_checkpoints(irreps_in, irreps_out, 
         assert not np.allclose(jnp.swapaxes(flat, -1, -2), ref.array, atol=1e-3)
 
 
-def test_one_species_index_broadcasts_as_in_e3nn():
+def test_index_and_x_broadcast_together_as_in_e3nn():
     x = jax.random.normal(jax.random.key(0), (4, 4, 2))  # "0e + 1o", 2 channels
     flat = e3nn.IrrepsArray(str(e3j.mul_ir_irreps("0e + 1o", 2)), e3j.to_mul_ir(x, "0e + 1o"))
     theirs = e3nn.flax.Linear(str(e3j.mul_ir_irreps("0e + 1o", 3)), num_indexed_weights=2)
@@ -93,13 +93,113 @@ def test_one_species_index_broadcasts_as_in_e3nn():
     ref = theirs.apply(p, jnp.array(1), flat)
     np.testing.assert_allclose(e3j.to_mul_ir(ours.apply(p, jnp.array(1), x), "0e + 1o"), ref.array, rtol=1e-12)
     np.testing.assert_array_equal(ours.apply(p, jnp.array(1), x), ours.apply(p, jnp.ones(4, int), x))
-    with pytest.raises(ValueError, match=r"index must broadcast to x's batch \[4\], got \(3,\)"):
+    # one x for several indices: e3nn broadcasts the input too
+    species = jnp.array([[0], [1], [1]])  # [3, 1] with x's [4] -> [3, 4]
+    ref = theirs.apply(p, species, flat)
+    out = ours.apply(p, species, x)
+    assert out.shape == (3, 4, 4, 3)
+    np.testing.assert_allclose(e3j.to_mul_ir(out, "0e + 1o"), ref.array, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"index must broadcast with x's batch \[4\], got \(3,\)"):
         ours.apply(p, jnp.ones(3, int), x)
 
 
+@pytest.mark.parametrize("channel_axis", [False, True])
+@pytest.mark.parametrize("biases", [False, True])
+def test_float_weights_are_mixed_with_the_parameters_as_in_e3nn(channel_axis, biases):
+    """``lin(weights, x)`` with float ``weights [..., d]``: e3nn's ``linear_mixed``; parameters
+    ``[d, ...]`` and each element's ``weights @ parameter``, broadcast with x's batch."""
+    irreps_in, irreps_out, c_in, c_out = e3j.Irreps("2x0e + 1o"), e3j.Irreps("0e + 2x1o + 2e"), 3, 2
+    x = jax.random.normal(jax.random.key(0), (5, irreps_in.dim, c_in), jnp.float64)
+    emb = jax.random.normal(jax.random.key(3), (5, 4), jnp.float64)
+    ours = Linear(irreps_out, c_out, irreps_in, biases=biases, channel_axis=channel_axis)
+    if channel_axis:
+        theirs = e3nn.flax.Linear(str(irreps_out), channel_out=c_out, biases=biases)
+        x_theirs = e3nn.IrrepsArray(str(irreps_in), jnp.swapaxes(x, -1, -2))
+    else:
+        theirs = e3nn.flax.Linear(str(e3j.mul_ir_irreps(irreps_out, c_out)), biases=biases)
+        x_theirs = e3nn.IrrepsArray(str(e3j.mul_ir_irreps(irreps_in, c_in)), e3j.to_mul_ir(x, irreps_in))
+    p = theirs.init(jax.random.key(1), emb, x_theirs)
+    p_ours = ours.init(jax.random.key(1), emb, x)
+    assert jax.tree.structure(p_ours) == jax.tree.structure(p)
+    jax.tree.map(np.testing.assert_array_equal, p_ours, p)  # same names, [d, ...] shapes, draws
+    assert all(a.shape[0] == 4 for a in jax.tree.leaves(p))
+    p = jax.tree.map(lambda a: a + jax.random.normal(jax.random.key(2), a.shape, a.dtype), p)
+    out_irreps = ours.output_irreps()
+    for w in (emb, emb[:1], emb[0]):  # per element, and one set broadcast to all
+        ref = theirs.apply(p, w, x_theirs)
+        out = ours.apply(p, w, x)
+        if channel_axis:
+            np.testing.assert_allclose(jnp.swapaxes(out, -1, -2), ref.array, rtol=1e-12, atol=1e-12)
+        else:
+            np.testing.assert_allclose(e3j.to_mul_ir(out, out_irreps), ref.array, rtol=1e-12, atol=1e-12)
+    # weights as a scalar IrrepsArray, as e3nn-jax takes them
+    np.testing.assert_array_equal(ours.apply(p, e3nn.IrrepsArray("4x0e", emb), x), ours.apply(p, emb, x))
+
+
+@pytest.mark.parametrize("biases", [False, True])
+def test_weights_per_channel_as_in_e3nn(biases):
+    """e3nn's ``weights_per_channel`` on ``[N, C, irreps]``: each channel its own mixed parameters;
+    e3j's array is the same with its last two axes swapped."""
+    irreps_in, irreps_out, c = "1o + 2x0e + 1o", "3x0e + 1o", 3
+    x = e3nn.IrrepsArray(irreps_in, jax.random.normal(jax.random.key(0), (5, c, e3nn.Irreps(irreps_in).dim)))
+    emb = jax.random.normal(jax.random.key(3), (5, 6))
+    theirs = e3nn.flax.Linear(irreps_out, weights_per_channel=True, biases=biases)
+    ours = Linear(irreps_out, c, irreps_in, weights_per_channel=True, biases=biases)
+    x_ours = jnp.swapaxes(x.array, -1, -2)
+    p = theirs.init(jax.random.key(1), emb, x)
+    p_ours = ours.init(jax.random.key(1), emb, x_ours)
+    jax.tree.map(np.testing.assert_array_equal, p_ours, p)
+    assert jax.tree.structure(p_ours) == jax.tree.structure(p)
+    p = jax.tree.map(lambda a: a + jax.random.normal(jax.random.key(2), a.shape, a.dtype), p)
+    ref = theirs.apply(p, emb, x)
+    assert ours.output_irreps() == ref.irreps
+    np.testing.assert_allclose(jnp.swapaxes(ours.apply(p, emb, x_ours), -1, -2), ref.array, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "irreps_in, irreps_out, instructions, force",
+    [
+        ("0e + 1o + 0e", "0e + 1o + 0e", [(0, 2), (2, 0), (1, 1)], False),  # chosen block pairs
+        ("0e + 1o + 0e", "0e + 1o + 2e", None, True),  # all pairs of the unmerged blocks; 2e zeros
+        ("0x0e + 1o + 0e + 0e", "0e + 0e + 0x1o + 1o + 0o", None, False),  # zero-multiplicity blocks kept
+        ("1o + 0e", "0e + 0e + 1o", [(1, 1), (0, 2)], False),  # output 0 reached by no instruction
+    ],
+)
+def test_unsimplified_irreps_and_instructions_as_in_e3nn(irreps_in, irreps_out, instructions, force):
+    irreps_in_, c_in, c_out = e3j.Irreps(irreps_in), 2, 3
+    x = jax.random.normal(jax.random.key(0), (4, irreps_in_.dim, c_in), jnp.float64)
+    flat_in = str(e3j.mul_ir_irreps(irreps_in_, c_in))
+    x_theirs = e3nn.IrrepsArray(flat_in, e3j.to_mul_ir(x, irreps_in_))
+    kw = dict(simplify_irreps_internally=False, instructions=instructions, force_irreps_out=force, biases=True)
+    theirs = e3nn.flax.Linear(str(e3j.mul_ir_irreps(irreps_out, c_out)), irreps_in=e3nn.Irreps(flat_in), **kw)
+    ours = Linear(irreps_out, c_out, irreps_in, **kw)
+    p = theirs.init(jax.random.key(1), x_theirs)
+    p_ours = ours.init(jax.random.key(1), x)
+    assert jax.tree.structure(p_ours) == jax.tree.structure(p)
+    jax.tree.map(np.testing.assert_array_equal, p_ours, p)
+    p = jax.tree.map(lambda a: a + jax.random.normal(jax.random.key(2), a.shape, a.dtype), p)
+    ref = theirs.apply(p, x_theirs)
+    out_irreps = ours.output_irreps()
+    assert e3j.mul_ir_irreps(out_irreps, c_out) == e3j.Irreps(str(ref.irreps))
+    np.testing.assert_allclose(e3j.to_mul_ir(ours.apply(p, x), out_irreps), ref.array, rtol=1e-12, atol=1e-12)
+
+
+def test_parameter_initializer_as_in_e3nn():
+    def init():
+        return jax.nn.initializers.uniform(0.5)
+
+    x = jax.random.normal(jax.random.key(0), (4, 4, 2))
+    flat = e3nn.IrrepsArray(str(e3j.mul_ir_irreps("0e + 1o", 2)), e3j.to_mul_ir(x, "0e + 1o"))
+    theirs = e3nn.flax.Linear(str(e3j.mul_ir_irreps("2x0e + 1o", 3)), parameter_initializer=init, biases=True)
+    ours = Linear("2x0e + 1o", 3, "0e + 1o", parameter_initializer=init, biases=True)
+    p = theirs.init(jax.random.key(1), flat)
+    p_ours = ours.init(jax.random.key(1), x)
+    jax.tree.map(np.testing.assert_array_equal, p_ours, p)
+    assert all(np.all((a >= 0) & (a < 0.5)) and np.any(a > 0) for a in jax.tree.leaves(p_ours))  # biases too
+
+
 def _out_irreps(irreps_in, irreps_out, force):
-    out = irreps_out.simplify()
-    return out if force else out.filter(keep=[ir for _, ir in irreps_in])
+    return irreps_out if force else irreps_out.simplify().filter(keep=[ir for _, ir in irreps_in])
 
 
 def test_bad_calls_are_named():
@@ -116,3 +216,37 @@ def test_bad_calls_are_named():
         Linear("0e", 2, "0e + 1o").init(jax.random.key(0), e3nn.IrrepsArray("0e + 1o", jnp.ones((3, 4))))
     with pytest.raises(ValueError, match=r"got \(3, 4\) \(e3j's layout"):
         Linear("0e", 2, "0e + 1o").init(jax.random.key(0), jnp.ones((3, 4)))
+    x = jnp.ones((3, 1, 2))
+    emb = jnp.ones((3, 4))
+    with pytest.raises(ValueError, match=r"instructions need simplify_irreps_internally=False"):
+        Linear("0e", 2, "0e", instructions=[(0, 0)]).init(jax.random.key(0), x)
+    with pytest.raises(ValueError, match=r"instructions cannot be combined with channel_axis"):
+        Linear("0e", 2, "0e", instructions=[(0, 0)], simplify_irreps_internally=False, channel_axis=True).init(
+            jax.random.key(0), x
+        )
+    with pytest.raises(ValueError, match=r"instruction \(0, 1\) connects 0e to 0o: the irreps must be equal"):
+        Linear("0e + 0o", 2, "0e", instructions=[(0, 1)], simplify_irreps_internally=False, force_irreps_out=True).init(
+            jax.random.key(0), x
+        )
+    with pytest.raises(ValueError, match=r"instruction \(0, 1\) is out of range: irreps_in has 1 blocks, .* 1 \("):
+        Linear("0e + 0o", 2, "0e", instructions=[(0, 1)], simplify_irreps_internally=False).init(jax.random.key(0), x)
+    with pytest.raises(TypeError, match=r"instructions must be \(i_in, i_out\) pairs of ints, got \(0, 0.0\)"):
+        Linear("0e", 2, "0e", instructions=[(0, 0.0)], simplify_irreps_internally=False).init(jax.random.key(0), x)
+    with pytest.raises(ValueError, match=r"weights_per_channel needs float weights: call lin\(weights, x\)"):
+        Linear("0e", 2, "0e", weights_per_channel=True).init(jax.random.key(0), x)
+    with pytest.raises(ValueError, match=r"weights_per_channel cannot be combined with channel_axis"):
+        Linear("0e", 2, "0e", weights_per_channel=True, channel_axis=True).init(jax.random.key(0), emb, x)
+    with pytest.raises(ValueError, match=r"channels_out=3 must equal x's C_in=2"):
+        Linear("0e", 3, "0e", weights_per_channel=True).init(jax.random.key(0), emb, x)
+    with pytest.raises(TypeError, match=r"index must be an integer array \(num_indexed_weights is set\), got dtype f"):
+        Linear("0e", 2, "0e", num_indexed_weights=2).init(jax.random.key(0), emb, x)
+    with pytest.raises(ValueError, match=r"lin\(index, x\) needs num_indexed_weights"):
+        Linear("0e", 2, "0e").init(jax.random.key(0), jnp.zeros(3, int), x)
+    with pytest.raises(ValueError, match=r"weights \[..., d\] must broadcast with x's batch \[3\], got \(2, 4\)"):
+        Linear("0e", 2, "0e").init(jax.random.key(0), jnp.ones((2, 4)), x)
+    with pytest.raises(ValueError, match=r"weights must have shape \[..., d\], got shape \(\)"):
+        Linear("0e", 2, "0e").init(jax.random.key(0), jnp.ones(()), x)
+    with pytest.raises(ValueError, match=r"weights given as an IrrepsArray must be scalars \(0e\), got 1x1o"):
+        Linear("0e", 2, "0e").init(jax.random.key(0), e3nn.IrrepsArray("1o", jnp.ones((3, 3))), x)
+    with pytest.raises(TypeError, match=r"parameter_initializer must be a callable"):
+        Linear("0e", 2, "0e", parameter_initializer=0.1).init(jax.random.key(0), x)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Sequence
 
 import flax.linen as nn
 import jax
@@ -38,14 +39,27 @@ class Linear(nn.Module):
     two agree when each irrep has one copy per channel; with more, loading an e3nn ``channel_out``
     checkpoint without ``channel_axis=True`` computes a different function.
 
-    With ``num_indexed_weights=S`` every parameter gains a leading ``[S]`` axis and the call takes
-    integer indices first, ``lin(index, x)`` with ``index: int [...]`` (e.g. the species of each
-    node; broadcast to x's batch shape, so one index serves all), as
-    ``e3nn.flax.Linear(..., num_indexed_weights=S)(index, x)``.
+    The call takes what ``e3nn.flax.Linear``'s takes, in e3j's layout:
+
+    - ``lin(x)``: the parameters above.
+    - ``lin(index, x)`` with ``num_indexed_weights=S`` and ``index: int [...]`` (e.g. each node's
+      species): every parameter gains a leading ``[S]`` axis and each element uses its row.
+    - ``lin(weights, x)`` with float ``weights [..., d]`` (e.g. an embedding): every parameter gains
+      a leading ``[d]`` axis and each element's parameters are ``weights @ parameter / sqrt(d)``
+      (e3nn's ``gradient_normalization`` splits the ``1/sqrt(d)`` between the initialization and
+      this product). ``weights_per_channel=True`` gives each channel its own: the parameters are
+      ``[d, C, mul_in, mul_out]`` for the irreps of one channel, e3nn's ``weights_per_channel`` on
+      its ``[..., C, irreps]`` features (``channels_out`` must equal ``C_in``).
+
+    ``index`` or ``weights`` and ``x``'s batch broadcast together, as in e3nn-jax.
 
     Output irreps: ``irreps_out`` simplified and, unless ``force_irreps_out``, without the irreps
     the input lacks (zeros for them otherwise), as in e3nn-jax (:meth:`output_irreps` gives them).
     ``biases=True`` adds e3nn's ``b[j]`` parameters to the scalar (``0e``) outputs.
+    ``simplify_irreps_internally=False`` keeps both irreps as given (no regrouping, zero-multiplicity
+    blocks kept), and only then can ``instructions`` list the ``(i_in, i_out)`` block pairs to
+    connect (indices into ``irreps_in`` and into the output irreps); ``parameter_initializer`` is
+    e3nn's: a callable returning the initializer of every parameter, biases included.
 
     ``path_normalization`` and ``gradient_normalization`` default to e3nn-jax's defaults
     (``"element"`` and ``"path"``); e3nn-jax's ``None`` reads its global ``e3nn.config``, which this
@@ -62,6 +76,10 @@ class Linear(nn.Module):
     >>> biased = Linear("2x0e + 1o", channels_out=4, irreps_in="0e + 1o", biases=True)
     >>> jax.tree.map(jnp.shape, biased.init(jax.random.key(0), x)["params"])["b[0] 8x0e"]
     (8,)
+    >>> mixed = Linear("0e + 1o", channels_out=8, irreps_in="0e + 1o", weights_per_channel=True)
+    >>> embedding = jnp.ones((5, 6))
+    >>> jax.tree.map(jnp.shape, mixed.init(jax.random.key(0), embedding, x)["params"])
+    {'w[0,0] 1x0e,1x0e': (6, 8, 1, 1), 'w[1,1] 1x1o,1x1o': (6, 8, 1, 1)}
     """
 
     irreps_out: object
@@ -73,27 +91,47 @@ class Linear(nn.Module):
     gradient_normalization: str | float = "path"
     biases: bool = False
     channel_axis: bool = False
+    parameter_initializer: Callable[[], Callable] | None = None
+    instructions: Sequence[tuple[int, int]] | None = None
+    weights_per_channel: bool = False
+    simplify_irreps_internally: bool = True
 
     def output_irreps(self) -> Irreps:
         """The irreps of the output's rows: ``irreps_out`` simplified and, unless ``force_irreps_out``,
-        filtered to the irreps of ``irreps_in``. Callable on an unbound module."""
-        blocks_in = _blocks(as_irreps(self.irreps_in, "irreps_in"), regroup=True)
-        irreps_out = as_irreps(self.irreps_out, "irreps_out").simplify()
+        filtered to the irreps of ``irreps_in`` (as given with ``simplify_irreps_internally=False``;
+        ``irreps_out`` as given under ``force_irreps_out``). Callable on an unbound module."""
+        if self.force_irreps_out:
+            return as_irreps(self.irreps_out, "irreps_out")
+        return self._internal_out()
+
+    def _internal_out(self) -> Irreps:
+        """The output irreps e3nn-jax's ``FunctionalLinear`` sees (what ``instructions`` index)."""
+        check_bool("simplify_irreps_internally", self.simplify_irreps_internally)
+        check_bool("force_irreps_out", self.force_irreps_out)
+        simplify = self.simplify_irreps_internally
+        blocks_in = _blocks(as_irreps(self.irreps_in, "irreps_in"), regroup=simplify)
+        irreps_out = as_irreps(self.irreps_out, "irreps_out")
+        if simplify:
+            irreps_out = irreps_out.simplify()
         return irreps_out if self.force_irreps_out else irreps_out.filter(keep=[ir for ir, _ in blocks_in])
 
     @nn.compact
-    def __call__(self, index_or_x: jax.Array, x: jax.Array | None = None) -> jax.Array:
-        if x is None:
-            if self.num_indexed_weights is not None:
-                raise ValueError("this Linear has num_indexed_weights: call it as lin(index, x)")
-            index, x = None, index_or_x
-        else:
-            if self.num_indexed_weights is None:
-                raise ValueError("lin(index, x) needs num_indexed_weights; call lin(x)")
-            index = jnp.asarray(index_or_x)
-            if not jnp.issubdtype(index.dtype, jnp.integer):
-                raise TypeError(f"index must be an integer array, got dtype {index.dtype}")
+    def __call__(self, weights_or_x: jax.Array, x: jax.Array | None = None) -> jax.Array:
         irreps_in = as_irreps(self.irreps_in, "irreps_in")
+        for name in ("biases", "channel_axis", "force_irreps_out", "weights_per_channel", "simplify_irreps_internally"):
+            check_bool(name, getattr(self, name))
+        c_out = check_positive_int("channels_out", self.channels_out)
+        if self.num_indexed_weights is not None:
+            check_positive_int("num_indexed_weights", self.num_indexed_weights, " or None")
+        path_norm = parse_normalization(self.path_normalization, "path_normalization", "element")
+        grad_norm = parse_normalization(self.gradient_normalization, "gradient_normalization", "path")
+        if self.parameter_initializer is not None and not callable(self.parameter_initializer):
+            raise TypeError(
+                "parameter_initializer must be a callable returning an initializer (as in e3nn-jax), "
+                f"got {self.parameter_initializer!r}"
+            )
+        mode, given, x = _read_call(weights_or_x, x, self.num_indexed_weights)
+
         hint = " (e3j's layout: an e3nn IrrepsArray [..., irreps] is x.array[..., None], or e3j.from_mul_ir)"
         if is_irreps_array(x):
             raise TypeError(f"x must be an array [..., D_in={irreps_in.dim}, C_in], got an IrrepsArray{hint}")
@@ -101,73 +139,189 @@ class Linear(nn.Module):
         dtype = float_dtype("x", x)
         if x.shape[-2] != irreps_in.dim:
             raise ValueError(f"x must be [..., {irreps_in.dim}, C_in] for irreps_in {irreps_in}, got {x.shape}{hint}")
-        if index is not None and index.shape != x.shape[:-2]:
-            try:
-                index = jnp.broadcast_to(index, x.shape[:-2])
-            except ValueError:
+        c_in = x.shape[-1]
+        per_channel = self.weights_per_channel
+        if per_channel:
+            if self.channel_axis:
                 raise ValueError(
-                    f"index must broadcast to x's batch [{', '.join(map(str, x.shape[:-2]))}], got {index.shape}"
-                ) from None
-        for name in ("biases", "channel_axis", "force_irreps_out"):
-            check_bool(name, getattr(self, name))
-        c_in, c_out = x.shape[-1], self.channels_out
-        check_positive_int("channels_out", c_out)
-        if self.num_indexed_weights is not None:
-            check_positive_int("num_indexed_weights", self.num_indexed_weights, " or None")
-        path_norm = parse_normalization(self.path_normalization, "path_normalization", "element")
-        grad_norm = parse_normalization(self.gradient_normalization, "gradient_normalization", "path")
+                    "weights_per_channel cannot be combined with channel_axis (e3nn-jax: nor with channel_out)"
+                )
+            if mode != "mixed":
+                raise ValueError("weights_per_channel needs float weights: call lin(weights, x), as in e3nn-jax")
+            if c_out != c_in:
+                raise ValueError(
+                    "with weights_per_channel each channel maps to itself: "
+                    f"channels_out={c_out} must equal x's C_in={c_in}"
+                )
+        if self.instructions is not None:
+            if self.simplify_irreps_internally:
+                raise ValueError("instructions need simplify_irreps_internally=False (as in e3nn-jax)")
+            if self.channel_axis:
+                raise ValueError("instructions cannot be combined with channel_axis (e3nn-jax: nor with channel_out)")
+        if mode == "mixed":
+            dtype = jnp.result_type(dtype, given.dtype)  # e3nn-jax computes in the promoted dtype
+            x = x.astype(dtype)
+            given = given.astype(dtype)
+        if mode != "plain":
+            batch = _broadcast_batch(x, given, "index" if mode == "indexed" else "weights", mode)
+            x = jnp.broadcast_to(x, (*batch, *x.shape[-2:]))
+            given = jnp.broadcast_to(given, batch if mode == "indexed" else (*batch, given.shape[-1]))
 
-        blocks_in = _blocks(irreps_in, regroup=True)  # (ir, rows of each copy), e3nn's regrouped input
-        blocks_out = _blocks(self.output_irreps(), regroup=False)
-        flat_in = [(len(rows) * c_in, ir) for ir, rows in blocks_in]
-        flat_out = [(len(rows) * c_out, ir) for ir, rows in blocks_out]
-        instructions = [(i, j) for i, (_, a) in enumerate(flat_in) for j, (_, b) in enumerate(flat_out) if a == b]
+        # e3nn's blocks: (irrep, [rows of each copy in x]) and each block's multiplicity to e3nn
+        blocks_in = _blocks(irreps_in, regroup=self.simplify_irreps_internally)
+        blocks_out = _blocks(self._internal_out(), regroup=False)
+        mul_in = [len(rows) * (1 if per_channel else c_in) for _, rows in blocks_in]
+        mul_out = [len(rows) * (1 if per_channel else c_out) for _, rows in blocks_out]
+        if self.instructions is None:
+            pairs = [(i, j) for i, (a, _) in enumerate(blocks_in) for j, (b, _) in enumerate(blocks_out) if a == b]
+        else:
+            pairs = _check_instructions(self.instructions, blocks_in, blocks_out)
+
+        # the parameters' leading axes, and e3nn's extra scale of the mixed weights
+        if mode == "plain":
+            lead, scale = (), 1.0
+        elif mode == "indexed":
+            lead, scale = (self.num_indexed_weights,), 1.0
+        else:
+            d = given.shape[-1]
+            # jnp, as e3nn-jax computes it: the same rounding gives the same draws and products
+            lead, scale = ((d, c_in) if per_channel else (d,)), jnp.sqrt(1 / d)
+
+        def parameter(name, shape, std):
+            if self.parameter_initializer is not None:
+                init = self.parameter_initializer()
+            else:
+                init = nn.initializers.normal(std) if std is not None else nn.initializers.zeros
+            return self.param(name, init, (*lead, *shape), dtype)
 
         # parameters first, in e3nn's order (flax draws each from the module's key in creation order)
         params = {}
-        for i, j in instructions:
-            mine = [k for k, jj in instructions if jj == j]
-            fan = flat_in[i][0] ** path_norm * sum(flat_in[k][0] ** (1.0 - path_norm) for k in mine)
+        for i, j in pairs:
+            fan = mul_in[i] ** path_norm * sum(mul_in[k] ** (1.0 - path_norm) for k, jj in pairs if jj == j)
             alpha = 1 / fan if fan > 0 else 1.0
-            shape = (flat_in[i][0], flat_out[j][0])
-            if self.num_indexed_weights is not None:
-                shape = (self.num_indexed_weights, *shape)
-            name = f"w[{i},{j}] {_mul_ir(flat_in[i])},{_mul_ir(flat_out[j])}"
-            init = nn.initializers.normal(stddev=math.sqrt(alpha) ** (1.0 - grad_norm))
-            params[i, j] = (self.param(name, init, shape, dtype), math.sqrt(alpha) ** grad_norm)
+            name = f"w[{i},{j}] {mul_in[i]}x{blocks_in[i][0]},{mul_out[j]}x{blocks_out[j][0]}"
+            std = scale ** (1.0 - grad_norm) * math.sqrt(alpha) ** (1.0 - grad_norm)
+            params[i, j] = (parameter(name, (mul_in[i], mul_out[j]), std), math.sqrt(alpha) ** grad_norm)
         # biases after the weights, as e3nn creates them (weight_std 0: zeros)
         biases = {}
-        for j, (mul, ir) in enumerate(flat_out):
+        for j, (ir, _) in enumerate(blocks_out):
             if self.biases and ir.l == 0 and ir.p == 1:
-                shape = (mul,) if self.num_indexed_weights is None else (self.num_indexed_weights, mul)
-                biases[j] = self.param(f"b[{j}] {_mul_ir(flat_out[j])}", nn.initializers.zeros, shape, dtype)
+                biases[j] = parameter(f"b[{j}] {mul_out[j]}x{ir}", (mul_out[j],), None)
 
-        lead = x.shape[:-2]
+        def per_element(w):
+            """A parameter as each element's ``[..., *shape]``."""
+            if mode == "plain":
+                return w
+            if mode == "indexed":
+                return w[given]
+            return scale**grad_norm * jnp.tensordot(given, w, axes=(-1, 0))
+
+        lead_x = x.shape[:-2]
         outs = []
         for j, (ir, rows_out) in enumerate(blocks_out):
-            mul_out = len(rows_out)
-            acc = jnp.zeros((*lead, mul_out, ir.dim, c_out), dtype)
-            for i in [i for i, jj in instructions if jj == j]:
+            k_out = len(rows_out)
+            acc = jnp.zeros((*lead_x, k_out, ir.dim, c_out), dtype)
+            for i in [i for i, jj in pairs if jj == j]:
                 w, path_weight = params[i, j]
                 rows_in = blocks_in[i][1]
-                xi = x[..., jnp.asarray(rows_in).reshape(-1), :].reshape(*lead, len(rows_in), ir.dim, c_in)
-                if index is None:
-                    w = _copy_major(w, len(rows_in), c_in, mul_out, c_out, self.channel_axis)
-                    y = jnp.einsum("...kdc,kcmo->...mdo", xi, w)
+                xi = x[..., np.asarray(rows_in, np.int64).reshape(-1), :].reshape(*lead_x, len(rows_in), ir.dim, c_in)
+                w = per_element(w)
+                if per_channel:  # w [..., C, k_in, k_out]
+                    y = jnp.einsum("...kdc,...ckm->...mdc", xi, w)
                 else:
-                    w = _copy_major(w[index], len(rows_in), c_in, mul_out, c_out, self.channel_axis)
+                    w = _copy_major(w, len(rows_in), c_in, k_out, c_out, self.channel_axis)
                     y = jnp.einsum("...kdc,...kcmo->...mdo", xi, w)
                 acc = acc + path_weight * y
             if j in biases:
-                b = biases[j] if index is None else biases[j][index]
-                b_lead = b.shape[:-1]
-                if self.channel_axis:  # [.., C_out · mul_out] channel-major -> [.., mul_out, C_out]
-                    b = jnp.swapaxes(b.reshape(*b_lead, c_out, mul_out), -1, -2)
-                acc = acc + b.reshape(*b_lead, mul_out, 1, c_out)
-            outs.append(acc.reshape(*lead, mul_out * ir.dim, c_out))
+                b = per_element(biases[j])
+                b_lead = b.shape[:-2] if per_channel else b.shape[:-1]
+                if per_channel:  # [.., C, k_out] -> [.., k_out, C]
+                    b = jnp.swapaxes(b, -1, -2)
+                elif self.channel_axis:  # [.., C_out · k_out] channel-major -> [.., k_out, C_out]
+                    b = jnp.swapaxes(b.reshape(*b_lead, c_out, k_out), -1, -2)
+                acc = acc + b.reshape(*b_lead, k_out, 1, c_out)
+            outs.append(acc.reshape(*lead_x, k_out * ir.dim, c_out))
         if not outs:
-            return jnp.zeros((*lead, 0, c_out), dtype)
+            return jnp.zeros((*lead_x, 0, c_out), dtype)
         return jnp.concatenate(outs, axis=-2)
+
+
+def _read_call(weights_or_x, x, num_indexed_weights):
+    """``(mode, index or weights or None, x)`` from ``lin(x)``, ``lin(index, x)``, ``lin(weights, x)``."""
+    if x is None:
+        if num_indexed_weights is not None:
+            raise ValueError("this Linear has num_indexed_weights: call it as lin(index, x)")
+        return "plain", None, weights_or_x
+    given = weights_or_x
+    if is_irreps_array(given):  # e3nn-jax takes scalar IrrepsArray weights
+        if not all(ir.l == 0 and ir.p == 1 for _, ir in as_irreps(str(given.irreps), "weights.irreps")):
+            raise ValueError(f"weights given as an IrrepsArray must be scalars (0e), got {given.irreps}")
+        given = given.array
+    float_or_int = None
+    try:
+        dtype = jnp.result_type(given)
+    except TypeError:
+        dtype = None
+    if dtype is not None and jnp.issubdtype(dtype, jnp.integer):
+        float_or_int = "int"
+    elif dtype is not None and jnp.issubdtype(dtype, jnp.floating):
+        float_or_int = "float"
+    if num_indexed_weights is not None:
+        if float_or_int != "int":
+            raise TypeError(f"index must be an integer array (num_indexed_weights is set), got {_describe(given)}")
+        return "indexed", jnp.asarray(given), x
+    if float_or_int == "int":
+        raise ValueError("lin(index, x) needs num_indexed_weights; call lin(x), or lin(weights, x) with float weights")
+    if float_or_int != "float":
+        raise TypeError(f"weights must be a floating-point array [..., d], got {_describe(given)}")
+    check_rank("weights", given, tuple(range(1, 10)), "[..., d]")
+    if jnp.shape(given)[-1] == 0:
+        raise ValueError(f"weights must have a last axis d > 0, got shape {jnp.shape(given)}")
+    return "mixed", jnp.asarray(given), x
+
+
+def _describe(a) -> str:
+    dtype = getattr(a, "dtype", None)
+    return f"dtype {dtype}" if dtype is not None else type(a).__name__
+
+
+def _broadcast_batch(x, given, name: str, mode: str) -> tuple[int, ...]:
+    """x's batch ``[...]`` broadcast with the index's shape or the weights' ``[...]``, as e3nn-jax does."""
+    other = given.shape if mode == "indexed" else given.shape[:-1]
+    try:
+        return jnp.broadcast_shapes(x.shape[:-2], other)
+    except ValueError:
+        what = "" if mode == "indexed" else "[..., d] "
+        raise ValueError(
+            f"{name} {what}must broadcast with x's batch [{', '.join(map(str, x.shape[:-2]))}], got {given.shape}"
+        ) from None
+
+
+def _check_instructions(instructions, blocks_in, blocks_out) -> list[tuple[int, int]]:
+    """``instructions`` as ``(i_in, i_out)`` pairs of equal irreps. e3nn-jax does not check the
+    irreps: a pair of equal dimensions and different parities would be silently non-equivariant."""
+    if isinstance(instructions, (str, bytes)) or not isinstance(instructions, Sequence):
+        raise TypeError(f"instructions must be a list of (i_in, i_out) pairs, got {instructions!r}")
+    pairs = []
+    for ins in instructions:
+        if (
+            not isinstance(ins, Sequence)
+            or len(ins) != 2
+            or not all(isinstance(k, numbers.Integral) and not isinstance(k, bool) for k in ins)
+        ):
+            raise TypeError(f"instructions must be (i_in, i_out) pairs of ints, got {ins!r}")
+        i, j = int(ins[0]), int(ins[1])
+        if not 0 <= i < len(blocks_in) or not 0 <= j < len(blocks_out):
+            raise ValueError(
+                f"instruction {(i, j)} is out of range: irreps_in has {len(blocks_in)} blocks, "
+                f"the output irreps {len(blocks_out)} (after dropping the irreps the input lacks, as e3nn-jax)"
+            )
+        if blocks_in[i][0] != blocks_out[j][0]:
+            raise ValueError(
+                f"instruction {(i, j)} connects {blocks_in[i][0]} to {blocks_out[j][0]}: the irreps must be equal"
+            )
+        pairs.append((i, j))
+    return pairs
 
 
 def _copy_major(w: jax.Array, m_in: int, c_in: int, m_out: int, c_out: int, channel_major: bool) -> jax.Array:
@@ -194,12 +348,8 @@ def parse_normalization(value, name: str, default: str) -> numbers.Real:
     return value  # as given: e3nn-jax computes with it (a numpy float32 rounds its scales in float32)
 
 
-def _mul_ir(mul_ir) -> str:
-    return f"{mul_ir[0]}x{mul_ir[1]}"
-
-
 def _blocks(irreps: Irreps, *, regroup: bool):
-    """``[(irrep, [first row of each copy])]``; regrouped as e3nn's ``remove_zero_chunks().regroup()``."""
+    """``[(irrep, [rows of each copy])]``; regrouped as e3nn's ``remove_zero_chunks().regroup()``."""
     starts = [s.start for s in irreps.slices()]
     order = irreps.sort().inv if regroup else range(len(irreps))
     out = []
