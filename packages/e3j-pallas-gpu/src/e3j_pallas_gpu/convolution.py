@@ -83,8 +83,9 @@ def _flat(node, place, lanes):
     return node, pl.ds(col + lanes.start * stride, lanes.size, stride=stride)
 
 
-def _x_row(x_ref, a, lanes, x_cols):
-    """Feature row ``i`` of sender ``a``: ``x [N, Dx, C]``, or e3nn's flat ``x`` read in place at
+def _node_row(x_ref, a, lanes, x_cols):
+    """Row ``i`` of node ``a`` of a node-sized operand (the features ``x``, or the output cotangent
+    ``dm`` in the backward): ``[N, D, C]``, or e3nn's flat ``[N, width]`` read in place at
     ``x_cols[i]``."""
     if x_cols is None:
         return lambda i: x_ref[a, i, lanes]
@@ -119,7 +120,7 @@ def convolution_kernel(
     def edge(k, acc):
         e = order_ref[k]
         a = senders_ref[e]
-        x_row = functools.cache(_x_row(x_ref, a, lanes, x_cols))
+        x_row = functools.cache(_node_row(x_ref, a, lanes, x_cols))
         y_row = functools.cache(_y_row(y_ref, e, lanes, y_channels))
         s_row = functools.cache(lambda p: s_ref[e, _window(lanes, cols[p])])
         acc = list(acc)
@@ -240,10 +241,10 @@ def convolution_bwd_kernel(
     def edge(k, dx_acc):
         e = order_ref[k]
         b = receivers_ref[e]
-        x_row = functools.cache(_x_row(x_ref, a, lanes, x_cols)) if x_ref is not None else None
+        x_row = functools.cache(_node_row(x_ref, a, lanes, x_cols)) if x_ref is not None else None
         y_row = functools.cache(_y_row(y_ref, e, lanes, y_channels)) if y_ref is not None else None
         s_row = functools.cache(lambda p: s_ref[e, _window(lanes, cols[p])]) if s_ref is not None else None
-        dm_row = functools.cache(_x_row(dm_ref, b, lanes, dm_cols))  # ds reads the rows again
+        dm_row = functools.cache(_node_row(dm_ref, b, lanes, dm_cols))  # ds reads the rows again
         # contract_vjp reads each output row's cotangent once
         gs = (lambda i0: dm_row(i0) * s_row(i3[i0])) if (want_x or want_y) else None
         ds = {"path": None, "sum": None}
