@@ -77,6 +77,45 @@ def test_irreps_array_weights_as_e3nn_multiplies_them():
         np.testing.assert_allclose(getattr(g, "array", g), getattr(r, "array", r), rtol=1e-11, atol=1e-12)
 
 
+@pytest.mark.parametrize("shape", ["W", "1W", "E1", "11", "1", "scalar"])
+def test_weights_e3nn_broadcasts_are_taken(shape):
+    """e3nn's ``m * w`` broadcasts ``w`` of ``[W]`` / ``[1, W]`` (per copy, every edge) and ``[E, 1]``
+    / ``[1, 1]`` / ``[1]`` / a scalar (every copy): the drop-in takes them, values and gradients equal."""
+    irreps_x, irreps_y, filter_, keep = "8x0e + 4x1o + 2x2e", "0e + 1o + 2e", "0e + 1o + 2e", "0e + 1o"
+    mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=keep)
+    x, y, _ = operands(irreps_x, irreps_y, mp.num_weights, seed=5)
+    shapes = {"W": (mp.num_weights,), "1W": (1, mp.num_weights), "E1": (E, 1), "11": (1, 1), "1": (1,), "scalar": ()}
+    w = jax.random.normal(jax.random.key(6), shapes[shape], jnp.float64)
+    cot = jax.random.normal(jax.random.key(9), (N, mp.irreps_out.dim), jnp.float64)
+
+    def loss(f):
+        return lambda x, w: jnp.sum(f(e3nn.IrrepsArray(irreps_x, x), w).array * cot)
+
+    ref = jax.jit(jax.value_and_grad(loss(lambda x, w: e3nn_pattern(x, y, w, filter_, keep)), (0, 1)))
+    got = jax.jit(jax.value_and_grad(loss(lambda x, w: mp(x, y, w, SENDERS, RECEIVERS)), (0, 1)))
+    (v_got, g_got), (v_ref, g_ref) = got(x.array, w), ref(x.array, w)
+    np.testing.assert_allclose(v_got, v_ref, rtol=1e-12)
+    for g, r in zip(g_got, g_ref):
+        assert g.shape == r.shape
+        np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-12)
+    # a Python number too, as e3nn's ``m * 0.5``
+    if shape == "scalar":
+        out = mp(x, y, 0.5, SENDERS, RECEIVERS)
+        np.testing.assert_allclose(out.array, e3nn_pattern(x, y, 0.5, filter_, keep).array, rtol=1e-12)
+
+
+def test_weights_e3nn_would_not_broadcast_are_refused():
+    mp = interop.MessagePassing("2x0e + 2x1o", "1o + 2e", "0e + 1o", self_connection="0e + 1o")
+    x, y, _ = operands("2x0e + 2x1o", "1o + 2e", mp.num_weights)
+    for bad in (jnp.ones((E,)), jnp.ones((E, 3)), jnp.ones((1, E, mp.num_weights))):
+        with pytest.raises(ValueError, match=r"weights must be \[E=23, num_weights=10\]"):
+            mp(x, y, bad, SENDERS, RECEIVERS)
+    with pytest.raises(ValueError, match=r"weights has 2 rows and edge_attrs 23"):
+        mp(x, y, jnp.ones((2, mp.num_weights)), SENDERS, RECEIVERS)
+    with pytest.raises(TypeError, match=r"weights must be a float array or number, got True"):
+        mp(x, y, True, SENDERS, RECEIVERS)
+
+
 @pytest.mark.parametrize("normalization", ["norm", "none"])
 @pytest.mark.parametrize("explicit", [False, True])
 def test_self_connection_under_other_normalizations_as_e3nn(normalization, explicit):

@@ -289,8 +289,8 @@ BAD = {
         ValueError,
         r"weights has 4 rows and edge_attrs 3: both take one row per edge",
     ),
-    "interop MP weights 1-D": (
-        lambda: MP(X3, Y3, ones(MP.num_weights), SENDERS, RECEIVERS),
+    "interop MP weights 1-D": (  # [num_weights] broadcasts (e3nn's m * w), another length does not
+        lambda: MP(X3, Y3, ones(MP.num_weights + 1), SENDERS, RECEIVERS),
         ValueError,
         r"weights must be \[E=3, num_weights=\d+\] .*got shape \(\d+,\)",
     ),

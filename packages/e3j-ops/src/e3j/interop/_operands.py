@@ -62,6 +62,7 @@ def message_passing_operands(
     graph: Graph | None,
     *,
     simplify: bool = False,
+    broadcast: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array | FactoredWeights, Graph]:
     """``(x [N, irreps_node.dim], y [E, irreps_edge.dim], w [E, num_weights], graph)`` in one dtype.
 
@@ -71,6 +72,7 @@ def message_passing_operands(
     :class:`e3j.FactoredWeights` (``weights_layout`` names their order in the error); the graph is
     ``graph`` or built from ``senders``/``receivers``.
     ``simplify``: compare irreps after merging equal neighbouring blocks (as ``rechunk`` allows).
+    ``broadcast``: take the plain arrays e3nn's ``m * w`` broadcasts (:func:`broadcast_weights`).
     """
 
     def same(a, b) -> bool:
@@ -92,6 +94,8 @@ def message_passing_operands(
         raise ValueError(f"edge_attrs must be [E, {irreps_edge.dim}] for {irreps_edge}, "
                          f"got shape {jnp.shape(edge_attrs)}")  # fmt: skip
     num_edges, num_nodes = edge_attrs.shape[0], node_feats.shape[0]
+    if broadcast:
+        weights = broadcast_weights(weights, num_edges, num_weights)
     if isinstance(weights, e3nn.IrrepsArray):
         # what e3nn.flax.MultiLayerPerceptron returns for an IrrepsArray input; e3nn's ``m * w``
         # scales each copy by its scalar, which is what plain weights mean here
@@ -124,3 +128,32 @@ def message_passing_operands(
         raise ValueError(f"graph has {graph.num_nodes} nodes and {graph.num_edges} edges, node_feats and "
                          f"edge_attrs have {num_nodes} and {num_edges}")  # fmt: skip
     return marks_zeroed(node_feats).astype(dtype), edge_attrs.astype(dtype), weights.astype(dtype), graph
+
+
+def broadcast_weights(w, num_edges: int, num_weights: int):
+    """A plain array that e3nn's ``messages * w`` broadcasts, as :class:`e3j.FactoredWeights` of the
+    same ``[E, num_weights]`` weights (no copy per edge): ``[num_weights]`` or ``[1, num_weights]``
+    (one weight per copy, shared by every edge: ``ones [E, 1] @ w``), ``[E, 1]``, ``[1, 1]``,
+    ``[1]`` or a scalar (one weight per edge or one for all, every copy: ``w @ ones [1, W]``).
+    Anything else (``[E, num_weights]`` included) is returned as it is, for the shape check to
+    judge; e3nn's rule: a last axis of ``num_weights`` is per copy, else it must be 1."""
+    if isinstance(w, (e3nn.IrrepsArray, FactoredWeights)):
+        return w
+    if isinstance(w, (bool, np.bool_)) or jnp.result_type(getattr(w, "dtype", np.float64)) == jnp.bool_:
+        raise TypeError(f"weights must be a float array or number, got {w!r}")
+    if isinstance(w, (int, float, np.number)):
+        w = jnp.asarray(w)
+    if not isinstance(w, (jax.Array, np.ndarray)):
+        return w
+    shape = w.shape
+    if len(shape) > 2 or shape == (num_edges, num_weights):
+        return w
+    if len(shape) == 2 and shape[0] not in (1, num_edges):
+        return w
+    dtype = w.dtype
+    if len(shape) >= 1 and shape[-1] == num_weights and (len(shape) == 1 or shape[0] == 1):
+        return FactoredWeights(jnp.ones((num_edges, 1), dtype), jnp.reshape(w, (1, num_weights)))
+    if len(shape) == 0 or shape[-1] == 1:
+        per_edge = jnp.broadcast_to(jnp.reshape(w, (-1, 1)), (num_edges, 1))
+        return FactoredWeights(per_edge, jnp.ones((1, num_weights), dtype))
+    return w

@@ -57,7 +57,10 @@ class MessagePassing:
     ``mp(node_feats, edge_attrs, weights, senders, receivers)`` or ``mp(..., graph=g)`` with an
     :class:`e3j.Graph` built once (``Graph.from_edges(senders, receivers, N)``; building it inside
     the call sorts the edges every time). ``weights: [E, mp.num_weights]``, e3nn's order (one per
-    irrep copy of the messages, ``messages.irreps.num_irreps``). Returns ``IrrepsArray [N, mp.irreps_out]``.
+    irrep copy of the messages, ``messages.irreps.num_irreps``), or :class:`e3j.FactoredWeights`, or
+    what e3nn's ``m * w`` broadcasts: ``[num_weights]`` (the same for every edge), ``[E, 1]`` or a
+    scalar (the same for every copy), taken as factored weights, with no per-edge copy.
+    Returns ``IrrepsArray [N, mp.irreps_out]``.
     Mixed multiplicities run natively (one convolution per multiplicity, ``mp.groups``);
     ``grouping="gcd"`` runs them as gcd copies instead (see :class:`e3j.MulIrConvolution`).
     As e3nn's ``m * w``, the call reads ``e3nn.config("irrep_normalization")``: under ``"none"``
@@ -131,6 +134,7 @@ class MessagePassing:
         x, y, w, graph = message_passing_operands(
             node_feats, self.irreps_node, edge_attrs, self.irreps_edge, weights, self.num_weights,
             f"one per irrep copy of {self.irreps_out}, e3nn's order", senders, receivers, graph, simplify=True,
+            broadcast=True,
         )  # fmt: skip
         args, convolution = self._args, self.convolution
         normalization = check_irrep_normalization(self._irrep_normalization)
@@ -201,7 +205,7 @@ def message_passing(
 
     ``node_feats: IrrepsArray [N, irreps_node]``, ``edge_attrs: IrrepsArray [E, irreps_edge]``,
     ``weights: [E, num_weights]`` in e3nn's order (``num_weights`` = the number of irrep copies of
-    the messages; see :class:`MessagePassing`), ``senders``/``receivers: int [E]`` or
+    the messages; or what ``m * w`` broadcasts, see :class:`MessagePassing`), ``senders``/``receivers: int [E]`` or
     ``graph=``:class:`e3j.Graph`. Returns ``IrrepsArray [N, irreps_out]`` (the ``output_size`` is
     ``N``).
     """
