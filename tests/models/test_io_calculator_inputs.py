@@ -36,6 +36,30 @@ def test_save_load_round_trip(tmp_path, tiny):
     assert header["format"] == "e3j-models" and header["format_version"] == 1 and header["config"]["model"] == "nequip"
 
 
+def test_save_takes_any_mapping_and_refuses_what_it_cannot_store(tmp_path, tiny):
+    """A FrozenDict was stored as one array of its keys (every parameter lost, load succeeding);
+    None and bfloat16 leaves were written and unusable after loading."""
+    import flax
+    import jax.numpy as jnp
+
+    pot, batch, params = tiny
+    em.save(tmp_path / "f.npz", pot.config, flax.core.freeze(params))
+    _, loaded = em.load(tmp_path / "f.npz")
+    assert jax.tree.structure(loaded) == jax.tree.structure(params)
+    np.testing.assert_array_equal(pot.energy(loaded, batch), pot.energy(params, batch))
+    with pytest.raises(TypeError, match=r"params must be a nested dict of arrays .*got NoneType"):
+        em.save(tmp_path / "n.npz", pot.config, None)
+    with pytest.raises(ValueError, match=r"params holds no arrays"):
+        em.save(tmp_path / "e.npz", pot.config, {"params": {}})
+    bf16 = jax.tree.map(lambda a: a.astype(jnp.bfloat16), params)
+    with pytest.raises(TypeError, match=r"parameter 'params/.*' has dtype bfloat16, which an .npz cannot store"):
+        em.save(tmp_path / "b.npz", pot.config, bf16)
+    with pytest.raises(TypeError, match=r"parameter 'params/x' has dtype <U4"):
+        em.save(tmp_path / "o.npz", pot.config, {"params": {"x": "text"}})
+    with pytest.raises(FileNotFoundError):
+        em.load(tmp_path / "missing.npz")
+
+
 def test_load_refuses_other_formats(tmp_path):
     np.savez(tmp_path / "x.npz", a=np.zeros(2))
     with pytest.raises(ValueError, match="not an e3j-models file"):
@@ -44,6 +68,10 @@ def test_load_refuses_other_formats(tmp_path):
     np.savez(tmp_path / "y.npz", __header__=np.frombuffer(json.dumps(header).encode(), np.uint8))
     with pytest.raises(ValueError, match="format_version 99"):
         em.load(tmp_path / "y.npz")
+    header["format_version"] = 0
+    np.savez(tmp_path / "z.npz", __header__=np.frombuffer(json.dumps(header).encode(), np.uint8))
+    with pytest.raises(ValueError, match="format_version 0"):
+        em.load(tmp_path / "z.npz")
     (tmp_path / "junk.npz").write_text("not a zip of arrays\n")
     with pytest.raises(ValueError, match=r"junk.npz' is not an e3j-models file \(an .npz written by save\)"):
         em.load(tmp_path / "junk.npz")

@@ -145,3 +145,50 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit, match="does not exist"):
         main(["train", "--data", str(tmp_path / "nope.extxyz"), "--out", str(tmp_path / "x")])
     assert not os.path.exists(tmp_path / "x" / "metrics.json")
+
+
+def test_stress_weight_with_an_open_structure_gives_finite_gradients():
+    """A batch holding a structure without a cell has no stress labels: its stress term is 0 and
+    so is its gradient (the NaN stress of an open structure once made every gradient NaN)."""
+    import jax
+    import jax.numpy as jnp
+    from ase.build import bulk
+    from ase.calculators.singlepoint import SinglePointCalculator
+    from ase.cluster import Octahedron
+
+    from e3j_models import Potential
+    from e3j_models.train import _batches, loss_fn
+
+    def labelled(atoms):
+        atoms.calc = EMT()
+        res = {"energy": atoms.get_potential_energy(), "forces": atoms.get_forces()}
+        if atoms.pbc.all():
+            res["stress"] = atoms.get_stress()
+        atoms.calc = SinglePointCalculator(atoms, **res)
+        return atoms
+
+    rng = np.random.default_rng(0)
+    periodic = bulk("Cu", "fcc", a=3.6, cubic=True)
+    periodic.positions += rng.normal(scale=0.05, size=periodic.positions.shape)
+    cluster = Octahedron("Cu", 2)
+    cluster.positions += rng.normal(scale=0.05, size=cluster.positions.shape)
+    structures = [labelled(periodic), labelled(cluster)]
+    cfg = nequip((29,), **{**TINY, "num_channels": 2})
+    pot = Potential(cfg)
+    ((batch, labels),) = _batches(structures, cfg, 2, None, np.float32)
+    assert not bool(labels.has_stress)
+    params = pot.init(jax.random.key(0), batch)
+    grads = {}
+    for w in ((1.0, 1.0, 0.0), (1.0, 1.0, 1.0)):
+        (loss, parts), grads[w] = jax.value_and_grad(lambda p, w=w: loss_fn(pot, p, batch, labels, w), has_aux=True)(
+            params
+        )
+        assert np.isfinite(float(loss))
+        assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads[w]))
+    assert float(parts["stress"]) == 0.0
+    # no stress labels: the stress weight changes nothing
+    jax.tree.map(np.testing.assert_allclose, grads[(1.0, 1.0, 0.0)], grads[(1.0, 1.0, 1.0)])
+    # the stress of the open structure stays NaN in the potential's output (ASE: undefined)
+    out = pot(params, batch, stress=True)
+    assert bool(jnp.all(jnp.isnan(out["stress"][1]))) and bool(jnp.all(jnp.isfinite(out["stress"][0])))
+    fit(cfg, structures, structures[:1], steps=2, batch_size=2, weights=(1.0, 1.0, 1.0), progress=False)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -40,13 +41,26 @@ FORMAT_VERSION = 1
 
 
 def _flatten(tree: Any, prefix: str, out: dict[str, np.ndarray]) -> None:
-    if isinstance(tree, dict):
+    if isinstance(tree, Mapping):  # dicts, and flax's FrozenDict
         for k, v in tree.items():
             if "/" in str(k):
                 raise ValueError(f"parameter name {k!r} must not contain '/'")
             _flatten(v, f"{prefix}/{k}" if prefix else str(k), out)
-    else:
-        out[prefix] = np.asarray(tree)
+        return
+    if not prefix:
+        raise TypeError(f"params must be a nested dict of arrays (as Potential.init gives), got {type(tree).__name__}")
+    try:
+        a = np.asarray(tree)
+    except Exception as err:  # e.g. a jax array that cannot leave its device: name the parameter
+        raise TypeError(f"parameter {prefix!r} is not an array: {err}") from err
+    if a.dtype.kind not in "biuf":
+        # numpy's .npz keeps only its own dtypes: bfloat16 would come back as raw bytes
+        raise TypeError(
+            f"parameter {prefix!r} has dtype {a.dtype}, which an .npz cannot store (bool, int and numpy float "
+            "dtypes only): cast the parameters to float32 first, "
+            "e.g. jax.tree.map(lambda a: a.astype('float32'), params)"
+        )
+    out[prefix] = a
 
 
 def save(path: str | os.PathLike, config: MACEConfig | NequIPConfig, params: dict[str, Any]) -> None:
@@ -55,6 +69,8 @@ def save(path: str | os.PathLike, config: MACEConfig | NequIPConfig, params: dic
         raise TypeError(f"config must be a MACEConfig or NequIPConfig, got {type(config).__name__}")
     arrays: dict[str, np.ndarray] = {}
     _flatten(params, "", arrays)
+    if not arrays:
+        raise ValueError("params holds no arrays: save the tree Potential.init gives")
     if "__header__" in arrays:
         raise ValueError("a parameter may not be named '__header__'")
     header = {
@@ -72,6 +88,8 @@ def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, 
     """``(config, params)`` from a file written by :func:`save`."""
     try:
         data = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise
     except (ValueError, OSError, EOFError) as err:  # not a zip of .npy arrays (numpy says "pickled data")
         raise ValueError(f"{os.fspath(path)!r} is not an e3j-models file (an .npz written by save): {err}") from err
     if not isinstance(data, np.lib.npyio.NpzFile):  # a lone .npy array
@@ -83,7 +101,7 @@ def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, 
         if header.get("format") != FORMAT:
             raise ValueError(f"{os.fspath(path)!r} has format {header.get('format')!r}, expected {FORMAT!r}")
         version = header.get("format_version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
+        if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= FORMAT_VERSION:
             raise ValueError(
                 f"{os.fspath(path)!r} has format_version {version!r}; this e3j-models reads up to {FORMAT_VERSION}"
             )

@@ -101,8 +101,10 @@ class Potential:
         if forces:
             out["forces"] = jnp.where(batch.node_mask[:, None], -grads[0], 0)
         if stress:
-            volume = jnp.abs(jnp.linalg.det(batch.cell))
-            out["stress"] = jnp.where(volume[:, None, None] > 0, grads[1] / volume[:, None, None], jnp.nan)
+            volume = jnp.abs(jnp.linalg.det(batch.cell))[:, None, None]
+            periodic = volume > 0
+            # divide by a safe volume: 1/0 in the branch where() drops would still make its gradient NaN
+            out["stress"] = jnp.where(periodic, grads[1] / jnp.where(periodic, volume, 1), jnp.nan)
         return out
 
 

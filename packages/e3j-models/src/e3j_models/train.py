@@ -175,7 +175,10 @@ def loss_fn(
     parts = {"energy": e, "forces": f}
     loss = w_e * e + w_f * f
     if w_s > 0:
-        s = jnp.where(labels.has_stress, jnp.mean((out["stress"] - labels.stress) ** 2), 0.0)
+        # without stress labels (an open structure in the batch: NaN stress) the term is 0, and so is
+        # its gradient: the NaN must not reach the square, whose gradient where() would still take
+        predicted = jnp.where(labels.has_stress, out["stress"], labels.stress)
+        s = jnp.where(labels.has_stress, jnp.mean((predicted - labels.stress) ** 2), 0.0)
         parts["stress"] = s
         loss = loss + w_s * s
     return loss, parts
