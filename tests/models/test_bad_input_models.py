@@ -403,6 +403,12 @@ BAD = {
     "mace node_symmetry bool": (lambda: M.mace_a((1,), node_symmetry=True), ValueError, r"node_symmetry must be"),
     "nequip node_irreps None": (lambda: M.nequip((1,), node_irreps=None), ValueError, r"node_irreps must be irreps"),
     "nequip node_irreps bad": (lambda: M.nequip((1,), node_irreps="2z"), ValueError, r"node_irreps: invalid irrep"),
+    # the energy would be 0 at every geometry: the readout reads the 0e features
+    "nequip node_irreps no 0e": (
+        lambda: M.nequip((1,), node_irreps="0o + 1o + 0x0e"),
+        ValueError,
+        r"node_irreps must hold 0e features \(the energy is read from them\), got '0o \+ 1o \+ 0x0e'",
+    ),
     # neighbours
     "bucket_size n": (lambda: M.bucket_size(-1), ValueError, r"n must be an int >= 0, got -1"),
     "bucket_size multiple": (lambda: M.bucket_size(10, multiple=0), ValueError, r"multiple must be an int > 0, got 0"),

@@ -164,6 +164,11 @@ class NequIPConfig:
         irreps = as_irreps(self.node_irreps, "node_irreps")
         if irreps.dim == 0:
             raise ValueError(f"node_irreps must not be empty, got {self.node_irreps!r}")
+        if not any(mul > 0 and ir.l == 0 and ir.p == 1 for mul, ir in irreps):
+            # the readout maps the last layer's 0e features to the energy: without them it is always 0
+            raise ValueError(
+                f"node_irreps must hold 0e features (the energy is read from them), got {self.node_irreps!r}"
+            )
         # stored as its string, whatever form it came in (e3j or e3nn-jax Irreps, (mul, (l, p))
         # pairs): the config stays hashable and JSON-able, so it saves and loads
         _freeze(self, "node_irreps", str(irreps))
