@@ -103,6 +103,27 @@ BAD = {
         TypeError,
         r"node_graph must be an int array",
     ),
+    # what the model cannot mask: non-finite coordinates, real edges into padding or across structures
+    "make_batch positions NaN": (
+        lambda: M.make_batch(np.where(np.arange(4)[:, None] == 2, np.nan, POS), SPECIES, [0], [1]),
+        ValueError,
+        r"positions must be finite, got 3 non-finite values",
+    ),
+    "make_batch cell inf": (
+        lambda: M.make_batch(POS, SPECIES, [0], [1], cell=np.full((3, 3), np.inf)),
+        ValueError,
+        r"cell must be finite",
+    ),
+    "make_batch real edge into padding": (
+        lambda: M.make_batch(POS, SPECIES, [0, 3], [1, 0], node_mask=[True, True, True, False]),
+        ValueError,
+        r"edge 1 \(3 -> 0\) is real \(edge_mask\) but joins a padding node \(node_mask False\)",
+    ),
+    "make_batch edge across structures": (
+        lambda: M.make_batch(POS, SPECIES, [0, 1], [1, 2], node_graph=[0, 0, 1, 1]),
+        ValueError,
+        r"edge 1 \(1 -> 2\) joins structures 0 and 1 of the batch",
+    ),
     "make_batch node_graph out of range": (
         lambda: M.make_batch(POS, SPECIES, [0], [1], node_graph=[0, 0, 5, 1], num_graphs=2),
         ValueError,
@@ -500,3 +521,9 @@ def test_numpy_reals_and_float_shifts_are_taken():
         M.batch_structures([structure], [1, 8], 2.0, neighbours=[nl[:2]])
     with pytest.raises(ValueError, match="cutoff must be a finite number > 0"):
         M.neighbour_list(structure["positions"], float("inf"))
+
+
+def test_masked_edges_may_touch_padding_nodes():
+    """The consistency check reads only the real edges: a padding edge on padding nodes is fine."""
+    b = M.make_batch(POS, SPECIES, [0, 3], [1, 3], node_mask=[True, True, True, False], edge_mask=[True, False])
+    assert b.graph.num_edges == 2

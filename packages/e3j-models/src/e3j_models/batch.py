@@ -99,6 +99,7 @@ def make_batch(
     graph = Graph.from_edges(
         senders, receivers, n, edge_mask=None if edge_mask is None else np.asarray(edge_mask, bool)
     )
+    _check_consistent(positions, cell, shifts, senders, receivers, edge_mask, node_mask, node_graph)
     return GraphBatch(
         jnp.asarray(positions),
         jnp.asarray(species, jnp.int32),
@@ -127,3 +128,29 @@ def _host_indices(name: str, a) -> np.ndarray:
     if not np.issubdtype(a.dtype, np.integer):
         raise TypeError(f"{name} must be an int array, got {a.dtype} {a.shape}")
     return a.astype(np.int64)
+
+
+def _check_consistent(positions, cell, shifts, senders, receivers, edge_mask, node_mask, node_graph) -> None:
+    """What a model cannot mask out: a non-finite coordinate (NaN energies and gradients, even on a
+    padding node, whose energy is dropped by a ``where``), and a real edge that reads a padding node
+    (it changes the structure's energy while that node's force is reported 0) or joins two
+    structures of the batch. ``Graph.from_edges`` has checked the indices' range."""
+    for name, a in (("positions", positions), ("cell", cell), ("shifts", shifts)):
+        if not np.isfinite(a).all():
+            raise ValueError(f"{name} must be finite, got {np.size(a) - np.isfinite(a).sum()} non-finite values")
+    real = np.ones(senders.shape, bool) if edge_mask is None else np.asarray(edge_mask, bool)
+    s, r = senders[real], receivers[real]
+    bad = ~node_mask[s] | ~node_mask[r]
+    if bad.any():
+        k = int(np.flatnonzero(real)[np.argmax(bad)])
+        raise ValueError(
+            f"edge {k} ({senders[k]} -> {receivers[k]}) is real (edge_mask) but joins a padding node (node_mask "
+            "False): mask the edge out too"
+        )
+    across = node_graph[s] != node_graph[r]
+    if across.any():
+        k = int(np.flatnonzero(real)[np.argmax(across)])
+        raise ValueError(
+            f"edge {k} ({senders[k]} -> {receivers[k]}) joins structures {node_graph[senders[k]]} and "
+            f"{node_graph[receivers[k]]} of the batch (node_graph): an edge stays inside one structure"
+        )
