@@ -96,4 +96,6 @@ def test_cli_md_outputs_and_bad_input(model, tmp_path):
         main(["md", "--model", str(ckpt), "--temperature", "-5", "--out", str(bad_out)])
     with pytest.raises(SystemExit, match=r"--timestep must be > 0 \(fs\), got -1"):
         main(["md", "--model", str(ckpt), "--timestep", "-1", "--out", str(bad_out)])
+    with pytest.raises(SystemExit, match=r"--pressure applies to --ensemble npt only, got --ensemble nvt"):
+        main(["md", "--model", str(ckpt), "--ensemble", "nvt", "--pressure", "1", "--out", str(bad_out)])
     assert not os.path.exists(bad_out)  # refused before anything is written

@@ -86,6 +86,10 @@ def test_training_decreases_loss_and_matches_e3nn_twin():
         fit(cfg, s[:2], s[2:], steps=0)
     with pytest.raises(ValueError, match="valid is empty"):
         fit(cfg, s[:2], [], steps=1)
+    with pytest.raises(ValueError, match=r"learning_rate must be a finite number > 0, got -0.01"):
+        fit(cfg, s[:2], s[2:], steps=1, learning_rate=-0.01)
+    with pytest.raises(ValueError, match=r"eval_every must be an int >= 0"):
+        fit(cfg, s[:2], s[2:], steps=1, eval_every=-1)
 
 
 def test_repeated_evaluation_compiles_once():
@@ -145,6 +149,12 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit, match="does not exist"):
         main(["train", "--data", str(tmp_path / "nope.extxyz"), "--out", str(tmp_path / "x")])
     assert not os.path.exists(tmp_path / "x" / "metrics.json")
+    # a negative rate would climb the loss and exit 0; a negative interval validated every step
+    with pytest.raises(SystemExit, match=r"--lr must be > 0, got -1.0"):
+        main([*args[:5], "--out", str(tmp_path / "y"), "--lr", "-1"])
+    with pytest.raises(SystemExit, match=r"--eval-every must be >= 0 .*got -1"):
+        main([*args[:5], "--out", str(tmp_path / "y"), "--eval-every", "-1"])
+    assert not os.path.exists(tmp_path / "y")
 
 
 def test_stress_weight_with_an_open_structure_gives_finite_gradients():

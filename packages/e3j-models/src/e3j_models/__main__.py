@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -33,6 +34,11 @@ def _train(args) -> None:
     from .data import read_dataset
     from .train import fit, plot_history, write_history
 
+    # checked before anything is read or made, and named as the command line names them
+    if not (math.isfinite(args.lr) and args.lr > 0):  # a negative rate climbs the loss
+        raise SystemExit(f"error: --lr must be > 0, got {args.lr}")
+    if args.eval_every < 0:
+        raise SystemExit(f"error: --eval-every must be >= 0 (0: no validation during training), got {args.eval_every}")
     structures = read_dataset(args.data)
     if args.valid_fraction <= 0 or args.valid_fraction >= 1:
         raise SystemExit(f"error: --valid-fraction must be in (0, 1), got {args.valid_fraction}")
@@ -125,6 +131,8 @@ def _md(args) -> None:
         raise ValueError(f"--timestep must be > 0 (fs), got {args.timestep}")
     if not args.temperature >= 0:
         raise ValueError(f"--temperature must be >= 0 (K), got {args.temperature}")
+    if args.pressure != 0 and args.ensemble != "npt":
+        raise ValueError(f"--pressure applies to --ensemble npt only, got --ensemble {args.ensemble}")
     if args.structure is None and args.supercell < 1:
         raise ValueError(f"--supercell must be >= 1, got {args.supercell}")
     try:
@@ -186,28 +194,41 @@ def main(argv=None) -> None:
     p.add_argument("--out", required=True, help="output .extxyz path")
     p.set_defaults(func=_data)
 
-    p = sub.add_parser("train", help="train a MACE or NequIP preset on energies and forces")
+    p = sub.add_parser(
+        "train",
+        help="train a MACE or NequIP preset on energies and forces",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--data", required=True, help="extxyz with energy/forces (python -m e3j_models data)")
-    p.add_argument("--preset", choices=_PRESETS, default="mace_a")
+    p.add_argument(
+        "--preset",
+        choices=_PRESETS,
+        default="mace_a",
+        help="the architecture; its sizes come from the flags below, not from the paper's Table 3",
+    )
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--channels", type=int, default=16)
-    p.add_argument("--layers", type=int, default=None)
-    p.add_argument("--l-max", type=int, default=2)
-    p.add_argument("--cutoff", type=float, default=4.5)
-    p.add_argument("--radial-hidden", type=int, default=32)
-    p.add_argument("--steps", type=int, default=500)
-    p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--lr", type=float, default=5e-3)
-    p.add_argument("--energy-weight", type=float, default=1.0)
-    p.add_argument("--force-weight", type=float, default=1.0)
-    p.add_argument("--stress-weight", type=float, default=0.0)
-    p.add_argument("--valid-fraction", type=float, default=0.1)
-    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--channels", type=int, default=16, help="channels per irrep")
+    p.add_argument("--layers", type=int, default=None, help="interaction layers (default: the preset's)")
+    p.add_argument("--l-max", type=int, default=2, help="largest degree of the spherical harmonics")
+    p.add_argument("--cutoff", type=float, default=4.5, help="Å")
+    p.add_argument("--radial-hidden", type=int, default=32, help="width of the radial MLP's 2 hidden layers")
+    p.add_argument("--steps", type=int, default=500, help="optimizer steps")
+    p.add_argument("--batch-size", type=int, default=4, help="structures per batch")
+    p.add_argument("--lr", type=float, default=5e-3, help="peak learning rate (Adam, cosine decay)")
+    p.add_argument("--energy-weight", type=float, default=1.0, help="loss weight of the energy per atom")
+    p.add_argument("--force-weight", type=float, default=1.0, help="loss weight of the forces")
+    p.add_argument("--stress-weight", type=float, default=0.0, help="loss weight of the stress")
+    p.add_argument("--valid-fraction", type=float, default=0.1, help="share of --data held out (its last structures)")
+    p.add_argument("--eval-every", type=int, default=100, help="validate every so many steps (0: never)")
     p.add_argument("--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_train)
 
-    p = sub.add_parser("md", help="molecular dynamics (NVE, NVT Langevin, NPT MTK) with a checkpoint")
+    p = sub.add_parser(
+        "md",
+        help="molecular dynamics (NVE, NVT Langevin, NPT MTK) with a checkpoint",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     p.add_argument("--model", required=True, help="checkpoint written by train (model.npz)")
     p.add_argument("--structure", default=None, help="ASE-readable structure file (default: an fcc Cu-Ni supercell)")
     p.add_argument("--supercell", type=int, default=4, help="fcc repeats n: 4·n³ atoms (without --structure)")
@@ -216,7 +237,7 @@ def main(argv=None) -> None:
     p.add_argument("--timestep", type=float, default=2.0, help="fs")
     p.add_argument("--temperature", type=float, default=300.0, help="K")
     p.add_argument("--pressure", type=float, default=0.0, help="GPa (npt)")
-    p.add_argument("--log-every", type=int, default=1)
+    p.add_argument("--log-every", type=int, default=1, help="log every so many steps")
     p.add_argument("--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin")
     p.add_argument("--float32", action="store_true", help="evaluate the model in float32 (default float64)")
     p.add_argument("--seed", type=int, default=0)

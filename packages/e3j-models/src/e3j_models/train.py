@@ -233,6 +233,11 @@ def fit(
 
     steps = check_int("steps", steps, 1)
     batch_size = check_int("batch_size", batch_size, 1)
+    eval_every = check_int("eval_every", eval_every, 0)
+    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float, np.floating, np.integer)):
+        raise TypeError(f"learning_rate must be a number > 0, got {learning_rate!r}")
+    if not (np.isfinite(learning_rate) and learning_rate > 0):  # a negative rate climbs the loss
+        raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
     if not train:
         raise ValueError("train is empty: give at least one structure")
     if not valid:
