@@ -475,7 +475,8 @@ def test_configs_take_every_form_and_save(tmp_path, form):
         cutoff=np.float32(5.0),
     )
     assert cfg == plain and hash(cfg) == hash(plain)
-    M.save(tmp_path / "m.npz", cfg, {"params": {"w": np.zeros(2)}})
+    params = M.Potential(cfg).init(jax.random.key(0), M.make_batch(np.zeros((1, 3)), [0], [], []))
+    M.save(tmp_path / "m.npz", cfg, params)
     loaded, _ = M.load(tmp_path / "m.npz")
     assert loaded == plain
 

@@ -157,6 +157,30 @@ def test_given_neighbours_give_the_same_batch():
     assert a.graph.num_valid == len(edges[0]) > 0
 
 
+def test_params_of_another_config_and_batches_of_the_model(tmp_path, tiny):
+    """Parameters of another config failed inside Flax (ScopeParamShapeError naming neither);
+    Potential.batch builds with the model's element order and cutoff."""
+    pot, batch, params = tiny
+    wider = em.Potential(em.nequip(Z, num_layers=1, num_channels=3, node_irreps="0e + 1o", l_max=1, cutoff=CUTOFF,
+                                   radial_mlp=(4,)))  # fmt: skip
+    with pytest.raises(ValueError, match=r"params do not fit this nequip config .*params/embedding/table has shape"):
+        wider(params, batch)
+    with pytest.raises(ValueError, match=r"params do not fit this nequip config"):
+        jax.jit(wider.energy)(params, batch)
+    with pytest.raises(ValueError, match=r"params do not fit .*: missing params/"):
+        partial = {"params": {k: v for k, v in params["params"].items() if k != "embedding"}}
+        em.save(tmp_path / "w.npz", wider.config, partial)
+    pot.check_params(params)  # its own: no error
+    s = structure(1)
+    mine = pot.batch([s])
+    for x, y in zip(jax.tree.leaves(mine), jax.tree.leaves(em.batch_structures([s], Z, CUTOFF)), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    with pytest.raises(TypeError, match=r"structures must be a list of structures, got one dict: wrap it in a list"):
+        pot.batch(s)
+    with pytest.raises(ValueError, match=r"needs 'positions' and 'numbers', got keys \['positions'\]"):
+        pot.batch([{"positions": s["positions"]}])
+
+
 def test_bad_input_names_the_argument():
     s = structure(1)
     with pytest.raises(ValueError, match=r"numbers.*\[6\].*unknown"):

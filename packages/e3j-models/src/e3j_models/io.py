@@ -69,6 +69,10 @@ def save(path: str | os.PathLike, config: MACEConfig | NequIPConfig, params: dic
         raise TypeError(f"config must be a MACEConfig or NequIPConfig, got {type(config).__name__}")
     arrays: dict[str, np.ndarray] = {}
     _flatten(params, "", arrays)
+    if arrays:
+        from .potential import Potential
+
+        Potential(config).check_params(params)  # a file whose parameters its config cannot read
     if not arrays:
         raise ValueError("params holds no arrays: save the tree Potential.init gives")
     if "__header__" in arrays:

@@ -141,6 +141,10 @@ def batch_structures(
     ``neighbours``: each structure's ``(senders, receivers, shifts)`` from :func:`neighbour_list` with
     this ``cutoff``, when the caller has them already (default: computed here).
     """
+    if isinstance(structures, (dict, str)) or hasattr(structures, "get_positions"):
+        raise TypeError(
+            f"structures must be a list of structures, got one {type(structures).__name__}: wrap it in a list"
+        )
     if len(structures) == 0:
         raise ValueError("structures is empty: give at least one structure")
     if neighbours is not None and len(neighbours) != len(structures):
@@ -153,6 +157,8 @@ def batch_structures(
     offset = 0
     for g, st in enumerate(structures):
         if isinstance(st, dict):
+            if "positions" not in st or "numbers" not in st:
+                raise ValueError(f"a structure given as a dict needs 'positions' and 'numbers', got keys {sorted(st)}")
             positions, numbers = st["positions"], st["numbers"]
             cell, pbc = st.get("cell"), st.get("pbc", False)
         else:  # ase.Atoms

@@ -19,6 +19,7 @@ cell (zero volume) get NaN stress.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -55,6 +56,37 @@ class Potential:
     def with_backend(self, backend: str | None) -> Potential:
         return Potential(self.config, backend)
 
+    def batch(self, structures, **kwargs) -> GraphBatch:
+        """:func:`~e3j_models.batch_structures` with this model's ``atomic_numbers`` and ``cutoff``
+        (a batch built with another element order or a shorter cutoff gives wrong energies, and a
+        batch cannot tell); ``kwargs`` are its padding and dtype options."""
+        from .neighbours import batch_structures
+
+        return batch_structures(structures, self.config.atomic_numbers, self.config.cutoff, **kwargs)
+
+    def check_params(self, params) -> None:
+        """``ValueError`` unless ``params`` has the tree and shapes :meth:`init` gives for this config
+        (parameters of another config fail inside Flax with errors that name neither)."""
+        if not isinstance(params, Mapping):
+            raise TypeError(f"params must be the dict Potential.init returns, got {type(params).__name__}")
+        expected = _parameter_shapes(self.config)
+        got = _shapes(params)
+        missing, extra = sorted(expected.keys() - got.keys()), sorted(got.keys() - expected.keys())
+        wrong = [(k, got[k], expected[k]) for k in sorted(expected.keys() & got.keys()) if got[k] != expected[k]]
+        if missing or extra or wrong:
+            parts = []
+            if missing:
+                parts.append(f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+            if extra:
+                parts.append(f"unexpected {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}")
+            if wrong:
+                k, g, e = wrong[0]
+                more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+                parts.append(f"{k} has shape {g}, expected {e}{more}")
+            raise ValueError(
+                f"params do not fit this {self.config.kind} config (made for another config?): " + "; ".join(parts)
+            )
+
     def init(self, key: jax.Array, batch: GraphBatch, dtype=None) -> dict[str, Any]:
         """Random parameters, floating leaves in ``dtype`` (default: the positions' dtype)."""
         _check_batch(batch)
@@ -67,6 +99,7 @@ class Potential:
     def node_energies(self, params, batch: GraphBatch) -> jax.Array:
         """``[N]``, zero on padding nodes."""
         _check_call(params, batch)
+        self.check_params(params)
         _check_species(batch, len(self.config.atomic_numbers))
         e = self.module.apply(params, batch.positions, batch.cell, batch)
         return jnp.where(batch.node_mask, e, 0)
@@ -85,6 +118,7 @@ class Potential:
 
     def __call__(self, params, batch: GraphBatch, *, forces: bool = True, stress: bool = False) -> dict[str, jax.Array]:
         _check_call(params, batch)
+        self.check_params(params)
         _check_species(batch, len(self.config.atomic_numbers))
         for name, flag in (("forces", forces), ("stress", stress)):
             if not isinstance(flag, (bool, np.bool_)):
@@ -142,3 +176,22 @@ def _check_call(params: object, batch: object) -> None:
             f"batch.positions are {positions} but params are {', '.join(wider)}: cast the positions up or the "
             "params down (Potential.init(..., dtype=...))"
         )
+
+
+@functools.lru_cache(maxsize=64)
+def _parameter_shapes(config: MACEConfig | NequIPConfig) -> dict[str, tuple[int, ...]]:
+    """``{path: shape}`` of the parameters ``Potential(config).init`` gives (traced once per config:
+    the shapes do not depend on the batch)."""
+    from .batch import make_batch
+
+    pot = Potential(config)
+    batch = make_batch(np.zeros((1, 3)), [0], [], [])
+    tree = jax.eval_shape(pot.module.init, jax.random.key(0), batch.positions, batch.cell, batch)
+    return _shapes(tree)
+
+
+def _shapes(tree) -> dict[str, tuple[int, ...]]:
+    """``{"params/interaction_0/linear_up/0e": shape, ...}``: paths named as :func:`save` names them."""
+    flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+    name = lambda k: str(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))))  # noqa: E731
+    return {"/".join(name(k) for k in path): tuple(np.shape(leaf)) for path, leaf in flat}
