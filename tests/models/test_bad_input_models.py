@@ -408,7 +408,7 @@ BAD = {
     "nequip atomic_energies str": (
         lambda: M.nequip((1, 8), atomic_energies=("a", "b")),
         ValueError,
-        r"atomic_energies must be None or a tuple of numbers",
+        r"atomic_energies must be None or a tuple of finite numbers",
     ),
     "mace cutoff str": (
         lambda: M.mace_a((1,), cutoff="5"),
@@ -423,6 +423,22 @@ BAD = {
     ),
     "mace node_symmetry bool": (lambda: M.mace_a((1,), node_symmetry=True), ValueError, r"node_symmetry must be"),
     "nequip node_irreps None": (lambda: M.nequip((1,), node_irreps=None), ValueError, r"node_irreps must be irreps"),
+    "nequip atomic_energies NaN": (
+        lambda: M.nequip((1,), atomic_energies=(float("nan"),)),
+        ValueError,
+        r"atomic_energies must be None or a tuple of finite numbers \(eV\), got \(nan,\)",
+    ),
+    # checked when built, not at the first call
+    "Potential backend unknown": (
+        lambda: M.Potential(M.nequip((1,)), backend="nope"),
+        ValueError,
+        r"backend must be None, 'e3nn' or an installed e3j backend: unknown e3j backend 'nope'",
+    ),
+    "Potential backend int": (
+        lambda: M.Potential(M.nequip((1,)), backend=3),
+        TypeError,
+        r"backend must be None, 'e3nn' or an e3j backend name, got 3",
+    ),
     "nequip node_irreps bad": (lambda: M.nequip((1,), node_irreps="2z"), ValueError, r"node_irreps: invalid irrep"),
     # the energy would be 0 at every geometry: the readout reads the 0e features
     "nequip node_irreps no 0e": (

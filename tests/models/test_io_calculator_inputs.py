@@ -179,6 +179,10 @@ def test_params_of_another_config_and_batches_of_the_model(tmp_path, tiny):
         pot.batch(s)
     with pytest.raises(ValueError, match=r"needs 'positions' and 'numbers', got keys \['positions'\]"):
         pot.batch([{"positions": s["positions"]}])
+    # two atoms at one place: the model would drop their zero-length edge (no interaction)
+    twins = {"positions": np.array([[0.0, 0, 0], [1.0, 0, 0], [1.0, 0, 0]]), "numbers": np.array([Z[0]] * 3)}
+    with pytest.raises(ValueError, match=r"atoms [12] and [12] coincide \(distance 0\)"):
+        pot.batch([twins])
 
 
 def test_bad_input_names_the_argument():
@@ -232,6 +236,12 @@ except ImportError as err:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "twin: backend='e3nn' needs e3nn-jax: pip install 'e3j-models[e3nn]'" in out.stdout
+
+
+def test_calculator_checks_headroom_when_built(tiny):
+    pot, _, params = tiny
+    with pytest.raises(ValueError, match=r"headroom must be a number >= 0, got -1"):
+        em.Calculator(pot, params, headroom=-1)
 
 
 def test_calculator_refuses_float64_without_x64(tiny):

@@ -59,6 +59,7 @@ class Calculator(_AseCalculator):
             )
         elif np.dtype(dtype) not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
+        bucket_size(1, headroom)  # checks headroom now, not at the first calculation
         self.potential, self.headroom, self.dtype = potential, headroom, dtype
         self.params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
         self._run = jax.jit(functools.partial(potential.__call__, stress=True))

@@ -14,6 +14,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -72,8 +73,10 @@ def _check_common(cfg) -> None:
     _freeze(cfg, "radial_mlp", tuple(int(h) for h in r))
     e0 = cfg.atomic_energies
     if e0 is not None:
-        if not isinstance(e0, tuple) or any(isinstance(e, bool) or not isinstance(e, numbers.Real) for e in e0):
-            raise ValueError(f"atomic_energies must be None or a tuple of numbers (eV), got {e0!r}")
+        if not isinstance(e0, tuple) or any(
+            isinstance(e, bool) or not isinstance(e, numbers.Real) or not math.isfinite(e) for e in e0
+        ):
+            raise ValueError(f"atomic_energies must be None or a tuple of finite numbers (eV), got {e0!r}")
         _freeze(cfg, "atomic_energies", tuple(float(e) for e in e0))  # JSON-able: no numpy scalars
     if cfg.atomic_energies is not None and len(cfg.atomic_energies) != len(z):
         raise ValueError(f"atomic_energies must have one value per atomic number ({len(z)}), got {cfg.atomic_energies}")

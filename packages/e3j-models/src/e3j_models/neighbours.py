@@ -180,6 +180,15 @@ def batch_structures(
             s, r, shifts = neighbour_list(positions, cutoff, cell, pbc)
         else:
             s, r, shifts = _given_neighbours(neighbours[g], positions.shape[0], where or f" (structure {g})")
+        if len(s):
+            # a zero-length edge has no direction: the model would drop it (two coincident atoms
+            # not interacting), which no real structure means
+            lattice = cell if pbc.any() else np.zeros((3, 3))
+            vectors = positions[s] - positions[r] + np.asarray(shifts, float) @ lattice
+            zero = np.flatnonzero(np.einsum("ei,ei->e", vectors, vectors) == 0)
+            if zero.size:
+                k = zero[0]
+                raise ValueError(f"atoms {s[k]} and {r[k]}{where} coincide (distance 0): positions must be distinct")
         pos_all.append(positions)
         spec_all.append(np.array([index[int(z)] for z in numbers]))
         graph_all.append(np.full(positions.shape[0], g))

@@ -27,6 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import e3j.backends
+
 from .batch import GraphBatch
 from .config import MACEConfig, NequIPConfig
 from .models import MACE, NequIP
@@ -51,6 +53,13 @@ class Potential:
             self.module = NequIP(config, backend)
         else:
             raise TypeError(f"config must be a MACEConfig or NequIPConfig, got {type(config).__name__}")
+        if backend is not None and backend != "e3nn":
+            if not isinstance(backend, str):
+                raise TypeError(f"backend must be None, 'e3nn' or an e3j backend name, got {backend!r}")
+            try:  # now, not at the first call; installed is enough (a GPU backend may be lowered on a CPU)
+                e3j.backends.get_backend(backend)
+            except e3j.backends.BackendError as err:
+                raise ValueError(f"backend must be None, 'e3nn' or an installed e3j backend: {err}") from None
         self.config, self.backend = config, backend
 
     def with_backend(self, backend: str | None) -> Potential:
