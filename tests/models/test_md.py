@@ -44,6 +44,24 @@ def test_nve_conserves_energy(model):
     assert log["ms_per_step"] > 0 and log["ns_per_day"] > 0
 
 
+def test_a_diverging_trajectory_is_an_error():
+    """A NaN energy (a timestep far too large, atoms on top of each other) stops the run by name
+    rather than logging NaNs and returning normally."""
+    from ase.calculators.calculator import Calculator as AseCalculator
+
+    class Diverging(AseCalculator):
+        implemented_properties = ("energy", "forces")
+
+        def calculate(self, atoms=None, properties=("energy",), system_changes=()):
+            super().calculate(atoms, properties, system_changes)
+            self.calls = getattr(self, "calls", 0) + 1
+            nan = self.calls > 2
+            self.results = {"energy": np.nan if nan else 0.0, "forces": np.zeros((len(self.atoms), 3))}
+
+    with pytest.raises(ValueError, match=r"the trajectory diverged by .* fs \(energy nan\): a timestep of 1e\+06 fs"):
+        run_md(_cell(), Diverging(), "nve", steps=5, timestep_fs=1e6, temperature_K=300, progress=False)
+
+
 def test_nvt_and_npt_run(model, tmp_path):
     pot, params = model
     atoms = _cell(1)

@@ -112,10 +112,12 @@ def test_repeated_evaluation_compiles_once():
         first = evaluate(pot, params, batches)
         n_first = len(compiles)
         second = evaluate(pot, params, batches)
+        third = evaluate(Potential(cfg), params, batches)  # an equal potential (fit builds its own)
     finally:
         jax.monitoring.unregister_event_duration_listener(listener)
     assert n_first >= 1 and len(compiles) == n_first, f"compiled {len(compiles) - n_first} more times"
-    assert first == second and np.isfinite(first["force_mae"])
+    assert first == second == third and np.isfinite(first["force_mae"])
+    assert Potential(cfg) == pot and hash(Potential(cfg)) == hash(pot) and Potential(cfg, "e3nn") != pot
 
 
 def test_smoothed_loss_decreases_monotonically():

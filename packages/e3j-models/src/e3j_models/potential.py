@@ -62,6 +62,14 @@ class Potential:
                 raise ValueError(f"backend must be None, 'e3nn' or an installed e3j backend: {err}") from None
         self.config, self.backend = config, backend
 
+    # equal potentials compute the same function: jit's static-argument cache then reuses one
+    # compilation for them (evaluate, fit) instead of keeping one per instance alive
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Potential) and (self.config, self.backend) == (other.config, other.backend)
+
+    def __hash__(self) -> int:
+        return hash((Potential, self.config, self.backend))
+
     def with_backend(self, backend: str | None) -> Potential:
         return Potential(self.config, backend)
 
