@@ -19,7 +19,7 @@ def markdown(result: dict) -> str:
         f"{result.get('load_average_end', [math.nan])[0]:.1f} at the end"
     )
     parts = [
-        f"Measured {result['date'][:10]} on {m['device']}, {m['processor']} ({m['cpus']} cores, "
+        f"Measured {result['date'][:10]} on {m['device']}, {m.get('cpu', m['processor'])} ({m['cpus']} cores, "
         f"{m['memory_bytes'] / 2**30:.0f} GiB, {m['platform']}), jax {m['jax']}; "
         + (f"{m['note']}; " if m["note"] else "")
         + f"{load}; command: `{result['command']}`."

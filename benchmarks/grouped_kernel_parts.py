@@ -40,6 +40,7 @@ import numpy as np
 from interop_message_passing import case, paired_share
 
 import e3j
+from e3j._bench import host_info
 
 
 def programs(n: int, backend: str = "reference") -> dict:
@@ -150,6 +151,7 @@ def main(argv=None) -> int:
         "command": "python benchmarks/grouped_kernel_parts.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "jax": jax.__version__,
+        "host": host_info(),
     }
     rows = []
     for n in args.nodes:

@@ -35,6 +35,7 @@ from interop_message_passing import interleaved, paired_share
 
 import e3j
 from e3j import interop
+from e3j._bench import host_info
 from e3j.layout import from_mul_ir
 
 
@@ -152,7 +153,7 @@ def main(argv=None) -> int:
         rows = [measure(n, args) for n in args.nodes]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"platform": jax.default_backend(), "unit": "ms", "rows": rows}, f, indent=1)
+            json.dump({"platform": jax.default_backend(), "host": host_info(), "unit": "ms", "rows": rows}, f, indent=1)
     return 0
 
 

@@ -48,7 +48,7 @@ import numpy as np
 
 import e3j
 from e3j import interop
-from e3j._bench import time_call
+from e3j._bench import host_info, time_call
 
 
 def case(num_nodes, neighbours, irreps_x, lmax, filter_ir_out, dtype, seed=0):
@@ -124,7 +124,11 @@ def main(argv=None) -> int:
         with open(args.json, "w") as f:
             # the allocator's settings matter to fresh buffers' costs
             env = {k: os.environ[k] for k in ("GLIBC_TUNABLES",) if k in os.environ}
-            json.dump({"backend": jax.default_backend(), "unit": "ms", "env": env, "rows": rows}, f, indent=1)
+            json.dump(
+                {"backend": jax.default_backend(), "host": host_info(), "unit": "ms", "env": env, "rows": rows},
+                f,
+                indent=1,
+            )
     return 0
 
 

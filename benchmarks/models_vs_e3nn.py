@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import e3j_models as em
-from e3j._bench import time_call
+from e3j._bench import host_info, time_call
 
 PRESETS = {"mace_a": em.mace_a, "mace_b": em.mace_b, "nequip": em.nequip}
 
@@ -56,6 +56,7 @@ def machine_info() -> dict:
     return {
         "platform": platform.platform(),
         "processor": platform.processor() or platform.machine(),
+        "cpu": host_info()["cpu"],
         "cpus": os.cpu_count(),
         "memory_bytes": machine_memory(),
         "jax": jax.__version__,

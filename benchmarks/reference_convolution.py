@@ -31,7 +31,7 @@ import numpy as np
 
 import e3j
 from e3j import backends
-from e3j._bench import time_call
+from e3j._bench import host_info, time_call
 
 SH = "0e + 1o + 2e + 3o"
 FILTER = "0e + 1o + 2e"
@@ -154,7 +154,7 @@ def main(argv=None) -> int:
         rows = [measure(shape, n, args) for n in args.nodes for shape in args.shapes]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"unit": "ms", "rows": rows}, f, indent=1)
+            json.dump({"unit": "ms", "host": host_info(), "rows": rows}, f, indent=1)
     return 0
 
 

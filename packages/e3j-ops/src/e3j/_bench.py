@@ -101,6 +101,32 @@ def copy_bandwidth(num_bytes: int, *, runs: int = 100, dtype=jnp.float32, device
     return seconds, throughput(2 * n * jnp.dtype(dtype).itemsize, seconds)
 
 
+def host_info() -> dict:
+    """The machine a CPU timing was taken on, for a results file: the CPU's model name (Linux's
+    ``/proc/cpuinfo``, else ``platform.processor()``), its core count and the load average when the
+    function is called (timings on a shared machine drift with it). Read when called, never at import.
+
+    >>> info = host_info()
+    >>> sorted(info), info["cores"] >= 1, isinstance(info["cpu"], str)
+    (['cores', 'cpu', 'load_average'], True, True)
+    """
+    import os
+    import platform
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "cpu": model or platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+        "load_average": None if load is None else [round(x, 2) for x in load],
+    }
+
+
 def device_slug(kind: str | None = None) -> str:
     """The slug of a device kind that names results files (``benchmarks/results/<slug>-<suite>.json``).
 
