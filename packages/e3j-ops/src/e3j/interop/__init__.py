@@ -11,6 +11,8 @@ it). Every function equals its e3nn-jax counterpart (tested against it) and runs
   w, x[senders], y))`` of a legacy ``FunctionalTensorProduct`` with ``uvu`` instructions, fused.
 - :func:`spherical_harmonics` — ``e3nn.spherical_harmonics`` (``IrrepsArray`` input or not).
 - :func:`from_irreps_array` / :func:`to_irreps_array` — e3nn's flat layout ↔ e3j's ``[.., D, C]``.
+- :func:`to_e3nn_irreps` — any irreps form (e3j's ``Irreps`` included) as ``e3nn.Irreps``, for
+  e3nn-jax code, whose own parser does not read e3j's ``Irreps``.
 
 See ``docs/porting.md`` for a NequIP layer before and after.
 
@@ -28,7 +30,7 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
     raise ImportError("e3j.interop needs e3nn-jax: pip install 'e3j[e3nn]'") from err
 
 from .functional import FunctionalMessagePassing
-from .layout import from_irreps_array, to_irreps_array
+from .layout import from_irreps_array, to_e3nn_irreps, to_irreps_array
 from .message_passing import MessagePassing, message_passing
 from .spherical_harmonics import spherical_harmonics
 from .tensor_product import tensor_product
@@ -40,5 +42,6 @@ __all__ = [
     "message_passing",
     "spherical_harmonics",
     "tensor_product",
+    "to_e3nn_irreps",
     "to_irreps_array",
 ]

@@ -51,5 +51,12 @@ def to_irreps_array(x: jax.Array, irreps) -> e3nn.IrrepsArray:
 
 
 def to_e3nn_irreps(irreps) -> e3nn.Irreps:
-    """The same irreps as an ``e3nn.Irreps``."""
+    """The same irreps as an ``e3nn.Irreps``: for e3nn-jax code given e3j's irreps (e.g.
+    ``e3j.flax.Linear(...).output_irreps()``), which ``e3nn.Irreps(...)`` itself does not read.
+
+    >>> import e3j, e3nn_jax as e3nn
+    >>> out = to_e3nn_irreps(e3j.Irreps("2x0e + 1o"))
+    >>> out, isinstance(out, e3nn.Irreps)
+    (2x0e+1x1o, True)
+    """
     return e3nn.Irreps([(mul, (ir.l, ir.p)) for mul, ir in Irreps(irreps)])
