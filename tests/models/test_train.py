@@ -145,6 +145,10 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
     main([*args, "--eval-every", "1", "--valid-fraction", "0.34"])
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["train_structures"] == 2 and metrics["valid_structures"] == 1
+    # the command as given (sys.argv is pytest's here)
+    assert metrics["command"] == "python -m e3j_models " + " ".join(
+        [*args, "--eval-every", "1", "--valid-fraction", "0.34"]
+    )
     assert (out / "loss.png").stat().st_size > 1000
     cfg, _ = load(out / "model.npz")
     assert cfg.atomic_numbers == (28, 29) and cfg.atomic_energies is not None

@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 import time
 
@@ -82,7 +83,7 @@ def _train(args) -> None:
     best = min(result.history["valid"], key=lambda v: v["force_mae"]) if result.history["valid"] else result.validation
     metrics = {
         "preset": args.preset,
-        "command": "python -m e3j_models " + " ".join(sys.argv[1:]),
+        "command": "python -m e3j_models " + shlex.join(args.argv),
         "train_structures": len(train),
         "valid_structures": len(valid),
         "wall_seconds": seconds,
@@ -166,7 +167,7 @@ def _md(args) -> None:
     plot_md(log, os.path.join(args.out, "md.png"), f"{args.ensemble.upper()}, {len(atoms)} atoms")
     etot = log["total_energy"]
     summary = {
-        "command": "python -m e3j_models " + " ".join(sys.argv[1:]),
+        "command": "python -m e3j_models " + shlex.join(args.argv),
         "atoms": len(atoms),
         "ensemble": args.ensemble,
         "backend": args.backend or "e3j",
@@ -245,6 +246,8 @@ def main(argv=None) -> None:
     p.set_defaults(func=_md)
 
     args = parser.parse_args(argv)
+    # the command as given, also when called as main([...]) (sys.argv is then the caller's)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args.func(args)
     except (FileNotFoundError, ValueError) as err:
