@@ -101,14 +101,15 @@ def run_md(
 
     def record():
         epot = atoms.get_potential_energy()
-        if not np.isfinite(epot + atoms.get_kinetic_energy()):
+        etot = epot + atoms.get_kinetic_energy()
+        if not np.isfinite(etot):
             raise ValueError(
                 f"the trajectory diverged by {dyn.get_time() / units.fs:g} fs (energy {epot}): "
                 f"a timestep of {timestep_fs:g} fs is too large, or atoms came too close"
             )
         log["time_ps"].append(dyn.get_time() / (1000 * units.fs))
         log["energy"].append(epot)
-        log["total_energy"].append(epot + atoms.get_kinetic_energy())
+        log["total_energy"].append(etot)
         log["temperature"].append(atoms.get_temperature())
         log["volume"].append(atoms.get_volume() if atoms.pbc.all() else float("nan"))
         if ensemble == "npt":
