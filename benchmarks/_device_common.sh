@@ -1,5 +1,5 @@
 # Shared by benchmarks/device.sh (GPU) and benchmarks/tpu.sh (TPU); sourced, not run. It sets $OUT
-# (the caller's default if unset), log(), device_slug(), snapshot_results() / pack() (the new results
+# (the caller's default if unset), log(), device_slug(), snapshot_results() / pack() (the results
 # files so far into $OUT/results.tgz) and run_e2e (the end-to-end benchmarks of e3j-models).
 OUT=${OUT:-/tmp/e3j-device-out}
 mkdir -p "$OUT"
@@ -12,12 +12,13 @@ device_slug() { python3 -c "from e3j._bench import device_slug; print(device_slu
 # results land in this copy's benchmarks/results (so the recorded commands name the committed paths);
 # unpack results.tgz in the checkout, then: python benchmarks/readme_tables.py --write (renders docs/benchmarks.md)
 snapshot_results() {
-  RESULTS_BEFORE=$(mktemp)
-  ls benchmarks/results > "$RESULTS_BEFORE"
+  RESULTS_MARK=$(mktemp)
+  sleep 1  # a file written in the marker's second must still count as newer
 }
-# packed after every step: a run cut short by a time limit still returns what it measured
+# packed after every step: a run cut short by a time limit still returns what it measured. Every file
+# written since the snapshot, new or rewritten (a rerun rewrites the committed results of the same name)
 pack() {
-  ls benchmarks/results | grep -vxF -f "$RESULTS_BEFORE" | sed 's|^|benchmarks/results/|' | tar czf "$OUT/results.tgz" -T -
+  find benchmarks/results -type f -newer "$RESULTS_MARK" | tar czf "$OUT/results.tgz" -T -
 }
 
 # e3j-models force time vs atoms, MD ms/step per backend and the e3nn-jax twin, run-to-run deviation

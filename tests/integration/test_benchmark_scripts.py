@@ -72,6 +72,28 @@ def test_device_scripts_name_results_by_e3j_device_slug(tmp_path):
         assert "device_kind.lower" not in path.read_text(), f"{path.name}: use e3j._bench.device_slug"
 
 
+def test_device_scripts_pack_new_and_rewritten_results(tmp_path):
+    # a device run that reruns a committed benchmark rewrites its results file: pack() must send it
+    # back as well as the new files, and nothing the run left untouched
+    work = tmp_path / "repo"
+    results = work / "benchmarks" / "results"
+    results.mkdir(parents=True)
+    (results / "untouched.json").write_text("{}")
+    (results / "rerun.json").write_text("{}")
+    script = f"""
+        source {ROOT / "benchmarks/_device_common.sh"}
+        snapshot_results
+        echo '{{"new": 1}}' > benchmarks/results/rerun.json
+        echo '{{}}' > benchmarks/results/new.json
+        pack
+        tar tzf "$OUT/results.tgz" | sort
+    """
+    env = {**os.environ, "OUT": str(tmp_path / "out")}
+    run = subprocess.run(["bash", "-c", script], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["benchmarks/results/new.json", "benchmarks/results/rerun.json"]
+
+
 NAMES = {"tp_fwd": "tensor_product", "tp_bwd": "tensor_product_bwd", "conv_fwd": "convolution"}
 NAMES["conv_bwd"] = "convolution_bwd"
 
