@@ -113,9 +113,6 @@ def measure_md(name: str, repeats: int, backends, *, steps: int, rounds: int, dt
         ms = row["rounds_ms_per_step"]
         row["ms_per_step"] = min(ms) if ms else float("nan")
         row["buckets"] = calcs[row["backend"]].buckets if row["backend"] in calcs else []
-    first = out[0]["ms_per_step"]
-    for row in out:
-        row["e3j_faster_by"] = row["ms_per_step"] / first
     return out
 
 

@@ -11,6 +11,22 @@ def _gib(b) -> str:
     return f"{b / 2**30:.2f} GiB" if b else "n/a"
 
 
+def _vs_twin(rows: list[dict], key: str) -> list[str]:
+    """Each row's speed against the e3nn-jax twin's run of the same model and size: the twin's time over
+    the row's ("n/a" without a twin row; above 1, faster than the twin)."""
+    twin = {(r["model"], r["atoms"]): r for r in rows if r["backend"] == "e3nn"}
+    out = []
+    for r in rows:
+        t = twin.get((r["model"], r["atoms"]))
+        if t is not None and not t.get("fits_free_memory", True) and r is not t:
+            out.append("twin does not fit")
+        elif t is not None and t.get("fits_free_memory", True) and r.get(key) and math.isfinite(t[key] / r[key]):
+            out.append(f"{t[key] / r[key]:.2f}×")
+        else:
+            out.append("n/a")
+    return out
+
+
 def markdown(result: dict) -> str:
     """The results as Markdown tables (also rendered into docs/benchmarks.md)."""
     m = result["machine"]
@@ -18,8 +34,9 @@ def markdown(result: dict) -> str:
         f"1-min load average {result['load_average_start'][0]:.1f} at the start, "
         f"{result.get('load_average_end', [math.nan])[0]:.1f} at the end"
     )
+    cpu = m.get("cpu") or m.get("processor", "?")
     parts = [
-        f"Measured {result['date'][:10]} on {m['device']}, {m.get('cpu', m['processor'])} ({m['cpus']} cores, "
+        f"Measured {result['date'][:10]} on {m['device']}, {cpu} ({m['cpus']} cores, "
         f"{m['memory_bytes'] / 2**30:.0f} GiB, {m['platform']}), jax {m['jax']}; "
         + (f"{m['note']}; " if m["note"] else "")
         + f"{load}; command: `{result['command']}`."
@@ -28,32 +45,34 @@ def markdown(result: dict) -> str:
     forces = result.get("forces", [])
     if forces:
         lines = [
-            "Force inference (jitted energy + forces, water box, float32; mean of the fastest 20 % of the runs):",
+            "Force inference (jitted energy + forces, water box, float32; mean of the fastest 20 % of the runs; "
+            "vs e3nn-jax twin: the twin's ms over the row's):",
             "",
-            "| model | atoms | edges | backend | ms | e3j faster by | memory (XLA) | est. max atoms |",
+            "| model | atoms | edges | backend | ms | vs e3nn-jax twin | memory (XLA) | est. max atoms |",
             "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |",
         ]
-        for r in forces:
+        for r, vs in zip(forces, _vs_twin(forces, "ms"), strict=True):
             ms = "does not fit" if not r["fits_free_memory"] else f"{r['ms']:.0f}"
             lines.append(
                 f"| {r['model']} | {r['atoms']} | {r['edges']} | {LABEL.get(r['backend'], r['backend'])} | {ms} "
-                f"| {r['speedup_of_first']:.2f}× | {_gib(r['memory_bytes'])} | {r['max_atoms_estimate'] or 'n/a'} |"
+                f"| {vs} | {_gib(r['memory_bytes'])} | {r['max_atoms_estimate'] or 'n/a'} |"
             )
         parts.append("\n".join(lines))
     md = result.get("md", [])
     if md:
         lines = [
             "MD (NVE, ASE VelocityVerlet through `e3j_models.Calculator`, Cu–Ni fcc, float32, 1 fs; best round of "
-            "interleaved rounds; ms/step includes the host neighbour list and ASE):",
+            "interleaved rounds; ms/step includes the host neighbour list and ASE; vs e3nn-jax twin: the twin's "
+            "ms/step over the row's):",
             "",
-            "| model | atoms | backend | ms/step | rounds (ms/step) | e3j faster by | memory (XLA) |",
+            "| model | atoms | backend | ms/step | rounds (ms/step) | vs e3nn-jax twin | memory (XLA) |",
             "| --- | ---: | --- | ---: | --- | ---: | ---: |",
         ]
-        for r in md:
+        for r, vs in zip(md, _vs_twin(md, "ms_per_step"), strict=True):
             if not r["fits_free_memory"]:
-                ms, ratio = "does not fit", "∞ (twin cannot run)"
+                ms, ratio = "does not fit", "n/a"
             else:
-                ms, ratio = f"{r['ms_per_step']:.0f}", f"{r['e3j_faster_by']:.2f}×"
+                ms, ratio = f"{r['ms_per_step']:.0f}", vs
             rounds = ", ".join(f"{x:.0f}" for x in r["rounds_ms_per_step"]) or "-"
             lines.append(
                 f"| {r['model']} | {r['atoms']} | {LABEL.get(r['backend'], r['backend'])} | {ms} | {rounds} | {ratio} "

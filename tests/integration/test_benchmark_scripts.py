@@ -209,3 +209,26 @@ def test_interop_benchmark_paired_share_measures_the_difference():
     assert 19 < share["a_ms"] < 40 and 9 < share["b_ms"] < 30, share
     same = script["paired_share"]((wait(0.01), (1.0,)), (wait(0.01), (1.0,)), 20)
     assert abs(same["median"]) < 0.2, same
+
+
+def test_e2e_tables_compare_each_backend_with_the_twin():
+    # benchmarks/e2e.py's tables: each row's ratio is the e3nn-jax twin's time over the row's, for the
+    # same model and size (several e3j backends on a GPU), whatever order the rows come in
+    tables = runpy.run_path(str(ROOT / "benchmarks/e2e_tables.py"))
+    machine = {"device": "gpu:0", "cpu": "x", "cpus": 16, "memory_bytes": 2**36, "platform": "p", "jax": "0"}
+    machine["note"] = ""
+
+    def md(model, backend, ms, fits=True):
+        return {"model": model, "atoms": 2048, "backend": backend, "ms_per_step": ms, "rounds_ms_per_step": [ms],
+                "fits_free_memory": fits, "memory_bytes": 2**30}  # fmt: skip
+
+    result = {
+        "machine": machine, "date": "2026-12-04", "command": "c", "complete": True, "load_average_start": [1.0],
+        "md": [md("a", "cuda", 50.0), md("a", "e3nn", 100.0), md("a", "pallas_gpu", 40.0),
+               md("b", "cuda", 10.0), md("b", "e3nn", 0.0, fits=False), md("c", "cuda", 10.0)],
+    }  # fmt: skip
+    rows = [line.split(" | ") for line in tables["markdown"](result).splitlines() if line.startswith("| a |")]
+    assert [(r[2], r[5]) for r in rows] == [("cuda", "2.00×"), ("e3nn-jax twin", "1.00×"), ("pallas_gpu", "2.50×")]
+    text = tables["markdown"](result)
+    assert "| b | 2048 | cuda | 10 | 10 | twin does not fit |" in text
+    assert "| c | 2048 | cuda | 10 | 10 | n/a |" in text
