@@ -381,6 +381,99 @@ def test_multi_platform_lowering_selects_per_platform():
     assert plugin.calls == ["tensor_product"]  # the cpu lowering used the test backend
 
 
+# -- auto_min_channels: passed over automatically below a channel count ---------------------------
+
+
+def _synthetic(name: str, priority: int, **fields) -> backends.Backend:
+    """A backend running the reference kernels under another name (selection tests only)."""
+    return backends.Backend(
+        name=name, version="0", platforms=("cpu",), load=backends._load_reference, priority=priority, **fields
+    )
+
+
+@pytest.fixture
+def wide_only(monkeypatch):
+    """``wide_only`` (priority 300, above the test backend's 100): chosen automatically for
+    convolutions only from 128 channels, and the only plugin running float16."""
+    wide = _synthetic(
+        "wide_only", 300, auto_min_channels=(("convolution", 128),), dtypes=("float16", "float32", "float64")
+    )
+    found, errors = backends._discovered()
+    monkeypatch.setattr(backends, "_discovered", lambda: ((*found, wide), errors))
+    return wide
+
+
+def test_auto_min_channels_passes_a_backend_over_below_its_channels(wide_only, monkeypatch):
+    def conv(c, dtype="float32"):
+        return OpRequest("convolution", "cpu", dtype, c, 3)
+
+    assert select_backend(conv(127), None).name == "test"
+    assert select_backend(conv(128), None).name == "wide_only"
+    # only the op named: the tensor product takes it at any channel count
+    assert select_backend(OpRequest("tensor_product", "cpu", "float32", 8, 3), None).name == "wide_only"
+    # by name, and through E3J_BACKEND, it runs below the count too
+    assert select_backend(conv(8), "wide_only").name == "wide_only"
+    assert wide_only.unsupported(conv(8)) is None and "from 128 channels" in wide_only.passed_over(conv(8))
+    monkeypatch.setenv(ENV, "wide_only")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert select_backend(conv(8), None).name == "wide_only"
+
+
+def test_a_backend_passed_over_still_beats_the_reference(wide_only):
+    # no other plugin runs float16: the backend passed over below 128 channels is still chosen
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert select_backend(OpRequest("convolution", "cpu", "float16", 8, 3), None).name == "wide_only"
+
+
+def test_info_says_why_a_backend_is_passed_over(wide_only, capsys):
+    from e3j.__main__ import _passed_over
+
+    passed = dict(_passed_over(OpRequest("convolution", "cpu", "float32", 64, 3), "test"))
+    assert "chosen automatically for convolution from 128 channels" in passed["wide_only"]
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    block = out.split("  wide_only 0\n", 1)[1].split("compatible:", 1)[0]  # its descriptor's lines
+    assert "    automatic:     convolution from 128 channels (by name: any)\n" in block
+    assert "automatic:" not in out.split("  test ", 1)[1].split("compatible:", 1)[0]
+
+
+def test_auto_min_channels_in_mapping_descriptors():
+    base = {"name": "m", "version": "0", "platforms": ["cpu"], "load": backends._load_reference}
+    b = backends.Backend.from_mapping({**base, "auto_min_channels": {"convolution": 128}})
+    assert b.auto_min_channels == (("convolution", 128),)
+    for bad in ({"conv": 128}, {"convolution": 0}, {"convolution": "128"}):
+        with pytest.raises(TypeError, match="auto_min_channels"):
+            backends.Backend.from_mapping({**base, "auto_min_channels": bad})
+
+
+def test_grouped_convolution_runs_every_group_on_the_widest_groups_backend(monkeypatch):
+    """A mixed-multiplicity plan runs on one backend (its grouped kernels, e3nn's operands in place)
+    when the backend selected for its widest group can run every group; else each group's own."""
+    from e3j._primitives.grouped_convolution import _plan_backends
+
+    plan = e3j.MulIrConvolution("32x0e + 16x1o + 2x2e", "0e + 1o", "0e + 1o + 1e").plan
+    widths = sorted({g.channels for g in plan.groups})
+    assert widths[0] < widths[-1]
+    found, errors = backends._discovered()
+
+    def names(*extra):
+        monkeypatch.setattr(backends, "_discovered", lambda: ((*found, *extra), errors))
+        return [b.name for b in _plan_backends(plan, "cpu", "float32", None)]
+
+    n = len(plan.groups)
+    # passed over below the widest group's C: every group on the test backend
+    assert names(_synthetic("wide_a", 300, auto_min_channels=(("convolution", widths[-1] + 1),))) == ["test"] * n
+    # chosen for the widest group: every group on it, the narrower ones too
+    assert names(_synthetic("wide_b", 300, auto_min_channels=(("convolution", widths[-1]),))) == ["wide_b"] * n
+    # one that cannot run the widest group: the widest group's backend (test) runs them all
+    assert names(_synthetic("narrow", 300, max_channels=widths[0])) == ["test"] * n
+    # one chosen for the widest group that cannot run the others: each group its own
+    got = names(_synthetic("multiple", 300, channel_multiple=widths[-1]))
+    assert got == ["multiple" if g.channels == widths[-1] else "test" for g in plan.groups] and "test" in got
+
+
 # -- python -m e3j info ---------------------------------------------------------------------------
 
 

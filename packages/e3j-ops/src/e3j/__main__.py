@@ -75,6 +75,8 @@ def _info(args: argparse.Namespace) -> int:
         if b.max_l is not None:
             limits.append(f"l <= {b.max_l}")
         w(f"    limits:        {', '.join(limits) or 'none'}\n")
+        for op, channels in b.auto_min_channels:
+            w(f"    automatic:     {op} from {channels} channels (by name: any)\n")
         w(f"    deterministic: {'yes' if b.deterministic else 'no'}\n")
         w(f"    jax:           {b.jax_requirement or 'any'}\n")
         coo = b.coo_format_version
@@ -123,7 +125,7 @@ def _passed_over(req, chosen: str) -> list[tuple[str, str]]:
     passed = []
     for b in backends.available_backends():
         if b.auto and b.name != chosen and req.platform in b.platforms and b.priority > floor:
-            reason = b.unsupported(req)
+            reason = b.unsupported(req) or b.passed_over(req)
             if reason:
                 passed.append((b.name, reason))
     return passed

@@ -13,7 +13,9 @@ Selection happens when a primitive is lowered, for the platform it is lowered fo
    :func:`use_backend` context at the time the op was called — must be usable, or lowering raises;
 2. else ``E3J_BACKEND`` (read at lowering time), when usable here; when not, a warning says why;
 3. else the loaded backend of highest priority that supports the platform, dtype and shapes
-   (backends with ``auto=False``, such as interpreters of accelerator kernels, only run by name);
+   (backends with ``auto=False``, such as interpreters of accelerator kernels, only run by name;
+   one with ``auto_min_channels`` for the op is passed over below that channel count, where a
+   lower-priority backend was measured faster: see :meth:`Backend.passed_over`);
 4. else the reference backend. On an accelerator this fallback warns once, saying why.
 
 ``python -m e3j info`` prints what is installed and what each op would use.
@@ -112,6 +114,9 @@ class Backend:
         check: optional extra ``(OpRequest) -> reason or None``.
         auto: chosen by the automatic policy; ``False`` for backends that must be asked for by name
             (e.g. accelerator kernels run by an interpreter on the CPU, for testing).
+        auto_min_channels: ``(op, channels)`` pairs: the automatic policy passes the backend over
+            for ``op`` below ``channels`` (another backend is faster there); by name it still runs.
+            A descriptor mapping may give a ``{op: channels}`` mapping.
         notes: facts about the kernels that ``python -m e3j info`` prints (e.g. where they switch
             algorithm); they do not affect selection.
     """
@@ -131,6 +136,7 @@ class Backend:
     coo_format_version: int | None = None
     check: Callable[[OpRequest], str | None] | None = field(default=None, repr=False)
     auto: bool = True
+    auto_min_channels: tuple[tuple[str, int], ...] = ()
     notes: tuple[str, ...] = ()
 
     @classmethod
@@ -144,6 +150,14 @@ class Backend:
         for name in ("platforms", "ops", "dtypes", "notes"):
             if name in values:
                 values[name] = tuple(values[name])
+        if isinstance(values.get("auto_min_channels"), Mapping):
+            values["auto_min_channels"] = tuple(sorted(values["auto_min_channels"].items()))
+        if "auto_min_channels" in values:
+            pairs = tuple(tuple(p) for p in values["auto_min_channels"])
+            bad = [p for p in pairs if len(p) != 2 or p[0] not in OPS or not isinstance(p[1], int) or p[1] < 1]
+            if bad:
+                raise TypeError(f"auto_min_channels: expected (op, channels >= 1) pairs with op in {OPS}, got {bad}")
+            values["auto_min_channels"] = pairs
         return cls(**values)
 
     def incompatibility(self) -> str | None:
@@ -176,6 +190,17 @@ class Backend:
             return f"it supports l <= {self.max_l}, got l = {req.lmax}"
         if self.check is not None:
             return self.check(req)
+        return None
+
+    def passed_over(self, req: OpRequest) -> str | None:
+        """Why the automatic policy passes this backend over for ``req`` although it can run it
+        (``auto_min_channels``), or ``None``. Requests by name ignore this."""
+        for op, channels in self.auto_min_channels:
+            if op == req.op and req.channels < channels:
+                return (
+                    f"chosen automatically for {op} from {channels} channels (another backend is faster "
+                    f"below), got {req.channels}"
+                )
         return None
 
 
@@ -323,12 +348,15 @@ def select_backend(req: OpRequest, requested: str | None) -> Backend:
         except BackendError as err:
             reason = str(err)
         _warn_once(("env", env, req), f"{ENV_VAR}={env} is not used for {req.op} on {req.platform}: {reason}")
-    reasons = []
+    reasons, passed = [], []
     candidates = sorted(available_backends(), key=lambda b: -b.priority)
     for backend in candidates:
         if backend.name == "reference" or not backend.auto:
             continue
         reason = backend.unsupported(req)
+        if reason is None and backend.passed_over(req):
+            passed.append(backend)
+            continue
         if reason is None:
             try:
                 _check_loadable(backend)
@@ -336,6 +364,13 @@ def select_backend(req: OpRequest, requested: str | None) -> Backend:
             except BackendError as err:
                 reason = str(err)
         reasons.append(f"{backend.name}: {reason}")
+    # no backend faster there can run req: one passed over by auto_min_channels still beats the reference
+    for backend in passed:
+        try:
+            _check_loadable(backend)
+            return backend
+        except BackendError as err:
+            reasons.append(f"{backend.name}: {err}")
     if req.platform != "cpu":
         why = "; ".join(reasons) if reasons else "no kernel backend is installed (e.g. pip install e3j[cuda])"
         _warn_once(

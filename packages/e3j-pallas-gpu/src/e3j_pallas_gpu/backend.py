@@ -206,6 +206,11 @@ mosaic_backend: dict[str, Any] = {
     "platforms": ("cuda",),
     "priority": 30,
     "check": mosaic_unsupported,
+    # the Triton convolutions ran ~2x faster on an H200 below 128 channels (2026-12-04: the groups of
+    # 64x0e + 32x1o + 16x2e x sh lmax 3, each a convolution of its own C, 0.42 against 0.71 ms forward
+    # and 0.97 against 1.22 ms backward at 3,000 nodes; 0.83 / 1.68 and 1.43 / 3.51 ms at 10,000), and
+    # ~1.2x slower at 128 (1,453 against 1,765 GB/s forward, 702 against 891 backward): by name any C
+    "auto_min_channels": {"convolution": 128},
     "load": functools.partial(_load_mosaic, False),
 }
 

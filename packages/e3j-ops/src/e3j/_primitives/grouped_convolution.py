@@ -10,7 +10,8 @@ their cotangent written there, an ``[E, num_weights]`` array is never copied int
 
 A backend whose kernels include ``grouped_convolution`` / ``grouped_convolution_bwd`` (the reference:
 all groups in one sweep over the edges; the CUDA, Pallas GPU (Triton and Mosaic) and TPU kernels: one
-launch per group) runs them when it serves every group; otherwise each group runs
+launch per group) runs them when it serves every group (the backend selected for the widest group,
+when it can run the others); otherwise each group runs
 through that backend's ordinary convolution kernels on operands split here (the weights copied into
 ``[E, P_g, C_g]``), and the results are joined: the same values, the old cost.
 """
@@ -25,7 +26,7 @@ import jax.numpy as jnp
 
 from .. import contract
 from .._mul_ir_plan import Plan
-from ..backends import OpRequest, kernels_of, select_backend
+from ..backends import Backend, OpRequest, kernels_of, select_backend
 from .convolution import ConvSpec
 from .multilinear import Multilinear, Primitives, coo_lmax, out_aval, slot_of
 
@@ -53,14 +54,22 @@ def _out_aval(spec: GroupedConvSpec, slot: str, avals: dict, aux) -> jax.core.Sh
     return out_aval((rows, spec.dim(slot)), dtype, list(avals.values()))
 
 
+def _plan_backends(plan: Plan, platform: str, dtype: str, requested: str | None) -> list[Backend]:
+    """Each group's backend: the one selected for the widest group when it runs every group (one
+    grouped launch sequence, e3nn's operands read in place), else each group's own selection as a
+    convolution of its ``C`` (a backend's limits, or its ``auto_min_channels``, can split a plan)."""
+    reqs = [OpRequest("convolution", platform, dtype, g.channels, coo_lmax(g.coo)) for g in plan.groups]
+    widest = select_backend(max(reqs, key=lambda r: r.channels), requested)
+    if all(widest.unsupported(r) is None for r in reqs):
+        return [widest] * len(reqs)
+    return [select_backend(r, requested) for r in reqs]
+
+
 def _dispatch(form, platform: str, requested: str | None, spec: GroupedConvSpec, A: dict, aux, outs) -> dict:
-    """The ``M`` outputs ``outs``: every group's backend selected as a convolution of its own ``C``."""
+    """The ``M`` outputs ``outs`` on the groups' backends (:func:`_plan_backends`)."""
     plan = spec.plan
     dtype = jnp.dtype(next(iter(A.values())).dtype)
-    backends = [
-        select_backend(OpRequest("convolution", platform, dtype.name, g.channels, coo_lmax(g.coo)), requested)
-        for g in plan.groups
-    ]
+    backends = _plan_backends(plan, platform, dtype.name, requested)
     graph = jax.tree.unflatten(spec.graph_tree, aux)
     avals = {k: jax.typeof(v) for k, v in A.items()}
     aux_avals = tuple(jax.typeof(a) for a in aux)
