@@ -272,21 +272,19 @@ def fit(
 
         bar = tqdm(total=steps, desc=f"train {config.kind}", unit="step")
     t0 = time.perf_counter()
-    t_compiled, done_structures = None, 0
+    throughput = _Throughput()
     order: list[int] = []
     for i in range(steps):
         if not order:
             order = rng.permutation(len(train_batches)).tolist()
         batch, labels = train_batches[order.pop()]
+        t_step = time.perf_counter()
         params, opt_state, loss, _ = step(params, opt_state, batch, labels)
         loss = float(loss)
         if not np.isfinite(loss):
             raise FloatingPointError(f"training loss is {loss} at step {i}: lower learning_rate")
         elapsed = time.perf_counter() - t0
-        if t_compiled is None:  # throughput excludes the first step, which compiles
-            t_compiled = elapsed
-        else:
-            done_structures += batch.num_graphs
+        throughput.add((batch, labels), batch.num_graphs, elapsed - (t_step - t0))
         history["step"].append(i)
         history["train_loss"].append(loss)
         history["time"].append(elapsed)
@@ -298,8 +296,8 @@ def fit(
                 best = val["force_mae"]
                 _save_atomic(checkpoint, config, params)
         if bar is not None:
-            rate = done_structures / max(elapsed - t_compiled, 1e-9)
-            bar.set_postfix(loss=f"{loss:.4g}", structs_per_s=f"{rate:.1f}")
+            rate = throughput.rate()
+            bar.set_postfix(loss=f"{loss:.4g}", structs_per_s="-" if rate is None else f"{rate:.1f}")
             bar.update()
     if bar is not None:
         bar.close()
@@ -307,6 +305,39 @@ def fit(
     if checkpoint is not None and not eval_every:
         _save_atomic(checkpoint, config, params)
     return FitResult(config, params, history, validation)
+
+
+class _Throughput:
+    """Structures per second of the training steps alone: a step whose batch shapes are new (so
+    that ``jit`` compiled it: the first, and e.g. the first smaller last batch) is left out, as is
+    the time spent outside the steps (evaluation, checkpoints).
+
+    >>> t = _Throughput()
+    >>> t.add(np.zeros(4), 4, 9.0)  # compiles
+    >>> t.rate() is None
+    True
+    >>> t.add(np.zeros(4), 4, 0.5); t.add(np.zeros(3), 3, 7.0); t.add(np.zeros(4), 4, 0.5)
+    >>> t.rate()
+    8.0
+    """
+
+    def __init__(self) -> None:
+        self._seen: set = set()
+        self._structures = 0
+        self._seconds = 0.0
+
+    def add(self, operands, structures: int, seconds: float) -> None:
+        leaves, tree = jax.tree.flatten(operands)
+        key = (tree, tuple((np.shape(a), np.result_type(a).str) for a in leaves))
+        if key in self._seen:
+            self._structures += structures
+            self._seconds += seconds
+        else:
+            self._seen.add(key)
+
+    def rate(self) -> float | None:
+        """Structures per second so far, ``None`` before any step that did not compile."""
+        return self._structures / self._seconds if self._seconds > 0 else None
 
 
 def epoch_losses(history: dict[str, Any], steps_per_epoch: int | None = None) -> np.ndarray:
