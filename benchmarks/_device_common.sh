@@ -39,9 +39,15 @@ run_e2e() {
   if [ -n "${E3J_DEVICE_REHEARSAL:-}" ]; then
     sizes=(--models nequip --atoms 30 --runs 2 --md cuni_mace:2 --md-steps 2 --md-rounds 1 --repeats 2 --determinism cuni_nequip)
     out="benchmarks/results/rehearsal-$kind-e2e.json"  # on a CPU, $kind-e2e.json is the committed cpu-e2e.json
+  elif [ -n "${E3J_E2E_ARGS:-}" ]; then
+    # another selection of sections and sizes, e.g. only what a bounded run cut (the sections run in
+    # the order md, determinism, forces): E3J_E2E_ARGS="--md --determinism cuni_mace --models mace_a
+    # mace_b nequip --atoms 1000 4000 --runs 10 --repeats 20" E3J_E2E_OUT=benchmarks/results/$kind-e2e-forces.json
+    read -r -a sizes <<< "$E3J_E2E_ARGS"
   else
     sizes=(--models mace_a mace_b nequip --atoms 1000 4000 --runs 10 --md cuni_mace:8 mace_a:8 --md-steps 20 --md-rounds 2 --repeats 20)
   fi
+  out=${E3J_E2E_OUT:-$out}
   # sections are written as they finish (md, determinism, forces): a timeout keeps what ran
   timeout "${E3J_E2E_TIMEOUT:-420}" python3 benchmarks/e2e.py "${sizes[@]}" --backends $backends e3nn --out "$out" \
     2>&1 | grep -v Warning | tail -60 | tee -a "$OUT/log.txt"

@@ -14,6 +14,8 @@
 # (install, info, then only that step, bounded to 420 s): they need e3j-models' dependencies too,
 #   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_17_x86_64 -d .whl flax ase vesin tqdm   (with their dependencies)
+# E3J_E2E_ARGS replaces that step's sections and sizes and E3J_E2E_OUT its results file (e.g. the
+# force-inference section alone, after a bounded run whose MD took the time: see _device_common.sh).
 # E3J_DEVICE_STEPS picks the steps after install and info, in order (default: tests table1 mosaic
 # scaling fig1; also e2e, diag: ~60 s of TP-forward timings that tell host from kernel time, and
 # grouped: mixed multiplicities, each GPU backend's grouped kernels against its groups' own),

@@ -211,6 +211,36 @@ def test_interop_benchmark_paired_share_measures_the_difference():
     assert abs(same["median"]) < 0.2, same
 
 
+def test_device_e2e_step_takes_other_sections_and_results_file(tmp_path):
+    # run_e2e with E3J_E2E_ARGS / E3J_E2E_OUT (a second call measuring what a bounded first one cut):
+    # python3 is a stand-in that records how benchmarks/e2e.py was called
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.txt"
+    (bin_dir / "python3").write_text(
+        f"""#!/usr/bin/env bash
+if [ "$1" = benchmarks/e2e.py ]; then shift; echo "$*" >> {log}; exit 0; fi
+if [ "$1" = -c ]; then echo fake; fi
+exit 0
+"""
+    )
+    (bin_dir / "python3").chmod(0o755)
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("E3J_DEVICE_REHEARSAL", None)
+    script = f"""
+        source {ROOT / "benchmarks/_device_common.sh"}
+        snapshot_results
+        run_e2e
+        E3J_E2E_ARGS="--md --models nequip --atoms 1000 --runs 3" E3J_E2E_OUT=benchmarks/results/x-forces.json run_e2e
+    """
+    run = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    default, chosen = log.read_text().splitlines()
+    assert "--md cuni_mace:8 mace_a:8" in default and default.endswith("--out benchmarks/results/fake-e2e.json")
+    want = "--md --models nequip --atoms 1000 --runs 3 --backends fake e3nn --out benchmarks/results/x-forces.json"
+    assert chosen == want
+
+
 def test_e2e_tables_compare_each_backend_with_the_twin():
     # benchmarks/e2e.py's tables: each row's ratio is the e3nn-jax twin's time over the row's, for the
     # same model and size (several e3j backends on a GPU), whatever order the rows come in
