@@ -30,9 +30,9 @@ def _vs_twin(rows: list[dict], key: str) -> list[str]:
 def markdown(result: dict) -> str:
     """The results as Markdown tables (also rendered into docs/benchmarks.md)."""
     m = result["machine"]
-    load = (
-        f"1-min load average {result['load_average_start'][0]:.1f} at the start, "
-        f"{result.get('load_average_end', [math.nan])[0]:.1f} at the end"
+    end = result.get("load_average_end")
+    load = f"1-min load average {result['load_average_start'][0]:.1f} at the start, " + (
+        f"{end[0]:.1f} at the end" if end else "none recorded at the end (the run was cut short)"
     )
     cpu = m.get("cpu") or m.get("processor", "?")
     parts = [
