@@ -17,6 +17,7 @@ a fresh ``jit`` at a channel count no other check uses (:func:`fresh`).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import subprocess
@@ -381,97 +382,170 @@ def test_multi_platform_lowering_selects_per_platform():
     assert plugin.calls == ["tensor_product"]  # the cpu lowering used the test backend
 
 
-# -- auto_min_channels: passed over automatically below a channel count ---------------------------
+# -- yields: a backend giving an op to a faster one below a channel count --------------------------
 
 
-def _synthetic(name: str, priority: int, **fields) -> backends.Backend:
-    """A backend running the reference kernels under another name (selection tests only)."""
-    return backends.Backend(
-        name=name, version="0", platforms=("cpu",), load=backends._load_reference, priority=priority, **fields
-    )
+def _synthetic(name: str, priority: int, record: list | None = None, **fields) -> backends.Backend:
+    """A backend running the reference kernels under another name (selection tests only); with
+    ``record``, its grouped kernels append the backend's name to it when traced."""
+
+    def load():
+        kernels = backends._load_reference()
+        if record is None:
+            return kernels
+
+        def wrap(fn):
+            def run(*args, **kwargs):
+                record.append(name)
+                return fn(*args, **kwargs)
+
+            return run
+
+        return dataclasses.replace(
+            kernels,
+            grouped_convolution=wrap(kernels.grouped_convolution),
+            grouped_convolution_bwd=wrap(kernels.grouped_convolution_bwd),
+        )
+
+    return backends.Backend(name=name, version="0", platforms=("cpu",), load=load, priority=priority, **fields)
 
 
-@pytest.fixture
-def wide_only(monkeypatch):
-    """``wide_only`` (priority 300, above the test backend's 100): chosen automatically for
-    convolutions only from 128 channels, and the only plugin running float16."""
-    wide = _synthetic(
-        "wide_only", 300, auto_min_channels=(("convolution", 128),), dtypes=("float16", "float32", "float64")
-    )
+def _install(monkeypatch, *extra: backends.Backend) -> None:
+    """The test plugins and ``extra`` (replacing any installed before)."""
     found, errors = backends._discovered()
-    monkeypatch.setattr(backends, "_discovered", lambda: ((*found, wide), errors))
-    return wide
+    kept = tuple(b for b in found if b.name in PLUGIN_BACKENDS)
+    monkeypatch.setattr(backends, "_discovered", lambda: ((*kept, *extra), errors))
 
 
-def test_auto_min_channels_passes_a_backend_over_below_its_channels(wide_only, monkeypatch):
-    def conv(c, dtype="float32"):
-        return OpRequest("convolution", "cpu", dtype, c, 3)
+def conv_req(c: int, dtype: str = "float32") -> OpRequest:
+    return OpRequest("convolution", "cpu", dtype, c, 3)
 
-    assert select_backend(conv(127), None).name == "test"
-    assert select_backend(conv(128), None).name == "wide_only"
-    # only the op named: the tensor product takes it at any channel count
-    assert select_backend(OpRequest("tensor_product", "cpu", "float32", 8, 3), None).name == "wide_only"
+
+def test_a_backend_yields_an_op_below_a_channel_count(monkeypatch):
+    # `wide` (300) yields convolutions below 128 channels to `narrow_fast` (200); `middle` (250), above
+    # narrow_fast in priority, must not take them (it is not the one measured faster there)
+    wide = _synthetic("wide", 300, yields=(("convolution", 128, "narrow_fast"),))
+    _install(monkeypatch, wide, _synthetic("narrow_fast", 200), _synthetic("middle", 250))
+    assert select_backend(conv_req(127), None).name == "narrow_fast"
+    assert select_backend(conv_req(128), None).name == "wide"
+    # only the op named: the tensor product stays on it at any channel count
+    assert select_backend(OpRequest("tensor_product", "cpu", "float32", 8, 3), None).name == "wide"
     # by name, and through E3J_BACKEND, it runs below the count too
-    assert select_backend(conv(8), "wide_only").name == "wide_only"
-    assert wide_only.unsupported(conv(8)) is None and "from 128 channels" in wide_only.passed_over(conv(8))
-    monkeypatch.setenv(ENV, "wide_only")
+    assert select_backend(conv_req(8), "wide").name == "wide"
+    assert wide.unsupported(conv_req(8)) is None and "below 128 channels narrow_fast" in wide.passed_over(conv_req(8))
+    monkeypatch.setenv(ENV, "wide")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert select_backend(conv(8), None).name == "wide_only"
+        assert select_backend(conv_req(8), None).name == "wide"
 
 
-def test_a_backend_passed_over_still_beats_the_reference(wide_only):
-    # no other plugin runs float16: the backend passed over below 128 channels is still chosen
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert select_backend(OpRequest("convolution", "cpu", "float16", 8, 3), None).name == "wide_only"
+def test_a_backend_keeps_what_the_other_cannot_run(monkeypatch):
+    # the one yielded to runs no float16 / fails to load / is not installed: the yielding one runs it,
+    # not the reference and not a third backend of lower priority
+    cases = [
+        (_synthetic("fast_f32", 200), "float16"),
+        (_synthetic("fast_broken", 200), "float32"),
+        (None, "float32"),
+    ]
+    for target, dtype in cases:
+        name = target.name if target is not None else "not_installed"
+        wide = _synthetic(f"wide_{name}", 300, yields=(("convolution", 128, name),), dtypes=("float16", "float32"))
+        extra = [wide, _synthetic(f"middle_{name}", 250)]
+        if target is not None:
+            if name == "fast_broken":
+                target = dataclasses.replace(target, load=lambda: 1 / 0)
+            extra.append(target)
+        _install(monkeypatch, *extra)
+        assert select_backend(conv_req(8, dtype), None).name == f"wide_{name}", name
+        assert wide.passed_over(conv_req(8, dtype)) is None
 
 
-def test_info_says_why_a_backend_is_passed_over(wide_only, capsys):
+def test_backends_yielding_to_each_other_are_not_both_passed_over(monkeypatch):
+    a = _synthetic("a", 300, yields=(("convolution", 128, "b"),))
+    b = _synthetic("b", 200, yields=(("convolution", 128, "a"),))
+    _install(monkeypatch, a, b)
+    assert select_backend(conv_req(8), None).name == "a"
+
+
+def test_info_says_why_a_backend_is_passed_over(monkeypatch, capsys):
     from e3j.__main__ import _passed_over
 
-    passed = dict(_passed_over(OpRequest("convolution", "cpu", "float32", 64, 3), "test"))
-    assert "chosen automatically for convolution from 128 channels" in passed["wide_only"]
+    _install(monkeypatch, _synthetic("wide", 300, yields={"convolution": (128, "test")}))
+    passed = dict(_passed_over(conv_req(64), "test"))
+    assert "below 128 channels test runs convolution" in passed["wide"]
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    block = out.split("  wide_only 0\n", 1)[1].split("compatible:", 1)[0]  # its descriptor's lines
-    assert "    automatic:     convolution from 128 channels (by name: any)\n" in block
-    assert "automatic:" not in out.split("  test ", 1)[1].split("compatible:", 1)[0]
+    block = out.split("  wide 0\n", 1)[1].split("compatible:", 1)[0]  # its descriptor's lines
+    assert "    yields:        convolution below 128 channels to test when it can run it\n" in block
+    assert "yields:" not in out.split("  test ", 1)[1].split("compatible:", 1)[0]
 
 
-def test_auto_min_channels_in_mapping_descriptors():
+def test_yields_are_validated():
     base = {"name": "m", "version": "0", "platforms": ["cpu"], "load": backends._load_reference}
-    b = backends.Backend.from_mapping({**base, "auto_min_channels": {"convolution": 128}})
-    assert b.auto_min_channels == (("convolution", 128),)
-    for bad in ({"conv": 128}, {"convolution": 0}, {"convolution": "128"}):
-        with pytest.raises(TypeError, match="auto_min_channels"):
-            backends.Backend.from_mapping({**base, "auto_min_channels": bad})
+    b = backends.Backend.from_mapping({**base, "yields": {"convolution": (128, "pallas_gpu")}})
+    assert b.yields == (("convolution", 128, "pallas_gpu"),) and hash(b) == hash(b)
+    assert backends.Backend(**{**base, "platforms": ("cpu",), "yields": [("convolution", 64, "x")]}).yields == (
+        ("convolution", 64, "x"),
+    )
+    for bad in ({"conv": (128, "x")}, {"convolution": (0, "x")}, {"convolution": (True, "x")},
+                {"convolution": 128}, {"convolution": (128, "m")}, {"convolution": ("128", "x")}):  # fmt: skip
+        with pytest.raises(TypeError, match="yields"):
+            backends.Backend.from_mapping({**base, "yields": bad})
 
 
-def test_grouped_convolution_runs_every_group_on_the_widest_groups_backend(monkeypatch):
-    """A mixed-multiplicity plan runs on one backend (its grouped kernels, e3nn's operands in place)
-    when the backend selected for its widest group can run every group; else each group's own."""
+def test_a_split_plan_runs_on_one_grouped_backend(monkeypatch):
+    """A mixed-multiplicity plan that per-group selection splits across backends runs every group
+    on the chosen kernel backend with grouped kernels that can run them all, the one chosen for the
+    most weight columns first; else each group keeps its own."""
     from e3j._primitives.grouped_convolution import _plan_backends
 
     plan = e3j.MulIrConvolution("32x0e + 16x1o + 2x2e", "0e + 1o", "0e + 1o + 1e").plan
-    widths = sorted({g.channels for g in plan.groups})
-    assert widths[0] < widths[-1]
-    found, errors = backends._discovered()
+    cols = {g.channels: g.coo.num_paths * g.channels for g in plan.groups}
+    n = len(plan.groups)
 
     def names(*extra):
-        monkeypatch.setattr(backends, "_discovered", lambda: ((*found, *extra), errors))
+        _install(monkeypatch, *extra)
         return [b.name for b in _plan_backends(plan, "cpu", "float32", None)]
 
-    n = len(plan.groups)
-    # passed over below the widest group's C: every group on the test backend
-    assert names(_synthetic("wide_a", 300, auto_min_channels=(("convolution", widths[-1] + 1),))) == ["test"] * n
-    # chosen for the widest group: every group on it, the narrower ones too
-    assert names(_synthetic("wide_b", 300, auto_min_channels=(("convolution", widths[-1]),))) == ["wide_b"] * n
-    # one that cannot run the widest group: the widest group's backend (test) runs them all
-    assert names(_synthetic("narrow", 300, max_channels=widths[0])) == ["test"] * n
-    # one chosen for the widest group that cannot run the others: each group its own
-    got = names(_synthetic("multiple", 300, channel_multiple=widths[-1]))
-    assert got == ["multiple" if g.channels == widths[-1] else "test" for g in plan.groups] and "test" in got
+    # not split: each its own, all the same
+    assert names(_synthetic("w1", 300, yields=(("convolution", 1000, "test"),))) == ["test"] * n
+    # split by yields at 32: w2 chosen for the 32-channel group; the test plugin (no grouped kernels)
+    # for the others. w2 runs them all with grouped kernels: all on w2
+    assert names(_synthetic("w2", 300, yields=(("convolution", 32, "test"),))) == ["w2"] * n
+    # split by a limit: w3 (max 16 channels) for the narrow groups only; it cannot run the widest and
+    # the test plugin has no grouped kernels: each group its own
+    got = names(_synthetic("w3", 300, max_channels=16))
+    assert got == ["w3" if g.channels <= 16 else "test" for g in plan.groups] and len(set(got)) == 2
+    # two grouped backends split the plan: the one chosen for more weight columns takes every group
+    assert cols[32] > cols[16] + cols[2]
+    big = _synthetic("g_big", 300, yields=(("convolution", 20, "g_small"),))
+    assert names(big, _synthetic("g_small", 200)) == ["g_big"] * n
+    # ... unless it cannot run them all: then the other
+    only32 = _synthetic("g_only32", 300, channel_multiple=32)
+    assert names(only32, _synthetic("g_rest", 200)) == ["g_rest"] * n
+
+
+def test_the_grouped_op_runs_on_the_plans_backend(monkeypatch):
+    """Through ``e3j.MulIrConvolution``: a plan split by a backend's ``yields`` runs its grouped
+    kernels once for all groups, forward and backward, with the reference's values."""
+    record: list[str] = []
+    _install(monkeypatch, _synthetic("w_rec", 300, record, yields=(("convolution", 32, "test"),)))
+    op = e3j.MulIrConvolution("32x0e + 16x1o + 2x2e", "0e + 1o", "0e + 1o + 1e")
+    rng = np.random.default_rng(0)
+    graph = e3j.Graph.from_edges(np.array([0, 1, 2, 1]), np.array([1, 0, 1, 2]), num_nodes=3)
+    x = jnp.asarray(rng.normal(size=(3, op.plan.irreps_x.dim)))
+    y = jnp.asarray(rng.normal(size=(4, 4)))
+    s = jnp.asarray(rng.normal(size=(4, op.plan.num_weights)))
+
+    def loss(x, s, backend=None):
+        return jnp.sum(jnp.sin(op(x, y, s, graph, backend=backend)))
+
+    got = jax.value_and_grad(loss, argnums=(0, 1))(x, s)
+    assert record == ["w_rec", "w_rec"] and plugin.calls == []  # one forward, one backward; no test kernel
+    want = jax.value_and_grad(loss, argnums=(0, 1))(x, s, "reference")
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-12)
+    for a, b in zip(got[1], want[1], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
 
 
 # -- python -m e3j info ---------------------------------------------------------------------------

@@ -432,23 +432,25 @@ def test_info_says_why_mosaic_is_not_used(monkeypatch):
     assert "compute capability >= 9.0" in passed["pallas_mosaic"]
     with jax.sharding.use_abstract_mesh(_abstract("NVIDIA H200")):
         # on Hopper, a convolution below 128 channels goes to the Triton kernels (faster there)
-        assert "from 128 channels" in dict(_passed_over(REQ, "pallas_gpu"))["pallas_mosaic"]
+        assert "below 128 channels pallas_gpu runs" in dict(_passed_over(REQ, "pallas_gpu"))["pallas_mosaic"]
         wide = OpRequest("convolution", "cuda", "float32", 128, 3)
         assert "pallas_mosaic" not in dict(_passed_over(wide, "pallas_gpu"))
 
 
-def test_mosaic_convolutions_are_automatic_from_128_channels(monkeypatch):
-    # measured on an H200 (the descriptor's comment): Triton's convolutions ~2x faster below 128
-    # channels, Mosaic's ~1.2x faster at 128; the tensor product is not restricted
+def test_mosaic_yields_convolutions_below_128_channels_to_triton(monkeypatch):
+    # measured on an H200 (the descriptor's comment): Triton's convolutions 1.3-2.5x faster at 16-64
+    # channels, Mosaic's 1.2x faster at 128; the tensor product is not given away
     monkeypatch.setattr(descriptors, "_mosaic_bindings_installed", lambda: True)
     gpu = Backend.from_mapping(descriptors.mosaic_backend)
+    assert gpu.yields == (("convolution", 128, "pallas_gpu"),)
     with jax.sharding.use_abstract_mesh(_abstract("NVIDIA H200")):
         for c in (16, 64, 127):
             req = OpRequest("convolution", "cuda", "float32", c, 3)
-            assert gpu.unsupported(req) is None and "from 128 channels" in gpu.passed_over(req)
+            assert gpu.unsupported(req) is None and gpu.yielded_to(req).name == "pallas_gpu"
+            assert "below 128 channels pallas_gpu runs convolution" in gpu.passed_over(req)
         for op, c in (("convolution", 128), ("convolution", 256), ("tensor_product", 16)):
             assert gpu.passed_over(OpRequest(op, "cuda", "float32", c, 3)) is None
-    assert Backend.from_mapping(descriptors.backend).auto_min_channels == ()
+    assert Backend.from_mapping(descriptors.backend).yields == ()
 
 
 @pytest.mark.parametrize("module", [mosaic_tensor_product, mosaic_convolution, _mosaic], ids=lambda m: m.__name__)

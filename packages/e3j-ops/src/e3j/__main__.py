@@ -75,8 +75,8 @@ def _info(args: argparse.Namespace) -> int:
         if b.max_l is not None:
             limits.append(f"l <= {b.max_l}")
         w(f"    limits:        {', '.join(limits) or 'none'}\n")
-        for op, channels in b.auto_min_channels:
-            w(f"    automatic:     {op} from {channels} channels (by name: any)\n")
+        for op, channels, other in b.yields:
+            w(f"    yields:        {op} below {channels} channels to {other} when it can run it\n")
         w(f"    deterministic: {'yes' if b.deterministic else 'no'}\n")
         w(f"    jax:           {b.jax_requirement or 'any'}\n")
         coo = b.coo_format_version

@@ -14,8 +14,8 @@ Selection happens when a primitive is lowered, for the platform it is lowered fo
 2. else ``E3J_BACKEND`` (read at lowering time), when usable here; when not, a warning says why;
 3. else the loaded backend of highest priority that supports the platform, dtype and shapes
    (backends with ``auto=False``, such as interpreters of accelerator kernels, only run by name;
-   one with ``auto_min_channels`` for the op is passed over below that channel count, where a
-   lower-priority backend was measured faster: see :meth:`Backend.passed_over`);
+   one that ``yields`` an op below a channel count is passed over there when the backend it names
+   (measured faster there) can run the request: see :meth:`Backend.passed_over`);
 4. else the reference backend. On an accelerator this fallback warns once, saying why.
 
 ``python -m e3j info`` prints what is installed and what each op would use.
@@ -114,9 +114,10 @@ class Backend:
         check: optional extra ``(OpRequest) -> reason or None``.
         auto: chosen by the automatic policy; ``False`` for backends that must be asked for by name
             (e.g. accelerator kernels run by an interpreter on the CPU, for testing).
-        auto_min_channels: ``(op, channels)`` pairs: the automatic policy passes the backend over
-            for ``op`` below ``channels`` (another backend is faster there); by name it still runs.
-            A descriptor mapping may give a ``{op: channels}`` mapping.
+        yields: ``(op, channels, backend)`` triples: below ``channels``, the automatic policy takes
+            the named ``backend`` for ``op`` (measured faster there) when it can run the request;
+            by name, or when the other cannot run it, this one still runs. A mapping
+            ``{op: (channels, backend)}`` is accepted too.
         notes: facts about the kernels that ``python -m e3j info`` prints (e.g. where they switch
             algorithm); they do not affect selection.
     """
@@ -136,7 +137,7 @@ class Backend:
     coo_format_version: int | None = None
     check: Callable[[OpRequest], str | None] | None = field(default=None, repr=False)
     auto: bool = True
-    auto_min_channels: tuple[tuple[str, int], ...] = ()
+    yields: tuple[tuple[str, int, str], ...] = ()
     notes: tuple[str, ...] = ()
 
     @classmethod
@@ -150,15 +151,30 @@ class Backend:
         for name in ("platforms", "ops", "dtypes", "notes"):
             if name in values:
                 values[name] = tuple(values[name])
-        if isinstance(values.get("auto_min_channels"), Mapping):
-            values["auto_min_channels"] = tuple(sorted(values["auto_min_channels"].items()))
-        if "auto_min_channels" in values:
-            pairs = tuple(tuple(p) for p in values["auto_min_channels"])
-            bad = [p for p in pairs if len(p) != 2 or p[0] not in OPS or not isinstance(p[1], int) or p[1] < 1]
-            if bad:
-                raise TypeError(f"auto_min_channels: expected (op, channels >= 1) pairs with op in {OPS}, got {bad}")
-            values["auto_min_channels"] = pairs
         return cls(**values)
+
+    def __post_init__(self) -> None:
+        given = self.yields
+        if isinstance(given, Mapping):
+            given = [(op, *v) if isinstance(v, (tuple, list)) else (op, v) for op, v in given.items()]
+        triples = tuple(tuple(t) if isinstance(t, (tuple, list)) else (t,) for t in given)
+        bad = [
+            t
+            for t in triples
+            if len(t) != 3
+            or t[0] not in OPS
+            or isinstance(t[1], bool)
+            or not isinstance(t[1], int)
+            or t[1] < 1
+            or not isinstance(t[2], str)
+            or t[2] == self.name
+        ]
+        if bad:
+            raise TypeError(
+                f"backend {self.name!r}: yields must be (op, channels >= 1, other backend's name) with op in "
+                f"{OPS}, got {bad}"
+            )
+        object.__setattr__(self, "yields", triples)
 
     def incompatibility(self) -> str | None:
         """Why this backend cannot be used with the installed JAX and e3j-core, or ``None``."""
@@ -192,16 +208,30 @@ class Backend:
             return self.check(req)
         return None
 
+    def yielded_to(self, req: OpRequest) -> Backend | None:
+        """The backend this one ``yields`` ``req`` to (below a channel count), when that one can run
+        it: installed, automatic, supporting it and loadable (and not yielding it back); else ``None``."""
+        for op, channels, other in self.yields:
+            if op != req.op or req.channels >= channels:
+                continue
+            try:
+                target = get_backend(other)
+                back = any(o == op and req.channels < c and n == self.name for o, c, n in target.yields)
+                if target.auto and not back and target.unsupported(req) is None:
+                    _check_loadable(target)
+                    return target
+            except BackendError:
+                continue
+        return None
+
     def passed_over(self, req: OpRequest) -> str | None:
         """Why the automatic policy passes this backend over for ``req`` although it can run it
-        (``auto_min_channels``), or ``None``. Requests by name ignore this."""
-        for op, channels in self.auto_min_channels:
-            if op == req.op and req.channels < channels:
-                return (
-                    f"chosen automatically for {op} from {channels} channels (another backend is faster "
-                    f"below), got {req.channels}"
-                )
-        return None
+        (:meth:`yielded_to`), or ``None``. Requests by name ignore this."""
+        target = self.yielded_to(req)
+        if target is None:
+            return None
+        channels = next(c for o, c, n in self.yields if o == req.op and n == target.name and req.channels < c)
+        return f"below {channels} channels {target.name} runs {req.op} (faster there), got {req.channels}"
 
 
 def _version_satisfies(version: str, requirement: str) -> bool:
@@ -348,29 +378,22 @@ def select_backend(req: OpRequest, requested: str | None) -> Backend:
         except BackendError as err:
             reason = str(err)
         _warn_once(("env", env, req), f"{ENV_VAR}={env} is not used for {req.op} on {req.platform}: {reason}")
-    reasons, passed = [], []
+    reasons = []
     candidates = sorted(available_backends(), key=lambda b: -b.priority)
     for backend in candidates:
         if backend.name == "reference" or not backend.auto:
             continue
         reason = backend.unsupported(req)
-        if reason is None and backend.passed_over(req):
-            passed.append(backend)
-            continue
         if reason is None:
+            target = backend.yielded_to(req)
+            if target is not None:
+                return target
             try:
                 _check_loadable(backend)
                 return backend
             except BackendError as err:
                 reason = str(err)
         reasons.append(f"{backend.name}: {reason}")
-    # no backend faster there can run req: one passed over by auto_min_channels still beats the reference
-    for backend in passed:
-        try:
-            _check_loadable(backend)
-            return backend
-        except BackendError as err:
-            reasons.append(f"{backend.name}: {err}")
     if req.platform != "cpu":
         why = "; ".join(reasons) if reasons else "no kernel backend is installed (e.g. pip install e3j[cuda])"
         _warn_once(

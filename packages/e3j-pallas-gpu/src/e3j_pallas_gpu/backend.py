@@ -199,18 +199,20 @@ _MOSAIC: dict[str, Any] = {
     "notes": ("records always unrolled; tables above lmax 3 go to pallas_gpu, which walks them",),
 }
 
-#: Mosaic GPU kernels (paper Appendix E.3) on Hopper and newer; preferred over the Triton ones there.
+#: Mosaic GPU kernels (paper Appendix E.3) on Hopper and newer; preferred over the Triton ones there,
+#: except for convolutions below 128 channels.
 mosaic_backend: dict[str, Any] = {
     **_MOSAIC,
     "name": "pallas_mosaic",
     "platforms": ("cuda",),
     "priority": 30,
     "check": mosaic_unsupported,
-    # the Triton convolutions ran ~2x faster on an H200 below 128 channels (2026-12-04: the groups of
-    # 64x0e + 32x1o + 16x2e x sh lmax 3, each a convolution of its own C, 0.42 against 0.71 ms forward
-    # and 0.97 against 1.22 ms backward at 3,000 nodes; 0.83 / 1.68 and 1.43 / 3.51 ms at 10,000), and
-    # ~1.2x slower at 128 (1,453 against 1,765 GB/s forward, 702 against 891 backward): by name any C
-    "auto_min_channels": {"convolution": 128},
+    # on an H200 the Triton convolutions ran 1.3-2.5x faster than these at 16, 32 and 64 channels,
+    # measured together (2026-12-04: the groups of 64x0e + 32x1o + 16x2e x sh lmax 3, each a convolution
+    # of its own C: 0.42 against 0.71 ms forward and 0.97 against 1.22 ms backward at 3,000 nodes; 0.83
+    # against 1.68 and 1.43 against 3.51 ms at 10,000) and 1.2x slower at 128 (2026-11-30: 1,453
+    # against 1,765 GB/s forward, 702 against 891 backward); between 64 and 128, unmeasured
+    "yields": {"convolution": (128, "pallas_gpu")},
     "load": functools.partial(_load_mosaic, False),
 }
 

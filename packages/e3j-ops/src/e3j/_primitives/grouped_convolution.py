@@ -10,8 +10,7 @@ their cotangent written there, an ``[E, num_weights]`` array is never copied int
 
 A backend whose kernels include ``grouped_convolution`` / ``grouped_convolution_bwd`` (the reference:
 all groups in one sweep over the edges; the CUDA, Pallas GPU (Triton and Mosaic) and TPU kernels: one
-launch per group) runs them when it serves every group (the backend selected for the widest group,
-when it can run the others); otherwise each group runs
+launch per group) runs them when it serves every group (see :func:`_plan_backends`); otherwise each group runs
 through that backend's ordinary convolution kernels on operands split here (the weights copied into
 ``[E, P_g, C_g]``), and the results are joined: the same values, the old cost.
 """
@@ -55,14 +54,26 @@ def _out_aval(spec: GroupedConvSpec, slot: str, avals: dict, aux) -> jax.core.Sh
 
 
 def _plan_backends(plan: Plan, platform: str, dtype: str, requested: str | None) -> list[Backend]:
-    """Each group's backend: the one selected for the widest group when it runs every group (one
-    grouped launch sequence, e3nn's operands read in place), else each group's own selection as a
-    convolution of its ``C`` (a backend's limits, or its ``auto_min_channels``, can split a plan)."""
+    """Each group's backend. Each group is selected as a convolution of its own ``C``; when that
+    splits the plan across backends (a backend's limits, or its ``yields`` below some ``C``), every
+    group goes to the kernel backend among those chosen that runs every group with grouped kernels
+    (one launch sequence on e3nn's operands in place, no per-group copies), the one chosen for the
+    most weight columns (``P_g · C_g``: where most of the work is) first; if none can, each group
+    keeps its own."""
     reqs = [OpRequest("convolution", platform, dtype, g.channels, coo_lmax(g.coo)) for g in plan.groups]
-    widest = select_backend(max(reqs, key=lambda r: r.channels), requested)
-    if all(widest.unsupported(r) is None for r in reqs):
-        return [widest] * len(reqs)
-    return [select_backend(r, requested) for r in reqs]
+    chosen = [select_backend(r, requested) for r in reqs]
+    if len({b.name for b in chosen}) == 1:
+        return chosen
+    columns: dict[str, int] = {}
+    for b, g in zip(chosen, plan.groups, strict=True):
+        columns[b.name] = columns.get(b.name, 0) + g.coo.num_paths * g.channels
+    by_name = {b.name: b for b in chosen}
+    for name in sorted(columns, key=lambda n: -columns[n]):
+        b = by_name[name]
+        if name != "reference" and all(b.unsupported(r) is None for r in reqs):
+            if kernels_of(b).provides("grouped_convolution"):
+                return [b] * len(reqs)
+    return chosen
 
 
 def _dispatch(form, platform: str, requested: str | None, spec: GroupedConvSpec, A: dict, aux, outs) -> dict:
