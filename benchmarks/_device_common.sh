@@ -10,7 +10,8 @@ log() { echo "== $*" | tee -a "$OUT/log.txt"; }
 device_slug() { python3 -c "from e3j._bench import device_slug; print(device_slug())"; }
 
 # results land in this copy's benchmarks/results (so the recorded commands name the committed paths);
-# unpack results.tgz in the checkout, then: python benchmarks/readme_tables.py --write (renders docs/benchmarks.md)
+# unpack results.tgz in the checkout (it holds rewritten committed files too: read `git diff` before
+# committing), then: python benchmarks/readme_tables.py --write (renders docs/benchmarks.md)
 snapshot_results() {
   RESULTS_MARK=$(mktemp)
   sleep 1  # a file written in the marker's second must still count as newer
@@ -42,12 +43,13 @@ run_e2e() {
   elif [ -n "${E3J_E2E_ARGS:-}" ]; then
     # another selection of sections and sizes, e.g. only what a bounded run cut (the sections run in
     # the order md, determinism, forces): E3J_E2E_ARGS="--md --determinism cuni_mace --models mace_a
-    # mace_b nequip --atoms 1000 4000 --runs 10 --repeats 20" E3J_E2E_OUT=benchmarks/results/$kind-e2e-forces.json
+    # mace_b nequip --atoms 1000 4000 --runs 10 --repeats 20" E3J_E2E_OUT=benchmarks/results/nvidia-h200-e2e-forces.json
     read -r -a sizes <<< "$E3J_E2E_ARGS"
+    out=${E3J_E2E_OUT:-$out}
   else
     sizes=(--models mace_a mace_b nequip --atoms 1000 4000 --runs 10 --md cuni_mace:8 mace_a:8 --md-steps 20 --md-rounds 2 --repeats 20)
+    out=${E3J_E2E_OUT:-$out}
   fi
-  out=${E3J_E2E_OUT:-$out}
   # sections are written as they finish (md, determinism, forces): a timeout keeps what ran
   timeout "${E3J_E2E_TIMEOUT:-420}" python3 benchmarks/e2e.py "${sizes[@]}" --backends $backends e3nn --out "$out" \
     2>&1 | grep -v Warning | tail -60 | tee -a "$OUT/log.txt"

@@ -226,7 +226,8 @@ exit 0
     )
     (bin_dir / "python3").chmod(0o755)
     env = {**os.environ, "OUT": str(tmp_path / "out"), "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("E3J_DEVICE_REHEARSAL", None)
+    for name in ("E3J_DEVICE_REHEARSAL", "E3J_E2E_ARGS", "E3J_E2E_OUT", "E3J_E2E_BACKENDS", "E3J_E2E_TIMEOUT"):
+        env.pop(name, None)
     script = f"""
         source {ROOT / "benchmarks/_device_common.sh"}
         snapshot_results
