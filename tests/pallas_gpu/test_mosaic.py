@@ -437,18 +437,18 @@ def test_info_says_why_mosaic_is_not_used(monkeypatch):
         assert "pallas_mosaic" not in dict(_passed_over(wide, "pallas_gpu"))
 
 
-def test_mosaic_yields_convolutions_below_128_channels_to_triton(monkeypatch):
+def test_mosaic_yields_small_convolutions_and_tensor_products_to_triton(monkeypatch):
     # measured on an H200 (the descriptor's comment): Triton's convolutions 1.3-2.5x faster at 16-64
-    # channels, Mosaic's 1.2x faster at 128; the tensor product is not given away
+    # channels, Mosaic's 1.2x faster at 128; Triton's tensor product faster at 128
     monkeypatch.setattr(descriptors, "_mosaic_bindings_installed", lambda: True)
     gpu = Backend.from_mapping(descriptors.mosaic_backend)
-    assert gpu.yields == (("convolution", 128, "pallas_gpu"),)
+    assert gpu.yields == (("convolution", 128, "pallas_gpu"), ("tensor_product", 129, "pallas_gpu"))
     with jax.sharding.use_abstract_mesh(_abstract("NVIDIA H200")):
-        for c in (16, 64, 127):
-            req = OpRequest("convolution", "cuda", "float32", c, 3)
+        for op, c in (("convolution", 16), ("convolution", 127), ("tensor_product", 16), ("tensor_product", 128)):
+            req = OpRequest(op, "cuda", "float32", c, 3)
             assert gpu.unsupported(req) is None and gpu.yielded_to(req).name == "pallas_gpu"
-            assert "below 128 channels pallas_gpu runs convolution" in gpu.passed_over(req)
-        for op, c in (("convolution", 128), ("convolution", 256), ("tensor_product", 16)):
+            assert f"pallas_gpu runs {op}" in gpu.passed_over(req)
+        for op, c in (("convolution", 128), ("convolution", 256), ("tensor_product", 256)):
             assert gpu.passed_over(OpRequest(op, "cuda", "float32", c, 3)) is None
     assert Backend.from_mapping(descriptors.backend).yields == ()
 

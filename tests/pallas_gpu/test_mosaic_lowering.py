@@ -161,6 +161,17 @@ def test_e3j_selects_triton_on_hopper_below_128_channels():
     assert not [m for m in messages if "falls back" in m], messages
 
 
+@pytest.mark.parametrize(("channels", "call"), [(128, TRITON_CALL), (256, MOSAIC_CALL)])
+def test_e3j_tensor_product_on_hopper(channels, call):
+    # up to 128 channels the Triton tensor product ran faster on an H200 (pallas_mosaic's descriptor)
+    coo, x, y, _ = tp_operands(Case(1, channels, 3, False))
+    tp = e3j.TensorProduct(coo.irreps_x, coo.irreps_y, coo.irreps_out)
+    x, y = (np.asarray(a, np.float32) for a in (x, y))
+    text = _lower_cuda("NVIDIA H200", jax.grad(lambda x, y: jax.numpy.sin(tp(x, y)).sum(), argnums=(0, 1)), x, y)
+    assert text.count(call) == 2  # the forward and one fused backward
+    assert (MOSAIC_CALL if call == TRITON_CALL else TRITON_CALL) not in text
+
+
 def test_e3j_selects_triton_before_hopper():
     text, _ = _lower_e3j_convolution("NVIDIA A100-SXM4-80GB")
     assert MOSAIC_CALL not in text

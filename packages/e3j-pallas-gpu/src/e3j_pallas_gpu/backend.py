@@ -200,7 +200,7 @@ _MOSAIC: dict[str, Any] = {
 }
 
 #: Mosaic GPU kernels (paper Appendix E.3) on Hopper and newer; preferred over the Triton ones there,
-#: except for convolutions below 128 channels.
+#: except for convolutions below 128 channels and tensor products up to 128 (``yields``).
 mosaic_backend: dict[str, Any] = {
     **_MOSAIC,
     "name": "pallas_mosaic",
@@ -211,8 +211,11 @@ mosaic_backend: dict[str, Any] = {
     # measured together (2026-12-04: the groups of 64x0e + 32x1o + 16x2e x sh lmax 3, each a convolution
     # of its own C: 0.42 against 0.71 ms forward and 0.97 against 1.22 ms backward at 3,000 nodes; 0.83
     # against 1.68 and 1.43 against 3.51 ms at 10,000) and 1.2x slower at 128 (2026-11-30: 1,453
-    # against 1,765 GB/s forward, 702 against 891 backward); between 64 and 128, unmeasured
-    "yields": {"convolution": (128, "pallas_gpu")},
+    # against 1,765 GB/s forward, 702 against 891 backward); between 64 and 128, unmeasured. The Triton
+    # tensor product ran faster at 128 channels (lmax 3, 16,384 rows): forward 0.27 against 0.46 ms
+    # (2026-12-04, profiler), forward + backward 0.74 against 0.87 ms (backward 0.46 against 0.41 ms,
+    # 2026-11-30); below 128 unmeasured, above 128 too
+    "yields": {"convolution": (128, "pallas_gpu"), "tensor_product": (129, "pallas_gpu")},
     "load": functools.partial(_load_mosaic, False),
 }
 
