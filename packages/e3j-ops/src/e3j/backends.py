@@ -211,6 +211,19 @@ class Backend:
     def yielded_to(self, req: OpRequest) -> Backend | None:
         """The backend this one ``yields`` ``req`` to (below a channel count), when that one can run
         it: installed, automatic, supporting it and loadable (and not yielding it back); else ``None``."""
+        found = self._yield(req)
+        return found[0] if found else None
+
+    def passed_over(self, req: OpRequest) -> str | None:
+        """Why the automatic policy passes this backend over for ``req`` although it can run it
+        (:meth:`yielded_to`), or ``None``. Requests by name ignore this."""
+        found = self._yield(req)
+        if found is None:
+            return None
+        target, channels = found
+        return f"below {channels} channels {target.name} runs {req.op} (faster there), got {req.channels}"
+
+    def _yield(self, req: OpRequest) -> tuple[Backend, int] | None:
         for op, channels, other in self.yields:
             if op != req.op or req.channels >= channels:
                 continue
@@ -219,19 +232,10 @@ class Backend:
                 back = any(o == op and req.channels < c and n == self.name for o, c, n in target.yields)
                 if target.auto and not back and target.unsupported(req) is None:
                     _check_loadable(target)
-                    return target
+                    return target, channels
             except BackendError:
                 continue
         return None
-
-    def passed_over(self, req: OpRequest) -> str | None:
-        """Why the automatic policy passes this backend over for ``req`` although it can run it
-        (:meth:`yielded_to`), or ``None``. Requests by name ignore this."""
-        target = self.yielded_to(req)
-        if target is None:
-            return None
-        channels = next(c for o, c, n in self.yields if o == req.op and n == target.name and req.channels < c)
-        return f"below {channels} channels {target.name} runs {req.op} (faster there), got {req.channels}"
 
 
 def _version_satisfies(version: str, requirement: str) -> bool:
