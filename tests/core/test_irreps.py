@@ -1,3 +1,6 @@
+import copy
+import pickle
+
 import e3nn_jax as e3nn
 import numpy as np
 import pytest
@@ -61,6 +64,33 @@ def test_irrep_basics():
     assert (l, p) == (2, -1)
     with pytest.raises(AttributeError):
         Irrep("1o").l = 2  # type: ignore[misc]
+
+
+def test_e3nn_reads_e3j_irreps():
+    # an Irrep is the pair (l, p), so e3nn-jax's constructors take e3j's irreps as they are
+    for text in ["64x0e + 32x1o + 16x2e", "0x1e + 2x3o", "", "1o + 1o + 0e"]:
+        assert e3nn.Irreps(Irreps(text)) == e3nn.Irreps(text)
+    for ir in ["0e", "0o", "1o", "2e", "5o"]:
+        assert e3nn.Irrep(Irrep(ir)) == e3nn.Irrep(ir)
+    assert e3nn.IrrepsArray(Irreps("2x1o"), np.zeros(6)).irreps == e3nn.Irreps("2x1o")
+
+
+def test_irrep_is_a_pair_not_a_tuple_otherwise():
+    ir = Irrep("1o")
+    assert isinstance(ir, tuple) and len(ir) == 2 and ir == (1, -1)
+    # comparisons are the irreps', never the tuples'
+    assert ir != "1e" and ir != (1, 1) and not (ir != "1o") and not (ir != (1, -1))
+    assert Irrep("1e") > Irrep("1o") and not Irrep("2e") < Irrep("1e")
+    assert ir != (1, -1, 0) and ir != "not an irrep" and ir != 3
+    # a sum is a direct sum (e3nn-jax's meaning), not a concatenation of pairs
+    assert ir + "0e" == Irreps("1o + 0e") and "0e" + ir == Irreps("0e + 1o")
+    assert ir + Irreps("2x2e") == Irreps("1o + 2x2e")
+    # a list of irreps is irreps, not (mul, ir) pairs
+    assert Irreps([Irrep("1o"), Irrep("2e")]) == Irreps("1o + 2e")
+    assert Irreps([(2, Irrep("1o"))]) == Irreps("2x1o")
+    assert pickle.loads(pickle.dumps(ir)) == ir and type(copy.deepcopy(ir)) is Irrep
+    with pytest.raises(AttributeError):
+        ir.anything = 1  # type: ignore[attr-defined]
 
 
 def test_filter_like_e3nn():

@@ -30,7 +30,7 @@ _IRREP_RE = re.compile(r"^(\d+)([eoy])$")
 _PARITY = {"e": 1, "o": -1}
 
 
-class Irrep:
+class Irrep(tuple):
     """An irreducible representation of O(3): degree ``l`` and parity ``p``.
 
     Accepts ``Irrep("1o")``, ``Irrep(1, -1)``, ``Irrep((1, -1))``, another ``Irrep`` or an
@@ -39,20 +39,29 @@ class Irrep:
     ``0e < 0o < 1o < 1e < 2e < 2o < 3o < 3e ...`` (within one ``l``, the parity of the spherical
     harmonic of that degree comes first).
 
+    An ``Irrep`` is the pair ``(l, p)`` (a ``tuple``, as e3nn's torch ``Irrep`` is), so e3nn-jax's
+    constructors read e3j's irreps: ``e3nn_jax.Irreps(e3j.Irreps("2x0e + 1o"))`` and
+    ``e3nn_jax.Irrep(e3j.Irrep("1o"))`` work. It equals its pair and its string.
+
     >>> Irrep("2e").dim
     5
     >>> Irrep("3y")
     3o
     >>> sorted([Irrep("1e"), Irrep("0o"), Irrep("1o"), Irrep("0e")])
     [0e, 0o, 1o, 1e]
+    >>> l, p = Irrep("1o")
+    >>> (l, p), Irrep("1o") == (1, -1), Irrep("1o") == "1o"
+    ((1, -1), True, True)
+    >>> Irrep("1o") + "0e"
+    1x1o+1x0e
     """
 
-    __slots__ = ("_l", "_p")
+    __slots__ = ()
 
-    def __init__(self, l: IntoIrrep, p: int | None = None) -> None:
+    def __new__(cls, l: IntoIrrep, p: int | None = None) -> Irrep:
         if p is None:
             if isinstance(l, Irrep):
-                l, p = l.l, l.p
+                return l if type(l) is cls else tuple.__new__(cls, l)
             elif isinstance(l, MulIrrep):
                 l, p = l.ir.l, l.ir.p
             elif isinstance(l, str):
@@ -75,30 +84,26 @@ class Irrep:
         # is_int first: `p not in (1, -1)` on an arbitrary object runs its __eq__ (e3nn-jax's Irrep asserts)
         if isinstance(p, bool) or not is_int(p) or p not in (1, -1):
             raise ValueError(f"Irrep parity p must be 1 or -1, got p={p!r}")
-        object.__setattr__(self, "_l", int(l))
-        object.__setattr__(self, "_p", int(p))
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("Irrep is immutable")
+        return tuple.__new__(cls, (l, int(p)))
 
     @property
     def l(self) -> int:  # noqa: E743
         """The degree."""
-        return self._l
+        return self[0]
 
     @property
     def p(self) -> int:
         """The parity, ``1`` (even) or ``-1`` (odd)."""
-        return self._p
+        return self[1]
 
     @property
     def dim(self) -> int:
         """``2l + 1``."""
-        return 2 * self._l + 1
+        return 2 * self[0] + 1
 
     def is_scalar(self) -> bool:
         """True for ``0e``."""
-        return self._l == 0 and self._p == 1
+        return self[0] == 0 and self[1] == 1
 
     def D_from_matrix(self, R: np.ndarray) -> np.ndarray:
         """``p^k D^l(R / det R)`` ``[..., 2l+1, 2l+1]`` with ``k = 1`` for reflections, else 0."""
@@ -108,8 +113,8 @@ class Irrep:
         """``p^k D^l(Y(α) X(β) Y(γ))``, e3nn-jax's Euler convention."""
         from .wigner import wigner_D_from_angles
 
-        D = wigner_D_from_angles(self._l, alpha, beta, gamma)
-        return D * (self._p ** np.asarray(k))[..., None, None]
+        D = wigner_D_from_angles(self.l, alpha, beta, gamma)
+        return D * (self.p ** np.asarray(k))[..., None, None]
 
     @classmethod
     def iterator(cls, lmax: int | None = None) -> Iterator[Irrep]:
@@ -123,8 +128,8 @@ class Irrep:
     def __mul__(self, other: IntoIrrep) -> Iterator[Irrep]:
         """The irreps in the tensor product, ``|l1-l2| .. l1+l2`` with parity ``p1 p2``."""
         other = Irrep(other)
-        p = self._p * other._p
-        for l in range(abs(self._l - other._l), self._l + other._l + 1):
+        p = self.p * other.p
+        for l in range(abs(self.l - other.l), self.l + other.l + 1):
             yield Irrep(l, p)
 
     def __rmul__(self, mul: int) -> MulIrrep:
@@ -132,12 +137,15 @@ class Irrep:
             return NotImplemented
         return MulIrrep(mul, self)
 
-    def __iter__(self) -> Iterator[int]:
-        yield self._l
-        yield self._p
+    def __add__(self, other: IntoIrreps) -> Irreps:  # type: ignore[override]
+        """The direct sum, an :class:`Irreps` (as in e3nn-jax; not a concatenation of pairs)."""
+        return Irreps(self) + Irreps(other)
+
+    def __radd__(self, other: IntoIrreps) -> Irreps:
+        return Irreps(other) + Irreps(self)
 
     def _key(self) -> tuple[int, int]:
-        return (self._l, -self._p * (-1) ** self._l)
+        return (self[0], -self[1] * (-1) ** self[0])
 
     def __lt__(self, other: IntoIrrep) -> bool:
         return self._key() < Irrep(other)._key()
@@ -154,20 +162,23 @@ class Irrep:
     def __eq__(self, other: object) -> bool:
         try:
             other = Irrep(other)  # type: ignore[arg-type]
-        except ValueError:
+        except (TypeError, ValueError):
             return False
-        return (self._l, self._p) == (other._l, other._p)
+        return tuple.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:  # tuple's own would compare as tuples
+        return not self == other
 
     def __hash__(self) -> int:
-        return hash((self._l, self._p))
+        return tuple.__hash__(self)
 
     def __repr__(self) -> str:
-        return f"{self._l}{'e' if self._p == 1 else 'o'}"
+        return f"{self[0]}{'e' if self[1] == 1 else 'o'}"
 
     __str__ = __repr__
 
     def __reduce__(self):
-        return (Irrep, (self._l, self._p))
+        return (Irrep, tuple(self))
 
 
 def _parse_irrep(text: str) -> tuple[int, int]:

@@ -12,7 +12,7 @@ it). Every function equals its e3nn-jax counterpart (tested against it) and runs
 - :func:`spherical_harmonics` — ``e3nn.spherical_harmonics`` (``IrrepsArray`` input or not).
 - :func:`from_irreps_array` / :func:`to_irreps_array` — e3nn's flat layout ↔ e3j's ``[.., D, C]``.
 - :func:`to_e3nn_irreps` — any irreps form (e3j's ``Irreps`` included) as ``e3nn.Irreps``, for
-  e3nn-jax code, whose own parser does not read e3j's ``Irreps``.
+  e3nn-jax code (``e3nn.Irreps(...)`` reads e3j's ``Irreps`` too).
 
 See ``docs/porting.md`` for a NequIP layer before and after.
 

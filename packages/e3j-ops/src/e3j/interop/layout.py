@@ -51,8 +51,9 @@ def to_irreps_array(x: jax.Array, irreps) -> e3nn.IrrepsArray:
 
 
 def to_e3nn_irreps(irreps) -> e3nn.Irreps:
-    """The same irreps as an ``e3nn.Irreps``: for e3nn-jax code given e3j's irreps (e.g.
-    ``e3j.flax.Linear(...).output_irreps()``), which ``e3nn.Irreps(...)`` itself does not read.
+    """The same irreps as an ``e3nn.Irreps``, from any irreps form e3j reads (an e3nn-jax
+    ``Irreps``, a string, e3j's ``Irreps`` such as ``e3j.flax.Linear(...).output_irreps()``; the
+    last ``e3nn.Irreps(...)`` also reads, an ``e3j.Irrep`` being the pair ``(l, p)``).
 
     >>> import e3j, e3nn_jax as e3nn
     >>> out = to_e3nn_irreps(e3j.Irreps("2x0e + 1o"))
