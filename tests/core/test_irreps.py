@@ -2,6 +2,7 @@ import copy
 import pickle
 
 import e3nn_jax as e3nn
+import jax
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -89,6 +90,8 @@ def test_irrep_is_a_pair_not_a_tuple_otherwise():
     assert Irreps([Irrep("1o"), Irrep("2e")]) == Irreps("1o + 2e")
     assert Irreps([(2, Irrep("1o"))]) == Irreps("2x1o")
     assert pickle.loads(pickle.dumps(ir)) == ir and type(copy.deepcopy(ir)) is Irrep
+    # rebuilt by type as a namedtuple is (JAX's pytrees, Flax's frozen module attributes)
+    assert type(jax.tree.map(lambda v: v, ir)) is Irrep and jax.tree.map(lambda v: v, ir) == ir
     with pytest.raises(AttributeError):
         ir.anything = 1  # type: ignore[attr-defined]
 

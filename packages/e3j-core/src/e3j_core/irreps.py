@@ -57,6 +57,9 @@ class Irrep(tuple):
     """
 
     __slots__ = ()
+    # namedtuple-like, so that code rebuilding tuples by type keeps an Irrep an Irrep: Flax's module
+    # attributes (``type(t)(*fields)`` for namedtuples, a plain ``tuple`` otherwise) and JAX's pytrees
+    _fields = ("l", "p")
 
     def __new__(cls, l: IntoIrrep, p: int | None = None) -> Irrep:
         if p is None:
