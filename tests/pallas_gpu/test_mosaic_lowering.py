@@ -185,3 +185,41 @@ def test_grouped_convolution_reads_and_writes_e3nn_weights_in_place():
     through it), with no ``[E, P_g, C_g]`` copy."""
     lower = functools.partial(_lower_cuda, "NVIDIA H200")
     check_grouped_lowering(lower, "pallas_mosaic", MOSAIC_CALL, op=GROUPED_ALIGNED)
+
+
+def test_strided_shared_memory_reads_still_do_not_lower():
+    """Why the grouped kernels split e3nn's node features and join their outputs around the launches:
+    a row of a copy-major block (channel ``c`` of row ``m`` at ``c · dim + m``), staged contiguous by
+    the TMA, is a strided read of shared memory, which Mosaic GPU does not lower (JAX 0.11.2; the
+    interpreter runs it). When this test fails, a JAX upgrade lowers it: the kernels can then read
+    ``x``/``dm`` and write ``m``/``dx`` in place as the Triton ones do (docs/mosaic_gpu.md)."""
+    import jax.numpy as jnp
+    from e3j_pallas_gpu._mosaic import strided
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    rows, width, dim = 8, 16, 3
+
+    def rows_of_blocks(x_gmem, o_gmem, x_smem, o_smem, barrier):
+        for r in range(rows):
+            plgpu.copy_gmem_to_smem(x_gmem.at[r], x_smem.at[r], barrier)
+        plgpu.barrier_wait(barrier)
+        for m in range(dim):
+            o_smem[:, pl.ds(m, width, stride=dim)] = strided(2 * x_smem[:, pl.ds(m, width, stride=dim)])
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, o_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    block = jax.ShapeDtypeStruct((rows, width * dim), jnp.float32)
+    kernel = functools.partial(
+        plgpu.kernel,
+        rows_of_blocks,
+        out_type=block,
+        scratch_types=[plgpu.SMEM(block.shape, jnp.float32)] * 2 + [plgpu.Barrier(num_arrivals=rows)],
+    )
+    x = np.arange(rows * width * dim, dtype=np.float32).reshape(block.shape)
+    # the interpreter runs it: the kernel itself is right
+    out = kernel(interpret=plgpu.InterpretGPUParams())(x)
+    np.testing.assert_array_equal(np.asarray(out), 2 * x)
+    with pytest.raises(NotImplementedError, match="Strided slices not implemented"):
+        _lower_cuda("NVIDIA H200", kernel(), x)
