@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from jaxpr_paths import paths_bound
 
+import e3j
 from e3j import interop
+from e3j_core import MulIrrep
 
 
 def _random(irreps, shape, seed):
@@ -172,3 +174,17 @@ def test_irreps_without_arrays_give_the_output_irreps_as_e3nn(irreps1, irreps2, 
     want = e3nn.tensor_product(irreps1, irreps2, **kwargs)
     got = interop.tensor_product(irreps1, irreps2, **kwargs)
     assert isinstance(got, e3nn.Irreps) and got == want
+
+
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [
+        ((e3j.Irrep("1o"), e3j.Irrep("1o")), (e3nn.Irreps("1o"), e3nn.Irreps("1o"))),
+        ((e3j.Irrep("2e"), e3j.Irreps("1o + 0e")), (e3nn.Irreps("2e"), e3nn.Irreps("1o + 0e"))),
+        ((MulIrrep(2, e3j.Irrep("1o")), "1e"), (e3nn.Irreps("2x1o"), "1e")),
+    ],
+)
+def test_e3j_irreps_without_arrays_give_the_output_irreps(ours, theirs):
+    # an e3j Irrep is the pair (l, p): it must not be read as a two-element array
+    got = interop.tensor_product(*ours)
+    assert isinstance(got, e3nn.Irreps) and got == e3nn.tensor_product(*theirs)

@@ -41,7 +41,9 @@ class Irrep(tuple):
 
     An ``Irrep`` is the pair ``(l, p)`` (a ``tuple``, as e3nn's torch ``Irrep`` is), so e3nn-jax's
     constructors read e3j's irreps: ``e3nn_jax.Irreps(e3j.Irreps("2x0e + 1o"))`` and
-    ``e3nn_jax.Irrep(e3j.Irrep("1o"))`` work. It equals its pair and its string.
+    ``e3nn_jax.Irrep(e3j.Irrep("1o"))`` work. Where e3nn-jax wants *irreps* (``Irreps(...)``,
+    ``IrrepsArray``, its modules), give it ``Irreps(ir)`` or ``str(ir)``, not a bare ``Irrep``: e3nn-jax
+    reads any pair there as a list of two degrees. An ``Irrep`` equals its pair and its string.
 
     >>> Irrep("2e").dim
     5

@@ -9,7 +9,7 @@ import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
 
-from e3j_core import Irreps
+from e3j_core import Irrep, Irreps, MulIrrep
 from e3j_core.coo import normalize_filter
 
 from .._checks import promoted_real_dtype
@@ -129,5 +129,7 @@ def _zero_flags(irreps1, flags1, irreps2, flags2, filter_ir_out, regroup_output)
 
 
 def _is_irreps(value) -> bool:
-    """Irreps without an array (a string, e3nn's or e3j's ``Irreps``), as e3nn-jax's overload reads them."""
-    return isinstance(value, (str, e3nn.Irreps, e3nn.Irrep, Irreps))
+    """Irreps without an array (a string, e3nn's or e3j's ``Irreps`` or ``Irrep``), as e3nn-jax's overload
+    reads them; e3j's ``Irrep`` and ``MulIrrep`` are tuples, which ``e3nn.as_irreps_array`` would read
+    as arrays."""
+    return isinstance(value, (str, e3nn.Irreps, e3nn.Irrep, e3nn.MulIrrep, Irreps, Irrep, MulIrrep))
