@@ -9,7 +9,9 @@ convolution per multiplicity); also timed with a prebuilt graph: the same call a
 multiplicity of about the same node-feature size (``27x0e + 27x1o + 27x2e`` for the default). Also
 measured, to split the fused call's cost: e3j's convolutions alone on operands already split into
 the groups, the layout conversions alone (node features and weights in, output out) and the
-``e3j.Graph`` build. The same with the weights given as the radial MLP's last layer,
+``e3j.Graph`` build. The array route also as a model takes it (``mlp_array``: the radial MLP's
+last layer computed in the program and its ``[E, num_weights]`` output given to the drop-in), against
+the groups' own products and convolutions. The same with the weights given as the radial MLP's last layer,
 ``hidden [E, --hidden] @ kernel`` (as NequIP's and MACE's radial networks end; ``hidden`` is the
 activation of a pre-activation operand, computed in the program as in a model): e3nn-jax computes
 ``w = hidden @ kernel`` and runs its pattern; e3j takes ``e3j.FactoredWeights(hidden, kernel)``
@@ -193,6 +195,14 @@ def measure(n: int, args) -> dict:
         weights = e3j.FactoredWeights(jax.nn.silu(h), k)
         return mp(e3nn.IrrepsArray(x.irreps, xa), e3nn.IrrepsArray(sh.irreps, ya), weights, graph=g).array
 
+    # the array route as a model takes it: its radial network's last layer computed in the program and
+    # its output, e3nn's [E, num_weights], given to the drop-in (the weights' cotangent a temporary)
+    def mlp_array(xa, ya, h, k, g):
+        return with_graph(mp, x.irreps)(xa, ya, jax.nn.silu(h) @ k, g)
+
+    def mlp_layer(h, k):  # that layer alone, to tell the drop-in's part of the program
+        return jax.nn.silu(h) @ k
+
     def factored_bare(xs, ya, h, ks, g):
         h = jax.nn.silu(h)
         ss = [(h @ k).reshape(h.shape[0], gr.coo.num_paths, gr.channels) for gr, k in zip(groups, ks)]
@@ -215,6 +225,8 @@ def measure(n: int, args) -> dict:
         "e3nn_mlp": (ref_mlp, (x.array, sh.array, hidden, kernel, senders, receivers)),
         "e3j_factored_graph": (factored, (x.array, sh.array, hidden, kernel, graph)),
         "e3j_factored_bare": (factored_bare, (x_ops, sh.array, hidden, kernels, graph)),
+        "e3j_mlp_array_graph": (mlp_array, (x.array, sh.array, hidden, kernel, graph)),
+        "mlp_layer": (mlp_layer, (hidden, kernel)),
     }
     # correctness first (the relative error of the fused call against e3nn-jax, float32)
     a, b = jax.jit(ref)(*operands["e3nn"][1]), jax.jit(fused)(*operands["e3j"][1])
@@ -224,14 +236,17 @@ def measure(n: int, args) -> dict:
     a = jax.jit(ref_mlp)(*operands["e3nn_mlp"][1])
     c = jax.jit(factored)(*operands["e3j_factored_graph"][1])
     err_factored = float(jnp.abs(a - c).max() / jnp.abs(a).max())
+    c = jax.jit(mlp_array)(*operands["e3j_mlp_array_graph"][1])
+    err_mlp_array = float(jnp.abs(a - c).max() / jnp.abs(a).max())
     # compile everything, then time in interleaved rounds so that load from other processes on a
     # shared machine falls on every variant alike
     jitted = {}
     for name, (f, ops) in operands.items():
         jitted[f"{name}_fwd"] = (jax.jit(f), ops)
         # the MLP variants: also the gradient with respect to the kernel (a parameter)
-        with_kernel = name in ("e3nn_mlp", "e3j_factored_graph", "e3j_factored_bare")
-        jitted[f"{name}_fwd_bwd"] = (grad_of(f, (0, 1, 2, 3) if with_kernel else (0, 1, 2)), ops)
+        with_kernel = name in ("e3nn_mlp", "e3j_factored_graph", "e3j_factored_bare", "e3j_mlp_array_graph")
+        argnums = (0, 1) if name == "mlp_layer" else (0, 1, 2, 3) if with_kernel else (0, 1, 2)
+        jitted[f"{name}_fwd_bwd"] = (grad_of(f, argnums), ops)
     outs = jax.jit(bare)(x_ops, sh.array, s_ops, graph)
 
     def layouts(xa, wa, outs):  # node features and weights in, output out
@@ -253,6 +268,15 @@ def measure(n: int, args) -> dict:
         kind: paired_share(jitted[f"e3j_graph_{kind}"], jitted[f"e3j_bare_{kind}"], args.pairs)
         for kind in ("fwd", "fwd_bwd")
     }
+    paired_mlp_array = {
+        kind: paired_share(jitted[f"e3j_mlp_array_graph_{kind}"], jitted[f"e3j_factored_bare_{kind}"], args.pairs)
+        for kind in ("fwd", "fwd_bwd")
+    }
+    for kind, share in paired_mlp_array.items():
+        # the conversions' milliseconds as a share of the drop-in's part of the program (the program
+        # less the network's last layer, timed alone): the share of the fused call
+        drop_in_ms = share["a_ms"] - times[f"mlp_layer_{kind}"] * 1e3
+        share["of_drop_in"] = round((share["a_ms"] - share["b_ms"]) / drop_in_ms, 4)
 
     def path_channels(m):
         return sum(g.coo.num_paths * g.channels for g in m.plan.groups)
@@ -278,6 +302,7 @@ def measure(n: int, args) -> dict:
         "max_rel_err_vs_e3nn": err,
         "max_rel_err_gcd_vs_e3nn": err_gcd,
         "max_rel_err_factored_vs_e3nn": err_factored,
+        "max_rel_err_mlp_array_vs_e3nn": err_mlp_array,
         "hidden": args.hidden,
         **{k: round(v * 1e3, 3) for k, v in times.items()},
         "speedup_fwd": round(times["e3nn_fwd"] / times["e3j_fwd"], 2),
@@ -309,6 +334,11 @@ def measure(n: int, args) -> dict:
         "factored_conversions_paired": {**paired, "pairs": args.pairs},
         # and for an array of weights (1 - bare / drop-in with a prebuilt graph, per pair)
         "array_conversions_paired": {**paired_array, "pairs": args.pairs},
+        # an array computed in the program by the network's last layer (as a model gives it) against
+        # the groups' own products and convolutions: per pair, of the whole program; "of_drop_in":
+        # the median milliseconds' difference over the drop-in's part (less the layer alone)
+        "mlp_array_conversions_paired": {**paired_mlp_array, "pairs": args.pairs},
+        "speedup_mlp_array_fwd_bwd": round(times["e3nn_mlp_fwd_bwd"] / times["e3j_mlp_array_graph_fwd_bwd"], 2),
     }
     print(json.dumps(row), flush=True)
     return row
