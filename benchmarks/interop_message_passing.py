@@ -273,8 +273,10 @@ def measure(n: int, args) -> dict:
         for kind in ("fwd", "fwd_bwd")
     }
     for kind, share in paired_mlp_array.items():
-        # the conversions' milliseconds as a share of the drop-in's part of the program (the program
-        # less the network's last layer, timed alone): the share of the fused call
+        # an estimate of the conversions' share of the fused call alone: the difference of the two
+        # median times over the program's median less the network's last layer timed on its own
+        # (whose program returns its output and differentiates a sum: not the layer as it runs
+        # inside the program, so of unknown bias)
         drop_in_ms = share["a_ms"] - times[f"mlp_layer_{kind}"] * 1e3
         share["of_drop_in"] = round((share["a_ms"] - share["b_ms"]) / drop_in_ms, 4)
 
@@ -336,7 +338,7 @@ def measure(n: int, args) -> dict:
         "array_conversions_paired": {**paired_array, "pairs": args.pairs},
         # an array computed in the program by the network's last layer (as a model gives it) against
         # the groups' own products and convolutions: per pair, of the whole program; "of_drop_in":
-        # the median milliseconds' difference over the drop-in's part (less the layer alone)
+        # the estimate above, over the drop-in's part (the program less the layer alone)
         "mlp_array_conversions_paired": {**paired_mlp_array, "pairs": args.pairs},
         "speedup_mlp_array_fwd_bwd": round(times["e3nn_mlp_fwd_bwd"] / times["e3j_mlp_array_graph_fwd_bwd"], 2),
     }

@@ -187,39 +187,59 @@ def test_grouped_convolution_reads_and_writes_e3nn_weights_in_place():
     check_grouped_lowering(lower, "pallas_mosaic", MOSAIC_CALL, op=GROUPED_ALIGNED)
 
 
-def test_strided_shared_memory_reads_still_do_not_lower():
-    """Why the grouped kernels split e3nn's node features and join their outputs around the launches:
-    a row of a copy-major block (channel ``c`` of row ``m`` at ``c · dim + m``), staged contiguous by
-    the TMA, is a strided read of shared memory, which Mosaic GPU does not lower (JAX 0.11.2; the
-    interpreter runs it). When this test fails, a JAX upgrade lowers it: the kernels can then read
-    ``x``/``dm`` and write ``m``/``dx`` in place as the Triton ones do (docs/mosaic_gpu.md)."""
+def _strided_kernel(read_strided: bool):
+    """A kernel of one copy-major block row per tile row (channel ``c`` of row ``m`` at ``c · dim + m``):
+    with ``read_strided``, it reads each row ``m`` with a strided slice of shared memory and stores it
+    contiguous (``out [rows, dim, width]``); otherwise it reads contiguous rows and stores each with a
+    strided slice (``out [rows, width · dim]``, copy-major again). Returns ``(kernel factory, x,
+    expected output)``."""
     import jax.numpy as jnp
     from e3j_pallas_gpu._mosaic import strided
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     rows, width, dim = 8, 16, 3
+    flat = jax.ShapeDtypeStruct((rows, width * dim), jnp.float32)
+    split = jax.ShapeDtypeStruct((dim, rows, width), jnp.float32)
+    x_type, o_type = (flat, split) if read_strided else (split, flat)
 
-    def rows_of_blocks(x_gmem, o_gmem, x_smem, o_smem, barrier):
-        for r in range(rows):
-            plgpu.copy_gmem_to_smem(x_gmem.at[r], x_smem.at[r], barrier)
+    def body(x_gmem, o_gmem, x_smem, o_smem, barrier):
+        plgpu.copy_gmem_to_smem(x_gmem, x_smem, barrier)
         plgpu.barrier_wait(barrier)
         for m in range(dim):
-            o_smem[:, pl.ds(m, width, stride=dim)] = strided(2 * x_smem[:, pl.ds(m, width, stride=dim)])
+            if read_strided:
+                o_smem[m] = strided(2 * x_smem[:, pl.ds(m, width, stride=dim)])
+            else:
+                o_smem[:, pl.ds(m, width, stride=dim)] = strided(2 * x_smem[m])
         plgpu.commit_smem()
         plgpu.copy_smem_to_gmem(o_smem, o_gmem)
         plgpu.wait_smem_to_gmem(0)
 
-    block = jax.ShapeDtypeStruct((rows, width * dim), jnp.float32)
     kernel = functools.partial(
         plgpu.kernel,
-        rows_of_blocks,
-        out_type=block,
-        scratch_types=[plgpu.SMEM(block.shape, jnp.float32)] * 2 + [plgpu.Barrier(num_arrivals=rows)],
+        body,
+        out_type=o_type,
+        scratch_types=[plgpu.SMEM(x_type.shape, jnp.float32), plgpu.SMEM(o_type.shape, jnp.float32)]
+        + [plgpu.Barrier(num_arrivals=1)],
     )
-    x = np.arange(rows * width * dim, dtype=np.float32).reshape(block.shape)
+    blocks = np.arange(rows * width * dim, dtype=np.float32).reshape(rows, width, dim)  # [row, c, m]
+    copy_major, row_major = blocks.reshape(rows, width * dim), blocks.transpose(2, 0, 1)
+    x, want = (copy_major, 2 * row_major) if read_strided else (row_major, 2 * copy_major)
+    return kernel, x, want
+
+
+@pytest.mark.parametrize("read_strided", [True, False], ids=["strided reads", "strided writes"])
+def test_strided_shared_memory_access_still_does_not_lower(read_strided):
+    """Why the grouped kernels split e3nn's node features and join their outputs around the launches:
+    reading a row of a copy-major block staged contiguous by the TMA (``x``, ``dm``), or writing one
+    (``m``, ``dx``), is a strided slice of shared memory, which Mosaic GPU does not lower (JAX 0.11.2;
+    the interpreter runs it). When this test fails, a JAX upgrade lowers one of them: the kernels can
+    then read (or write) e3nn's blocks in place as the Triton ones do (docs/mosaic_gpu.md)."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    kernel, x, want = _strided_kernel(read_strided)
     # the interpreter runs it: the kernel itself is right
-    out = kernel(interpret=plgpu.InterpretGPUParams())(x)
-    np.testing.assert_array_equal(np.asarray(out), 2 * x)
-    with pytest.raises(NotImplementedError, match="Strided slices not implemented"):
+    np.testing.assert_array_equal(np.asarray(kernel(interpret=plgpu.InterpretGPUParams())(x)), want)
+    # (with JAX_PALLAS_VERBOSE_ERRORS the error comes wrapped, its message kept)
+    with pytest.raises(Exception, match="Strided slices not implemented"):
         _lower_cuda("NVIDIA H200", kernel(), x)

@@ -43,7 +43,8 @@ class Irrep(tuple):
     constructors read e3j's irreps: ``e3nn_jax.Irreps(e3j.Irreps("2x0e + 1o"))`` and
     ``e3nn_jax.Irrep(e3j.Irrep("1o"))`` work. Where e3nn-jax wants *irreps* (``Irreps(...)``,
     ``IrrepsArray``, its modules), give it ``Irreps(ir)`` or ``str(ir)``, not a bare ``Irrep``: e3nn-jax
-    reads any pair there as a list of two degrees. An ``Irrep`` equals its pair and its string.
+    reads any pair there as a list of two degrees (and raises at an odd parity's ``-1``). An ``Irrep``
+    equals its pair and its string.
 
     >>> Irrep("2e").dim
     5
