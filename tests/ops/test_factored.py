@@ -58,16 +58,30 @@ def test_factored_equals_materialized_value_and_gradients(irreps_x, irreps_y, fi
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12 * float(jnp.abs(b).max()))
 
 
-def test_factored_runs_without_a_per_edge_copy_of_the_weights():
-    """The groups' weights come from ``hidden @ kernel[:, columns]``: the compiled call holds one
-    matrix product per group and no ``[E, num_weights]`` array (no per-edge reordering)."""
+@pytest.mark.parametrize("backend", ["reference", "test"])
+def test_factored_weights_are_never_multiplied_out_where_the_kernels_fuse_them(backend):
+    """The reference's factored grouped kernels compute each chunk's weights from ``hidden @
+    kernel``: its compiled value and gradient hold no ``[E, num_weights]`` array. A backend without
+    them (the test plugin: no grouped kernels) multiplies the weights out once, and gets the same
+    values and gradients."""
+    if backend not in {b.name for b in e3j.available_backends()}:
+        pytest.skip(f"backend {backend} is not installed")
     conv = e3j.MulIrConvolution("8x0e + 4x1o + 2x2e", "0e + 1o + 2e", "0e + 1o + 2e")
     x, y, w, graph = operands(conv, False)
-    jaxpr = jax.make_jaxpr(lambda x, y, w: conv(x, y, w, graph))(x, y, w)
-    shapes = [tuple(v.aval.shape) for eqn in jaxpr.eqns for v in eqn.outvars]
-    assert (EDGES, conv.num_weights) not in shapes
-    dots = [e for e in jaxpr.eqns if e.primitive.name == "dot_general"]
-    assert len(dots) == len(conv.groups) == 3
+    assert conv.num_weights == 48 and EDGES == 19
+
+    def loss(x, y, w, be):
+        return jnp.sum(jnp.sin(conv(x, y, w, graph, backend=be)))
+
+    def compiled(be):
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3).lower(x, y, w, be).compile()
+
+    per_edge = "[19,48]"
+    assert (per_edge in compiled(backend).as_text()) == (backend != "reference")
+    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)), static_argnums=3)(x, y, w, backend)
+    want = jax.jit(jax.value_and_grad(lambda *a: loss(*a[:2], a[2].materialize(), backend), argnums=(0, 1, 2)))(x, y, w)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12 * float(jnp.abs(b).max()))
 
 
 def test_padding_edges_hidden_rows_never_reach_the_gradients():

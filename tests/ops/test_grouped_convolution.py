@@ -4,7 +4,9 @@
 primitive on e3nn's flat layouts. Oracle: the e3nn-jax pattern it stands for, float64, through every
 order of differentiation the models use (forces, force training: grad of grad, forward mode), under
 ``vmap``, with padding edges and with an empty graph; the reference's one-sweep kernels against the
-per-group path that a backend without grouped kernels takes.
+per-group path that a backend without grouped kernels takes. Weights given as
+``e3j.FactoredWeights(hidden, kernel)`` run one primitive too (the reference computes them inside
+its sweep): against the same pattern on ``hidden @ kernel``.
 """
 
 from __future__ import annotations
@@ -54,10 +56,6 @@ def test_array_weights_run_one_primitive_without_a_copy_into_the_groups():
     jaxpr = jax.make_jaxpr(lambda a, b, c: CONV(a, b, c, GRAPH))(x, y, w)
     shapes = {tuple(v.aval.shape) for e in jaxpr.eqns for v in e.outvars}
     assert not shapes & {(E, g.coo.num_paths, g.channels) for g in CONV.plan.groups}
-    # FactoredWeights keep their per-group products (no per-edge array to read in place)
-    names = primitives(lambda a, b: CONV(a, b, e3j.FactoredWeights(jnp.ones((E, 3)), jnp.ones((3, CONV.num_weights))),
-                                         GRAPH), x, y)  # fmt: skip
-    assert names.count("e3j_convolution") == 3 and "e3j_grouped_convolution" not in names
 
 
 # Pallas GPU's grouped kernels through the ops: the slow session (~60 s in the interpreter; the tests
@@ -131,3 +129,94 @@ def test_grouped_kernels_come_in_pairs():
     assert ref.provides("grouped_convolution")
     with pytest.raises(ValueError, match="given together"):
         e3j.Kernels(grouped_convolution=ref.grouped_convolution)
+
+
+def factors(seed, hidden=4):
+    """Weights as ``hidden [E, H] @ kernel [H, num_weights]`` (e3nn's columns)."""
+    k = jax.random.split(jax.random.key(100 + seed), 2)
+    h = jax.random.normal(k[0], (E, hidden), jnp.float64)
+    return h, jax.random.normal(k[1], (hidden, CONV.num_weights), jnp.float64) / 2
+
+
+def test_factored_weights_run_one_primitive():
+    x, y, _ = operands(0)
+    h, k = factors(0)
+    names = primitives(lambda a, b, c, d: CONV(a, b, e3j.FactoredWeights(c, d), GRAPH), x, y, h, k)
+    assert names.count("e3j_grouped_convolution_factored") == 1 and "dot_general" not in names
+
+
+@pytest.mark.parametrize("backend", ["reference", "test", pytest.param("pallas_gpu_interpret", marks=pytest.mark.slow)])
+def test_factored_weights_value_gradients_and_second_order_equal_e3nn(backend):
+    """Weights as ``FactoredWeights(hidden, kernel)``: the reference computes them chunk by chunk
+    inside its sweep (its factored grouped kernels), other backends multiply them out first; every
+    order of derivative, with respect to ``hidden`` and ``kernel`` too, equals e3nn-jax's pattern on
+    ``hidden @ kernel``."""
+    if backend not in {b.name for b in e3j.available_backends()}:
+        pytest.skip(f"backend {backend} is not installed")
+    x, y, _ = operands(4)
+    h, k = factors(4)
+    cot = jax.random.normal(jax.random.key(7), (N, CONV.irreps_out.dim), jnp.float64)
+    v = jax.random.normal(jax.random.key(8), x.shape, jnp.float64)
+
+    def ours(a, b, c, d):
+        return jnp.sum(jnp.tanh(CONV(a, b, e3j.FactoredWeights(c, d), GRAPH, backend=backend)) * cot)
+
+    def ref(a, b, c, d):
+        return jnp.sum(jnp.tanh(e3nn_pattern(a, b, c @ d)) * cot)
+
+    args = (x, y, h, k)
+    for f in (
+        lambda loss: jax.value_and_grad(loss, argnums=(0, 1, 2, 3)),
+        # forces, then a loss on them differentiated with respect to everything (force training)
+        lambda loss: jax.grad(lambda *a: jnp.sum(jax.grad(loss)(*a) * v), argnums=(0, 1, 2, 3)),
+        # forward mode
+        lambda loss: lambda *a: jax.jvp(loss, a, (v, jnp.sin(a[1]), jnp.cos(a[2]), a[3] ** 2)),
+    ):
+        got, want = jax.jit(f(ours))(*args), jax.jit(f(ref))(*args)
+        for g, r in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            assert float(jnp.abs(r).max()) > 1e-6
+            np.testing.assert_allclose(g, r, rtol=1e-11, atol=1e-12 * float(jnp.abs(r).max()))
+
+
+@pytest.mark.parametrize("backend", ["reference", "test"])
+def test_factored_weights_vmap_padding_edges_and_empty_graph(backend):
+    x, y, _ = operands(5)
+    h, k = factors(5)
+    w = e3j.FactoredWeights(h, k)
+    xs = jnp.stack([x, 2 * x, -x])
+    got = jax.vmap(lambda a: CONV(a, y, w, GRAPH, backend=backend))(xs)
+    np.testing.assert_allclose(got, jnp.stack([e3nn_pattern(a, y, h @ k) for a in xs]), rtol=1e-12, atol=1e-12)
+    # padding edges with non-finite hidden rows contribute nothing and get zero cotangents; the
+    # kernel's gradient stays finite
+    pad = 5
+    mask = np.arange(E + pad) < E
+    padded = e3j.Graph.from_edges(np.r_[SENDERS, [N] * pad], np.r_[RECEIVERS, [N] * pad], N, edge_mask=mask)
+    yp = jnp.concatenate([y, jnp.full((pad, y.shape[1]), jnp.nan)])
+    hp = jnp.concatenate([h, jnp.full((pad, h.shape[1]), jnp.nan)])
+    np.testing.assert_allclose(
+        CONV(x, yp, e3j.FactoredWeights(hp, k), padded, backend=backend), e3nn_pattern(x, y, h @ k), rtol=1e-12
+    )
+
+    def loss(b, c, d):
+        return jnp.sum(CONV(x, b, e3j.FactoredWeights(c, d), padded, backend=backend))
+
+    dy, dh, dk = jax.grad(loss, argnums=(0, 1, 2))(yp, hp, k)
+    assert not np.any(dy[E:]) and not np.any(dh[E:]) and np.all(np.isfinite(dh)) and np.all(np.isfinite(dk))
+    ref = jax.grad(lambda c, d: jnp.sum(e3nn_pattern(x, y, c @ d)), argnums=(0, 1))(h, k)
+    np.testing.assert_allclose(dh[:E], ref[0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(dk, ref[1], rtol=1e-10, atol=1e-12)
+    # no edges: zeros, and zero gradients
+    empty = e3j.Graph.from_edges(np.zeros(0, int), np.zeros(0, int), N)
+    y0, h0 = jnp.zeros((0, y.shape[1])), jnp.zeros((0, h.shape[1]))
+    assert not np.any(CONV(x, y0, e3j.FactoredWeights(h0, k), empty, backend=backend))
+    grads = jax.grad(lambda a, d: jnp.sum(CONV(a, y0, e3j.FactoredWeights(h0, d), empty, backend=backend)), (0, 1))(
+        x, k
+    )
+    assert not any(np.any(g) for g in grads)
+
+
+def test_factored_kernels_come_in_pairs():
+    ref = e3j.backends.kernels_of(e3j.backends.get_backend("reference"))
+    assert ref.provides("grouped_convolution_factored")
+    with pytest.raises(ValueError, match="grouped_convolution_factored and grouped_convolution_factored_bwd"):
+        e3j.Kernels(grouped_convolution_factored=ref.grouped_convolution_factored)

@@ -257,6 +257,8 @@ def _load_reference() -> Kernels:
         convolution_bwd=convolution.convolution_bwd,
         grouped_convolution=convolution.grouped_convolution,
         grouped_convolution_bwd=convolution.grouped_convolution_bwd,
+        grouped_convolution_factored=convolution.grouped_convolution_factored,
+        grouped_convolution_factored_bwd=convolution.grouped_convolution_factored_bwd,
     )
 
 

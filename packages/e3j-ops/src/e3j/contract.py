@@ -24,6 +24,12 @@ Signatures (``coo`` is an :class:`e3j_core.TensorProductCoo`; keyword options ar
   the groups built on them: ``forward_by_group`` / ``backward_by_group`` (one launch per group, the
   layouts converted around them, the weights' cotangent one buffer the launches write in turn) and
   ``join_cotangents`` (for a backward that runs its own loop).
+- optional, both or neither: ``grouped_convolution_factored(plan, x, y, h, k, graph) -> m`` and
+  ``grouped_convolution_factored_bwd(plan, x, y, h, k, dm, graph, *, outs) -> {"x"|"y"|"h"|"k":
+  ...}``: the same with the weights given as the product ``h [E, H] @ k [H, num_weights]`` (``k``'s
+  columns in e3nn's weight order), which the kernel may compute piece by piece and never write
+  whole; the cotangents are ``dh [E, H]`` and ``dk [H, num_weights]``. Without them e3j multiplies
+  the weights out and runs ``grouped_convolution`` (or the groups).
 
 Layouts (trailing channels): ``x [B|N, Dx, C]``; ``y [B|E, Dy, C]`` (``y_channels=True``) or
 ``[B|E, Dy]`` broadcast over channels; ``s [E, P, C]`` (one edge scalar per path and channel);
@@ -85,8 +91,19 @@ _FORWARD = {"tensor_product": "z", "convolution": "m"}
 _READS = {
     "tensor_product": {"z": ("x", "y"), "x": ("y",), "y": ("x",)},
     "convolution": {"m": ("x", "y", "s"), "x": ("y", "s"), "y": ("x", "s"), "s": ("x", "y")},
+    "grouped_convolution_factored": {
+        "m": ("x", "y", "h", "k"),
+        "x": ("y", "h", "k"),
+        "y": ("x", "h", "k"),
+        "h": ("x", "y", "k"),
+        "k": ("x", "y", "h"),
+    },
 }
-_OPERANDS = {"tensor_product": ("x", "y"), "convolution": ("x", "y", "s")}
+_OPERANDS = {
+    "tensor_product": ("x", "y"),
+    "convolution": ("x", "y", "s"),
+    "grouped_convolution_factored": ("x", "y", "h", "k"),
+}
 
 
 def needed(op: str, outs: tuple[str, ...]) -> tuple[str, ...]:
@@ -148,10 +165,14 @@ class Kernels:
     #: optional: all groups of a mixed-multiplicity convolution in one call (see the module doc)
     grouped_convolution: Callable[..., jax.Array] | None = None
     grouped_convolution_bwd: Callable[..., Mapping[str, jax.Array]] | None = None
+    #: optional: the same with the weights as a product ``h @ k`` (see the module doc)
+    grouped_convolution_factored: Callable[..., jax.Array] | None = None
+    grouped_convolution_factored_bwd: Callable[..., Mapping[str, jax.Array]] | None = None
 
     def __post_init__(self) -> None:
-        if (self.grouped_convolution is None) != (self.grouped_convolution_bwd is None):
-            raise ValueError("grouped_convolution and grouped_convolution_bwd are given together or not at all")
+        for op in ("grouped_convolution", "grouped_convolution_factored"):
+            if (getattr(self, op) is None) != (getattr(self, op + "_bwd") is None):
+                raise ValueError(f"{op} and {op}_bwd are given together or not at all")
 
     def provides(self, op: str) -> bool:
         return getattr(self, op) is not None and getattr(self, op + "_bwd") is not None

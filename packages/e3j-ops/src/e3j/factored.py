@@ -7,11 +7,12 @@ several runs of it. An array is read in place (one primitive for all groups; wha
 against operands already in the groups' layouts, and what this form costs, is measured in
 ``docs/porting.md``). The weights of NequIP and
 MACE are the output of a radial MLP whose last layer is linear (``output_activation=False``):
-``w = hidden @ kernel``. Given in that form, the rearrangement is applied to the columns of
-``kernel`` (``[H, num_weights]``, a few thousand numbers) and each group gets its weights from its
-own matrix product ``hidden @ kernel[:, columns_g]``: the same multiply-adds as ``hidden @ kernel``,
-and the per-edge array never exists. :class:`e3j.flax.MultiLayerPerceptron` returns its output in
-this form.
+``w = hidden @ kernel``. Given in that form, the convolution takes the two factors: the
+reference backend computes each chunk of edges' weights inside its sweep from each group's columns
+of ``kernel`` (``[H, num_weights]``, a few thousand numbers), the same multiply-adds as ``hidden @
+kernel``, and no per-edge array of weights is written (nor kept for the backward: ``hidden`` is);
+a backend without such kernels multiplies them out once and reads the array in place.
+:class:`e3j.flax.MultiLayerPerceptron` returns its output in this form.
 
 >>> import jax.numpy as jnp
 >>> w = FactoredWeights(jnp.ones((5, 3)), jnp.ones((3, 4)))

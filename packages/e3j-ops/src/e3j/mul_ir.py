@@ -14,8 +14,10 @@ it unchanged. With an array of weights ``[E, num_weights]`` the convolution's gr
 primitive on e3nn's layouts: each path reads its ``C`` weights where e3nn puts them (a path's copies
 are consecutive columns) and its cotangent is written there, so the array is never copied into the
 groups' layout; the reference runs all groups in one sweep over the edges, other backends group by
-group. Weights given as :class:`e3j.FactoredWeights` ``hidden @ kernel`` run group by group, each
-from its own product with the kernel's columns (see ``docs/usage.md``). Node features and outputs
+group. Weights given as :class:`e3j.FactoredWeights` ``hidden @ kernel`` run as one primitive too:
+the reference computes each chunk's weights in its sweep from each group's columns of the kernel
+(no ``[E, num_weights]`` array), other backends multiply them out once and read the array in place
+(see ``docs/usage.md``). Node features and outputs
 move by static slices and concatenations.
 ``grouping="gcd"`` instead runs one op with ``C`` = the gcd of the multiplicities (each block
 ``m x ir`` as ``m/C`` copies; many more paths of fewer channels), kept to compare against.
@@ -46,7 +48,7 @@ from e3j_core.coo import normalize_filter
 
 from ._checks import check_rank, check_same_dtype
 from ._mul_ir_plan import GROUPINGS, Plan, plan
-from ._primitives.grouped_convolution import GROUPED_CONVOLUTION, GroupedConvSpec
+from ._primitives.grouped_convolution import GROUPED_CONVOLUTION, GROUPED_CONVOLUTION_FACTORED, GroupedConvSpec
 from .backends import current_backend_request
 from .convolution import Convolution
 from .factored import FactoredWeights, check_weights
@@ -67,7 +69,7 @@ class MulIrConvolution:
     ``conv = MulIrConvolution(irreps_x, irreps_y, filter=None, *, self_connection=None)``; ``conv(x, y, w, graph)``
     with node features ``x: [N, irreps_x.dim]`` (flat ``mul_ir``), edge attributes ``y: [E, irreps_y.dim]`` (e.g.
     spherical harmonics), weights ``w: [E, conv.num_weights]`` (one per output copy, in output order, read in place;
-    or :class:`e3j.FactoredWeights` ``hidden @ kernel``, whose rearrangement costs no per-edge copy) and an
+    or :class:`e3j.FactoredWeights` ``hidden @ kernel``, which the reference computes chunk by chunk) and an
     :class:`e3j.Graph` returns ``[N, conv.irreps_out.dim]`` flat. ``self_connection`` (irreps, multiplicities
     ignored) also passes the copies of ``x`` with those irreps through as messages (``x ⊗ 1``), merged into the
     output: e3nn-jax's ``concatenate([x.filter(self_connection), x ⊗ y]).regroup()``, the copies unscaled under
@@ -164,15 +166,25 @@ class MulIrConvolution:
             # padding edges' rows of hidden may hold anything (NaN): zeroed, so that the kernel's
             # cotangent hidden^T @ dw never reads them, as no route reads padding edges' weights
             w = FactoredWeights(jnp.where(graph.edge_mask[:, None], w.hidden, 0), w.kernel, w.bias)
-        if isinstance(w, FactoredWeights) or not p.in_place:
+        if not p.in_place:
             return self.join_out(self.grouped(self.split_x(x), y, self.split_weights(w), graph, backend=backend))
-        # an array of weights: one primitive for all groups, reading them where e3nn puts them
+        # one primitive for all groups, reading the weights where e3nn puts them (an array), or
+        # computing them from the factors (FactoredWeights: the per-edge array need never exist)
         if p.constant_row:  # the constant 0e column of the self connection
             y = jnp.concatenate([jnp.ones((e, 1), y.dtype), y], axis=1)
         leaves, tree = jax.tree.flatten(graph)
         spec = GroupedConvSpec(p, graph_tree=tree)
         request = current_backend_request(backend)
-        out = GROUPED_CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": w}, leaves, ("m",), request)["m"]
+        if isinstance(w, FactoredWeights):
+            hidden, kernel = w.hidden, w.kernel
+            if w.bias is not None:  # hidden @ kernel + bias == [hidden, 1] @ [kernel; bias]
+                ones = graph.edge_mask[:, None].astype(hidden.dtype)
+                hidden = jnp.concatenate([hidden, ones], axis=1)
+                kernel = jnp.concatenate([kernel, w.bias[None, :]], axis=0)
+            operands = {"x": x, "y": y, "h": hidden, "k": kernel}
+            out = GROUPED_CONVOLUTION_FACTORED.bind_M(spec, operands, leaves, ("m",), request)["m"]
+        else:
+            out = GROUPED_CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": w}, leaves, ("m",), request)["m"]
         return out if p.self_scale is None else out * jnp.asarray(p.self_scale, out.dtype)
 
     def split_x(self, x: jax.Array) -> list[jax.Array]:

@@ -13,6 +13,14 @@ all groups in one sweep over the edges; the CUDA, Pallas GPU (Triton and Mosaic)
 launch per group) runs them when it serves every group (see :func:`_plan_backends`); otherwise each group runs
 through that backend's ordinary convolution kernels on operands split here (the weights copied into
 ``[E, P_g, C_g]``), and the results are joined: the same values, the old cost.
+
+:data:`GROUPED_CONVOLUTION_FACTORED` is the same form with the weights given as the radial network's
+last layer, ``s = h @ k`` (``h [E, H]``, ``k [H, num_weights]`` in e3nn's columns): slots ``x, y, h,
+k, m``. ``Φ`` is linear in ``s``, so multilinear in ``h`` and ``k``, and the rules carry over as
+they are. A backend with ``grouped_convolution_factored`` kernels (the reference: each chunk's
+weights computed in the sweep, never written whole) runs them; otherwise the weights are multiplied
+out once (a temporary of the call) and run as above, and the cotangents of ``h`` and ``k`` are
+products with the weights' cotangent.
 """
 
 from __future__ import annotations
@@ -147,3 +155,72 @@ def _per_group(kernels, backends, plan: Plan, A: dict, graph, outs, types, dtype
 
 GROUPED_CONVOLUTION = Primitives(Multilinear("grouped_convolution", SLOTS, _out_aval, dispatch=_dispatch))
 """All groups of a :class:`e3j.MulIrConvolution` as one convolution on e3nn's layouts."""
+
+FACTORED_SLOTS = ("x", "y", "h", "k", "m")
+
+
+def _factored_out_aval(spec: GroupedConvSpec, slot: str, avals: dict, aux) -> jax.core.ShapedArray:
+    by_slot = {slot_of(k): a for k, a in avals.items()}
+    hidden = by_slot["h"].shape[1] if "h" in by_slot else by_slot["k"].shape[0]
+    if slot == "k":
+        return out_aval((hidden, spec.plan.num_weights), next(iter(avals.values())).dtype, list(avals.values()))
+    if slot == "h":
+        edges = next(by_slot[k].shape[0] for k in ("y", "h") if k in by_slot)
+        return out_aval((edges, hidden), next(iter(avals.values())).dtype, list(avals.values()))
+    return _out_aval(spec, slot, avals, aux)
+
+
+def _dispatch_factored(form, platform: str, requested: str | None, spec: GroupedConvSpec, A: dict, aux, outs) -> dict:
+    """The ``M`` outputs ``outs`` of the convolution with weights ``h @ k``: the backend's factored
+    grouped kernels where it has them (:func:`_plan_backends`), else the weights multiplied out
+    (``[E, num_weights]``, a temporary) and the array's route (:func:`_dispatch`), the cotangents of
+    ``h`` and ``k`` then products with the weights' cotangent."""
+    plan = spec.plan
+    dtype = jnp.dtype(next(iter(A.values())).dtype)
+    backends = _plan_backends(plan, platform, dtype.name, requested)
+    kernels = kernels_of(backends[0])
+    if len({b.name for b in backends}) == 1 and kernels.provides("grouped_convolution_factored"):
+        graph = jax.tree.unflatten(spec.graph_tree, aux)
+        avals = {k: jax.typeof(v) for k, v in A.items()}
+        aux_avals = tuple(jax.typeof(a) for a in aux)
+        types = {o: _factored_out_aval(spec, o, avals, aux_avals) for o in outs}
+        results = {}
+        for part in (tuple(o for o in ("m",) if o in outs), tuple(o for o in ("x", "y", "h", "k") if o in outs)):
+            if part:
+                results.update(_native_factored(kernels, backends[0].name, plan, A, graph, part, types, dtype))
+        return results
+    h, k = A.get("h"), A.get("k")
+    array = {s: A[s] for s in ("x", "y", "m") if s in A}
+    if h is not None and k is not None:
+        array["s"] = jnp.dot(jnp.asarray(h).astype(dtype), jnp.asarray(k).astype(dtype))
+    array_outs = tuple(o for o in outs if o in ("x", "y", "m")) + (("s",) if "h" in outs or "k" in outs else ())
+    res = _dispatch(form, platform, requested, spec, array, aux, array_outs)
+    ds = res.pop("s", None)
+    if "h" in outs:
+        res["h"] = jnp.dot(ds, jnp.asarray(k).astype(dtype).T)
+    if "k" in outs:
+        res["k"] = jnp.dot(jnp.asarray(h).astype(dtype).T, ds)
+    return res
+
+
+def _native_factored(kernels, name: str, plan: Plan, A: dict, graph, outs, types, dtype) -> dict:
+    reads = contract.needed("grouped_convolution_factored", outs)
+    args = {k: (jnp.asarray(A[k]).astype(dtype) if k in reads else None) for k in ("x", "y", "h", "k")}
+    forward = outs == ("m",)
+    if not forward:
+        args["g"] = jnp.asarray(A["m"]).astype(dtype)
+    if contract.is_empty(args, graph):
+        return {o: jnp.zeros(types[o].shape, types[o].dtype) for o in outs}
+    x, y, h, k = (args[s] for s in ("x", "y", "h", "k"))
+    if forward:
+        res = {"m": kernels.grouped_convolution_factored(plan, x, y, h, k, graph)}
+    else:
+        res = kernels.grouped_convolution_factored_bwd(plan, x, y, h, k, args["g"], graph, outs=outs)
+    return contract.checked("grouped_convolution_factored", name, forward, res, types)
+
+
+GROUPED_CONVOLUTION_FACTORED = Primitives(
+    Multilinear("grouped_convolution_factored", FACTORED_SLOTS, _factored_out_aval, dispatch=_dispatch_factored)
+)
+""":data:`GROUPED_CONVOLUTION` with the weights given as ``h [E, H] @ k [H, num_weights]``: the
+form is multilinear in ``h`` and ``k`` as it is in the weights, so every rule carries over."""

@@ -28,7 +28,15 @@ from e3j_core import TensorProductCoo
 
 from .tensor_product import apply_table
 
-__all__ = ["chunk_size", "convolution", "convolution_bwd", "grouped_convolution", "grouped_convolution_bwd"]
+__all__ = [
+    "chunk_size",
+    "convolution",
+    "convolution_bwd",
+    "grouped_convolution",
+    "grouped_convolution_bwd",
+    "grouped_convolution_factored",
+    "grouped_convolution_factored_bwd",
+]
 
 _CHUNK_BYTES = 2 * 2**20
 
@@ -250,15 +258,112 @@ def _weight_rows(s, e):
     return jax.lax.optimization_barrier(s[e])
 
 
-def grouped_convolution(plan, x, y, s, graph) -> jnp.ndarray:
-    """All groups of ``plan`` in one sweep: ``[N, Dx_flat], [E, Dy], [E, num_weights]`` → ``[N, Dout_flat]``.
+class _ArrayWeights:
+    """A grouped sweep's weights given as e3nn's ``s [E, num_weights]``, read in place; their
+    cotangent ``"s"`` is written there."""
 
-    e3nn's flat layouts (:mod:`e3j._primitives.grouped_convolution`); operands as the kernel
-    contract gives them.
-    """
+    cotangents = ("s",)
+
+    def __init__(self, plan, s, num_edges: int):
+        self.plan, self.s, self.num_edges = plan, s, num_edges
+        self.operands = (s,)  # the arrays a loop carry must vary like (see _varying_like)
+
+    def rows(self, e) -> list:
+        """The forward's reading: each group's weights of the chunk's edges ``e``, one per output
+        row, ``[K, Dout_g, C_g]``."""
+        we = _weight_rows(self.s, e)
+        return [_path_weights(we, g) for g in self.plan.groups]
+
+    def chunk(self, e, valid, e_write) -> dict:
+        """What one chunk of the backward shares between its groups."""
+        return {"e": e, "e_write": e_write}
+
+    def paths(self, chunk: dict, k: int):
+        """The backward's reading: group ``k``'s ``[K, P_g, C_g]`` weights of the chunk."""
+        return _gather_paths(self.s, chunk["e"], self.plan.groups[k])
+
+    def zeros(self, outs, dtype) -> dict:
+        return {"s": jnp.zeros((self.num_edges, self.plan.num_weights), dtype)} if "s" in outs else {}
+
+    def add(self, acc: dict, chunk: dict, k: int, ds) -> None:
+        """Group ``k``'s path sums ``ds [K, P_g, C_g]`` (the weights' cotangent) into ``acc``."""
+        acc["s"] = _add_paths(acc["s"], chunk["e_write"], ds, self.plan.groups[k])
+
+    def flush(self, acc: dict, chunk: dict) -> None:
+        pass
+
+    def finish(self, acc: dict) -> dict:
+        return acc
+
+
+class _FactoredWeights:
+    """A grouped sweep's weights given as the product ``h [E, H] @ k [H, num_weights]`` (e3nn's
+    columns), computed chunk by chunk from each group's columns of ``k``: the ``[E, num_weights]``
+    array never exists. Cotangents ``"h"`` (``[E, H]``: each chunk's ``ds @ k_g^T``) and ``"k"``
+    (``[H, num_weights]``: the chunks' ``h^T ds`` summed)."""
+
+    cotangents = ("h", "k")
+
+    def __init__(self, plan, h, k, num_edges: int, hidden: int):
+        self.plan, self.h, self.num_edges, self.hidden = plan, h, num_edges, hidden
+        # each group's columns of the kernel, [H, P_g * C_g] in its path-major order (H * num_weights
+        # numbers, once per call)
+        self.ks = None if k is None else [g.weights(k) for g in plan.groups]
+        self.operands = (h, self.ks)
+
+    def _product(self, h_rows, k: int):
+        g = self.plan.groups[k]
+        return (h_rows @ self.ks[k]).reshape(-1, g.coo.num_paths, g.channels)
+
+    def rows(self, e) -> list:
+        h_rows = self.h[e]
+        return [self._product(h_rows, k)[:, jnp.asarray(g.coo.i3), :] for k, g in enumerate(self.plan.groups)]
+
+    def chunk(self, e, valid, e_write) -> dict:
+        # padding slots' rows zeroed: the kernel's cotangent h^T ds reads every row of the chunk,
+        # and 0 * a non-finite padding row is NaN
+        h_rows = None if self.h is None else jnp.where(valid[:, None], self.h[e], 0)
+        return {"h": h_rows, "e_write": e_write, "valid": valid, "dh": None}
+
+    def paths(self, chunk: dict, k: int):
+        return self._product(chunk["h"], k)
+
+    def zeros(self, outs, dtype) -> dict:
+        acc = {}
+        if "h" in outs:
+            acc["h"] = jnp.zeros((self.num_edges, self.hidden), dtype)
+        if "k" in outs:
+            acc["k"] = [jnp.zeros((self.hidden, g.coo.num_paths * g.channels), dtype) for g in self.plan.groups]
+        return acc
+
+    def add(self, acc: dict, chunk: dict, k: int, ds) -> None:
+        ds = ds.reshape(ds.shape[0], -1)
+        if "h" in acc:
+            dh = ds @ self.ks[k].T
+            chunk["dh"] = dh if chunk["dh"] is None else chunk["dh"] + dh
+        if "k" in acc:
+            # a padding slot's ds is zero times its edge's operands, which may be non-finite
+            ds = jnp.where(chunk["valid"][:, None], ds, 0)
+            acc["k"][k] = acc["k"][k] + chunk["h"].T @ ds
+
+    def flush(self, acc: dict, chunk: dict) -> None:
+        if "h" in acc:
+            acc["h"] = acc["h"].at[chunk["e_write"]].add(chunk["dh"], mode="drop")
+
+    def finish(self, acc: dict) -> dict:
+        if "k" in acc:
+            groups = self.plan.groups
+            acc["k"] = self.plan.join_weights(
+                [d.reshape(self.hidden, g.coo.num_paths, g.channels) for g, d in zip(groups, acc["k"])]
+            )
+        return acc
+
+
+def _grouped_sweep(plan, xs, y, weights, graph) -> list:
+    """The forward of every group of ``plan`` in one sweep over the edges, on operands in the groups'
+    layouts (``xs[g]: [N, Dx_g, C_g]``, ``weights`` read per chunk): each group's ``[N, Dout_g, C_g]``."""
     groups = plan.groups
-    xs = plan.split_x(x)
-    num_nodes, num_edges, dtype = x.shape[0], graph.num_edges, x.dtype
+    num_nodes, num_edges, dtype = xs[0].shape[0], graph.num_edges, xs[0].dtype
     # chunks sized by the widest group's messages: every group's intermediates of a trip stay small
     chunk = chunk_size(num_edges, max(g.coo.dim_out * g.channels for g in groups), dtype.itemsize)
     chunks = _Chunks(graph, chunk)
@@ -266,35 +371,30 @@ def grouped_convolution(plan, x, y, s, graph) -> jnp.ndarray:
 
     def body(i, outs):
         e, snd, rcv, valid = chunks(i)
-        ye, we = y[e], _weight_rows(s, e)
+        ye, ws = y[e], weights.rows(e)
         receivers = jnp.where(valid, rcv, num_nodes)
         new = []
-        for g, xg, out in zip(groups, xs, outs):
+        for g, xg, wg, out in zip(groups, xs, ws, outs):
             z = apply_table(g.coo.table, xg[snd], ye, a_channels=True, b_channels=False, out_channels=True)
-            msg = jnp.where(valid[:, None, None], z * _path_weights(we, g), 0)
+            msg = jnp.where(valid[:, None, None], z * wg, 0)
             new.append(out.at[receivers].add(msg, indices_are_sorted=True, mode="drop"))
         return new
 
-    outs = jax.lax.fori_loop(0, chunks.trips, body, _varying_like(outs, x, y, s, graph))
-    # one gather of the columns: ~1.5x faster than join_out's transposed slices concatenated (XLA's
-    # CPU, 1,000-3,000 nodes), whose advantage, a cheap transpose, a kernel does not need
-    flat = jnp.concatenate([o.reshape(num_nodes, -1) for o in outs], axis=1)
-    return flat.at[:, plan.out_order].get(mode="promise_in_bounds")
+    return jax.lax.fori_loop(0, chunks.trips, body, _varying_like(outs, xs, y, weights.operands, graph))
 
 
-def grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs: tuple[str, ...]) -> dict:
-    """Cotangents of :func:`grouped_convolution` for ``outs ⊆ {x, y, s}`` in one sweep, in its layouts."""
+def _grouped_bwd_sweep(plan, xs, y, gs, graph, outs, weights) -> dict:
+    """The cotangents ``outs`` of :func:`_grouped_sweep` in one sweep, on operands in the groups'
+    layouts (``gs[g]: [N, Dout_g, C_g]``; ``"x"``: one ``[N, Dx_g, C_g]`` per group); the weights'
+    (``weights.cotangents``) as ``weights`` writes them."""
     groups = plan.groups
-    num_nodes, num_edges, dtype = dm.shape[0], graph.num_edges, dm.dtype
-    xs = plan.split_x(x) if x is not None else [None] * len(groups)
-    gs = plan.split_out(dm)
-    res = {}
+    num_nodes, num_edges, dtype = gs[0].shape[0], graph.num_edges, gs[0].dtype
+    res = weights.zeros(outs, dtype)
     if "x" in outs:
         res["x"] = [jnp.zeros((num_nodes, g.coo.dim_x, g.channels), dtype) for g in groups]
     if "y" in outs:
         res["y"] = jnp.zeros((num_edges, groups[0].coo.dim_y), dtype)
-    if "s" in outs:
-        res["s"] = jnp.zeros((num_edges, plan.num_weights), dtype)
+    wants_ds = any(o in outs for o in weights.cotangents)
     chunk = chunk_size(num_edges, max(g.coo.dim_out * g.channels for g in groups), dtype.itemsize)
     chunks = _Chunks(graph, chunk)
 
@@ -302,28 +402,75 @@ def grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs: tuple[str, ...]) 
         e, snd, rcv, valid = chunks(i)
         e_write = jnp.where(valid, e, num_edges)
         ye = y[e] if y is not None else None
-        acc = dict(acc)
+        acc = {k: list(v) if isinstance(v, list) else v for k, v in acc.items()}
+        wc = weights.chunk(e, valid, e_write)
         dy = None
         for k, g in enumerate(groups):
             gk = jnp.where(valid[:, None, None], gs[k][rcv], 0)
             xk = xs[k][snd] if xs[k] is not None else None
             if "x" in outs or "y" in outs:
-                gw = gk * _gather_paths(s, e, g)[:, jnp.asarray(g.coo.i3), :]
+                gw = gk * weights.paths(wc, k)[:, jnp.asarray(g.coo.i3), :]
                 if "x" in outs:
                     dx = apply_table(g.coo.vjp_x, ye, gw, a_channels=False, b_channels=True, out_channels=True)
-                    acc["x"] = list(acc["x"])
                     acc["x"][k] = acc["x"][k].at[jnp.where(valid, snd, num_nodes)].add(dx, mode="drop")
                 if "y" in outs:
                     d = apply_table(g.coo.vjp_y, xk, gw, a_channels=True, b_channels=True, out_channels=False)
                     dy = d if dy is None else dy + d
-            if "s" in outs:
+            if wants_ds:
                 z = apply_table(g.coo.table, xk, ye, a_channels=True, b_channels=False, out_channels=True)
-                acc["s"] = _add_paths(acc["s"], e_write, _sum_paths(g.coo, z * gk), g)
+                weights.add(acc, wc, k, _sum_paths(g.coo, z * gk))
+        weights.flush(acc, wc)
         if "y" in outs:
             acc["y"] = acc["y"].at[e_write].add(dy, mode="drop")
         return acc
 
-    res = jax.lax.fori_loop(0, chunks.trips, body, _varying_like(res, x, y, s, dm, graph))
+    res = jax.lax.fori_loop(0, chunks.trips, body, _varying_like(res, xs, y, gs, weights.operands, graph))
+    return weights.finish(res)
+
+
+def _flat_sweep(plan, x, y, weights, graph) -> jnp.ndarray:
+    """:func:`_grouped_sweep` on e3nn's flat ``x [N, Dx_flat]``, returning e3nn's ``[N, Dout_flat]``."""
+    outs = _grouped_sweep(plan, plan.split_x(x), y, weights, graph)
+    # one gather of the columns: ~1.5x faster than join_out's transposed slices concatenated (XLA's
+    # CPU, 1,000-3,000 nodes), whose advantage, a cheap transpose, a kernel does not need
+    flat = jnp.concatenate([o.reshape(x.shape[0], -1) for o in outs], axis=1)
+    return flat.at[:, plan.out_order].get(mode="promise_in_bounds")
+
+
+def _flat_bwd_sweep(plan, x, y, dm, graph, outs, weights) -> dict:
+    """:func:`_grouped_bwd_sweep` on e3nn's flat ``x`` and ``dm``, ``dx`` in e3nn's layout."""
+    xs = plan.split_x(x) if x is not None else [None] * len(plan.groups)
+    res = _grouped_bwd_sweep(plan, xs, y, plan.split_out(dm), graph, outs, weights)
     if "x" in res:
         res["x"] = plan.join_x(res["x"])
     return res
+
+
+def grouped_convolution(plan, x, y, s, graph) -> jnp.ndarray:
+    """All groups of ``plan`` in one sweep: ``[N, Dx_flat], [E, Dy], [E, num_weights]`` → ``[N, Dout_flat]``.
+
+    e3nn's flat layouts (:mod:`e3j._primitives.grouped_convolution`); operands as the kernel
+    contract gives them.
+    """
+    return _flat_sweep(plan, x, y, _ArrayWeights(plan, s, graph.num_edges), graph)
+
+
+def grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs: tuple[str, ...]) -> dict:
+    """Cotangents of :func:`grouped_convolution` for ``outs ⊆ {x, y, s}`` in one sweep, in its layouts."""
+    return _flat_bwd_sweep(plan, x, y, dm, graph, outs, _ArrayWeights(plan, s, graph.num_edges))
+
+
+def grouped_convolution_factored(plan, x, y, h, k, graph) -> jnp.ndarray:
+    """:func:`grouped_convolution` with the weights ``h [E, H] @ k [H, num_weights]`` (the radial
+    network's last layer, ``k``'s columns in e3nn's weight order) computed chunk by chunk from each
+    group's columns of ``k``, inside the sweep: ``[N, Dx_flat], [E, Dy], [E, H], [H, num_weights]`` →
+    ``[N, Dout_flat]``. The per-edge weights are never written to memory."""
+    return _flat_sweep(plan, x, y, _FactoredWeights(plan, h, k, graph.num_edges, h.shape[1]), graph)
+
+
+def grouped_convolution_factored_bwd(plan, x, y, h, k, dm, graph, *, outs: tuple[str, ...]) -> dict:
+    """Cotangents of :func:`grouped_convolution_factored` for ``outs ⊆ {x, y, h, k}`` in one sweep
+    (``h`` and ``k``'s from each chunk's weight cotangents, which are never written whole)."""
+    hidden = (h if h is not None else k.T).shape[1]
+    weights = _FactoredWeights(plan, h, k, graph.num_edges, hidden)
+    return _flat_bwd_sweep(plan, x, y, dm, graph, outs, weights)
