@@ -11,6 +11,13 @@ same: what the grouped route costs beyond the groups' kernels (on Mosaic GPU,
 ``e3j_pallas_gpu.mosaic_convolution.reads_in_place`` says which groups read e3nn's weights in
 place; all three of the default plan do).
 
+With ``--weights factored`` (the reference only): its ``grouped_convolution_factored`` kernels (the
+weights ``h [E, 64] @ k [64, num_weights]`` computed chunk by chunk in the sweep; cotangents of
+``x``, ``y``, ``h`` and ``k``) against the same sweeps on operands already in the groups' layouts
+(``x`` split, the output and its cotangent left per group): the share is exactly the layout
+conversions, since the groups' own kernels would multiply the weights out (a different amount of
+work).
+
 With ``--profile CALLS`` (XLA's CPU) it also says where each share goes: a ``jax.profiler`` trace of ``CALLS``
 interleaved calls of the four programs in one process, each fusion's time (CPU time: summed over
 XLA's threads) per call, fusions of one kind (the name less its number) summed, grouped against
@@ -81,12 +88,62 @@ def programs(n: int, backend: str = "reference") -> dict:
     }
 
 
-def measure(n: int, pairs: int, backend: str = "reference", progs: dict | None = None) -> dict:
-    p = progs or programs(n, backend)
+def factored_programs(n: int, hidden: int = 64) -> dict:
+    """As :func:`programs` for the reference's factored grouped kernels; ``groups_*`` are the same
+    sweeps on operands in the groups' layouts (the reference's private sweep cores)."""
+    from e3j.reference import convolution as ref
+
+    mp, x, sh, _, senders, receivers = case(n, 27, "64x0e + 32x1o + 16x2e", 3, "0e + 1o + 2e", jnp.float32)
+    graph = e3j.Graph.from_edges(senders, receivers, n)
+    plan, y = mp.plan, sh.array
+    rng = np.random.default_rng(0)
+    dm = jnp.asarray(rng.normal(size=(n, plan.irreps_out.dim)), jnp.float32)
+    h = jnp.asarray(rng.normal(size=(graph.num_edges, hidden)), jnp.float32)
+    k = jnp.asarray(rng.normal(size=(hidden, plan.num_weights)) / np.sqrt(hidden), jnp.float32)
+    xs, dms = plan.split_x(x.array), plan.split_out(dm)
+    outs = ("x", "y", "h", "k")
+
+    def weights(h, k, graph):
+        return ref._FactoredWeights(plan, h, k, graph.num_edges, hidden)
+
+    @jax.jit
+    def grouped_fwd(x, y, h, k, graph):
+        return ref.grouped_convolution_factored(plan, x, y, h, k, graph)
+
+    @jax.jit
+    def groups_fwd(xs, y, h, k, graph):
+        return ref._grouped_sweep(plan, xs, y, weights(h, k, graph), graph)
+
+    @jax.jit
+    def grouped_bwd(x, y, h, k, dm, graph):
+        return ref.grouped_convolution_factored_bwd(plan, x, y, h, k, dm, graph, outs=outs)
+
+    @jax.jit
+    def groups_bwd(xs, y, h, k, dms, graph):
+        return ref._grouped_bwd_sweep(plan, xs, y, dms, graph, outs, weights(h, k, graph))
+
+    return {
+        "grouped_fwd": (grouped_fwd, (x.array, y, h, k, graph)),
+        "groups_fwd": (groups_fwd, (xs, y, h, k, graph)),
+        "grouped_bwd": (grouped_bwd, (x.array, y, h, k, dm, graph)),
+        "groups_bwd": (groups_bwd, (xs, y, h, k, dms, graph)),
+    }
+
+
+def measure(n: int, pairs: int, backend: str = "reference", progs: dict | None = None, weights: str = "array") -> dict:
+    p = progs or (programs(n, backend) if weights == "array" else factored_programs(n))
     fwd = paired_share(p["grouped_fwd"], p["groups_fwd"], pairs)
     bwd = paired_share(p["grouped_bwd"], p["groups_bwd"], pairs)
     graph = p["grouped_fwd"][1][-1]
-    return {"backend": backend, "nodes": n, "edges": graph.num_edges, "pairs": pairs, "fwd": fwd, "bwd": bwd}
+    return {
+        "backend": backend,
+        "weights": weights,
+        "nodes": n,
+        "edges": graph.num_edges,
+        "pairs": pairs,
+        "fwd": fwd,
+        "bwd": bwd,
+    }
 
 
 def profile(progs: dict, calls: int) -> dict:
@@ -143,9 +200,17 @@ def main(argv=None) -> int:
     parser.add_argument("--nodes", type=int, nargs="+", default=[1000, 3000])
     parser.add_argument("--pairs", type=int, default=60)
     parser.add_argument("--backend", default="reference", help="the e3j backend whose kernels are timed")
+    parser.add_argument(
+        "--weights",
+        choices=("array", "factored"),
+        default="array",
+        help="the weights as e3nn's [E, num_weights] array, or as hidden @ kernel (the reference's factored kernels)",
+    )
     parser.add_argument("--json", help="also write the rows here (each row as it is measured)")
     parser.add_argument("--profile", type=int, default=0, metavar="CALLS", help="also profile CALLS calls of each")
     args = parser.parse_args(argv)
+    if args.weights == "factored" and args.backend != "reference":
+        parser.error("--weights factored times the reference's kernels only (--backend reference)")
     head = {
         "device": jax.devices()[0].device_kind,
         "command": "python benchmarks/grouped_kernel_parts.py " + " ".join(sys.argv[1:] if argv is None else argv),
@@ -155,8 +220,12 @@ def main(argv=None) -> int:
     }
     rows = []
     for n in args.nodes:
-        progs = programs(n, args.backend)
-        row = measure(n, args.pairs, args.backend, progs) if args.pairs else {"backend": args.backend, "nodes": n}
+        progs = programs(n, args.backend) if args.weights == "array" else factored_programs(n)
+        row = (
+            measure(n, args.pairs, args.backend, progs, args.weights)
+            if args.pairs
+            else {"backend": args.backend, "nodes": n}
+        )
         if args.profile:
             row["profile_ms"] = profile(progs, args.profile)
             print_profile(row["profile_ms"])

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from e3j import _sweep
@@ -263,3 +265,22 @@ def test_e2e_tables_compare_each_backend_with_the_twin():
     text = tables["markdown"](result)
     assert "| b | 2048 | cuda | 10 | 10 | twin does not fit |" in text
     assert "| c | 2048 | cuda | 10 | 10 | n/a |" in text
+
+
+def test_grouped_kernel_parts_factored_baseline_computes_the_same(monkeypatch):
+    """``benchmarks/grouped_kernel_parts.py --weights factored`` times the reference's factored
+    kernels against the same sweeps on split operands: both sides compute the same values, so the
+    share is the layout conversions alone."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    script = runpy.run_path(str(ROOT / "benchmarks/grouped_kernel_parts.py"))
+    progs = script["factored_programs"](12, hidden=8)
+    (f, a), (g, b) = progs["grouped_fwd"], progs["groups_fwd"]
+    plan = script["case"](12, 27, "64x0e + 32x1o + 16x2e", 3, "0e + 1o + 2e", jnp.float32)[0].plan
+    np.testing.assert_allclose(f(*a), plan.join_out(g(*b)), rtol=1e-5, atol=1e-5)
+    (f, a), (g, b) = progs["grouped_bwd"], progs["groups_bwd"]
+    got, want = f(*a), g(*b)
+    assert set(got) == set(want) == {"x", "y", "h", "k"}
+    np.testing.assert_allclose(got["x"], plan.join_x(want["x"]), rtol=1e-5, atol=1e-5)
+    for k in ("y", "h", "k"):
+        assert float(jnp.abs(want[k]).max()) > 0
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
