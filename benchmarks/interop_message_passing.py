@@ -15,9 +15,14 @@ the groups' own products and convolutions. The same with the weights given as th
 ``hidden [E, --hidden] @ kernel`` (as NequIP's and MACE's radial networks end; ``hidden`` is the
 activation of a pre-activation operand, computed in the program as in a model): e3nn-jax computes
 ``w = hidden @ kernel`` and runs its pattern; e3j takes ``e3j.FactoredWeights(hidden, kernel)``
-("factored": the reordering applied to the kernel's columns), against each group's own product
-``hidden @ kernel_g`` and its convolution on already-split operands ("factored bare"); these are
-differentiated with respect to the kernel too. All variants
+("factored": on the reference, its factored grouped kernels compute each chunk's weights inside the
+sweep, so no per-edge array of weights exists), against each group's own product ``hidden @
+kernel_g`` and its convolution on already-split operands ("factored bare": the weights multiplied
+out per group, as a model written per group would); these are differentiated with respect to the
+kernel too, and their value-and-gradient programs' XLA temporary memory is recorded
+(``temp_mb_fwd_bwd``). The factored call's share against its bare groups is then the fusion's gain
+as well as the layouts' cost; the layouts' cost alone is ``benchmarks/grouped_kernel_parts.py
+--weights factored``. All variants
 are timed in ``--rounds`` interleaved rounds (the CPU may be shared); each time is the best round's
 mean of its fastest 20 % of calls. The factored call's conversion share (a few per cent, near the
 run-to-run noise of separate timings) is also measured in ``--pairs`` alternating calls of the
@@ -341,6 +346,14 @@ def measure(n: int, args) -> dict:
         # the estimate above, over the drop-in's part (the program less the layer alone)
         "mlp_array_conversions_paired": {**paired_mlp_array, "pairs": args.pairs},
         "speedup_mlp_array_fwd_bwd": round(times["e3nn_mlp_fwd_bwd"] / times["e3j_mlp_array_graph_fwd_bwd"], 2),
+        # XLA's temporary memory of each value-and-gradient program (MiB; inputs and outputs apart)
+        "temp_mb_fwd_bwd": {
+            name: round(
+                jitted[f"{name}_fwd_bwd"][0].lower(*ops).compile().memory_analysis().temp_size_in_bytes / 2**20, 1
+            )
+            for name, (_, ops) in operands.items()
+            if name in ("e3nn_mlp", "e3j_factored_graph", "e3j_factored_bare", "e3j_mlp_array_graph")
+        },
     }
     print(json.dumps(row), flush=True)
     return row
