@@ -231,19 +231,32 @@ def check_grouped_convolution(kernels: e3j.Kernels, dtype, outs_sets=ALL_OUTS, o
                 assert not np.any(np.asarray(got[o])[padding]), f"grouped d{o}: padding edges' rows"
 
 
-def check_grouped_lowering(lower, backend: str, call: str, op=GROUPED, aliases: int | None = None) -> None:
+def check_grouped_lowering(
+    lower, backend: str, call: str, op=GROUPED, aliases: int | None = None, factored: bool = False
+) -> None:
     """The value and gradient of ``op`` on ``backend``, lowered by ``lower(fn, *args) -> text``: a
     forward and a backward launch (custom call ``call``) per group, the weights' cotangent aliased
     from one launch to the next (``aliases`` of them: by default every launch but the first), and no
-    group's ``[E, P_g, C_g]`` copy of the weights in the program."""
+    group's ``[E, P_g, C_g]`` copy of the weights in the program. With ``factored``, the weights are
+    ``e3j.FactoredWeights(h, k)`` (gradients with respect to both): the same launches, on the
+    weights multiplied out once (a backend without factored kernels)."""
     plan, graph, x, y, s, _ = grouped_operands("float32", op=op)
-
-    def loss(x, y, s, g):
-        return jnp.sum(jnp.sin(op(x, y, s, g, backend=backend)))
-
     if plan.constant_row:
         y = y[:, 1:]  # the op prepends the self connection's constant column itself
-    text = lower(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
+    if factored:
+        h, k = s[:, :3], s[:3]  # [E, 3] and [3, num_weights]
+
+        def loss(x, y, h, k, g):
+            return jnp.sum(jnp.sin(op(x, y, e3j.FactoredWeights(h, k), g, backend=backend)))
+
+        text = lower(jax.grad(loss, argnums=(0, 1, 2, 3)), x, y, h, k, graph)
+        assert f"tensor<{s.shape[0]}x{plan.num_weights}xf32>" in text
+    else:
+
+        def loss(x, y, s, g):
+            return jnp.sum(jnp.sin(op(x, y, s, g, backend=backend)))
+
+        text = lower(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
     assert text.count(call) == 2 * len(plan.groups) >= 4
     assert text.count("output_operand_aliases") == (len(plan.groups) - 1 if aliases is None else aliases)
     for g in plan.groups:

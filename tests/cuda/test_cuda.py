@@ -291,8 +291,9 @@ def test_kernels_lower_to_ffi_calls_for_cuda(case):
     assert "index_bytes = 1 : i64" in text
 
 
-def test_grouped_convolution_lowers_for_cuda_without_copying_the_weights():
-    check_grouped_lowering(_lower_cuda, "cuda", "custom_call @e3j_conv_")
+@pytest.mark.parametrize("factored", [False, True], ids=["array", "factored"])
+def test_grouped_convolution_lowers_for_cuda_without_copying_the_weights(factored):
+    check_grouped_lowering(_lower_cuda, "cuda", "custom_call @e3j_conv_", factored=factored)
 
 
 def test_e3j_ops_lower_to_the_cuda_backend():

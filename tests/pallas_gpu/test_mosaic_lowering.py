@@ -178,13 +178,14 @@ def test_e3j_selects_triton_before_hopper():
     assert text.count(TRITON_CALL) == 2
 
 
-def test_grouped_convolution_reads_and_writes_e3nn_weights_in_place():
+@pytest.mark.parametrize("factored", [False, True], ids=["array", "factored"])
+def test_grouped_convolution_reads_and_writes_e3nn_weights_in_place(factored):
     """Mixed multiplicities whose weight windows the TMA can address: each group's two launches read
     e3nn's ``[E, num_weights]`` and the backward launches write their columns of the weights'
     cotangent into one buffer, the first a fresh one, each later one aliased (the state ref threaded
-    through it), with no ``[E, P_g, C_g]`` copy."""
+    through it), with no ``[E, P_g, C_g]`` copy; factored weights multiplied out once first."""
     lower = functools.partial(_lower_cuda, "NVIDIA H200")
-    check_grouped_lowering(lower, "pallas_mosaic", MOSAIC_CALL, op=GROUPED_ALIGNED)
+    check_grouped_lowering(lower, "pallas_mosaic", MOSAIC_CALL, op=GROUPED_ALIGNED, factored=factored)
 
 
 def _strided_kernel(read_strided: bool):

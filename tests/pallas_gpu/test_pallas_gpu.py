@@ -181,9 +181,11 @@ def test_grouped_kernels_match_the_reference(kernels, monkeypatch, walk):
     check_grouped_convolution(kernels, "float64", (("x", "y", "s"), ("s",)) if walk else ALL_OUTS)
 
 
-def test_grouped_convolution_lowers_for_cuda_without_copying_the_weights():
+@pytest.mark.parametrize("factored", [False, True], ids=["array", "factored"])
+def test_grouped_convolution_lowers_for_cuda_without_copying_the_weights(factored):
     # aliased from launch to launch: the weights' cotangent (backward) and e3nn's output (forward)
-    check_grouped_lowering(_lower_cuda, "pallas_gpu", TRITON_CALL, aliases=2 * (len(GROUPED.plan.groups) - 1))
+    aliases = 2 * (len(GROUPED.plan.groups) - 1)
+    check_grouped_lowering(_lower_cuda, "pallas_gpu", TRITON_CALL, aliases=aliases, factored=factored)
 
 
 @pytest.mark.parametrize("op", [GROUPED, GROUPED_PART_ALIGNED], ids=["mixed", "part-aligned"])

@@ -241,5 +241,6 @@ def test_e3j_ops_select_pallas_tpu_when_lowered_for_tpu():
     assert text.count(MOSAIC_CALL) == 2  # the forward and one fused backward
 
 
-def test_grouped_convolution_lowers_for_tpu_without_copying_the_weights():
-    check_grouped_lowering(_lower_tpu, "pallas_tpu", MOSAIC_CALL)
+@pytest.mark.parametrize("factored", [False, True], ids=["array", "factored"])
+def test_grouped_convolution_lowers_for_tpu_without_copying_the_weights(factored):
+    check_grouped_lowering(_lower_tpu, "pallas_tpu", MOSAIC_CALL, factored=factored)
