@@ -24,14 +24,14 @@ kernel too, and their value-and-gradient programs' XLA temporary memory is recor
 as well as the layouts' cost; the layouts' cost alone is ``benchmarks/grouped_kernel_parts.py
 --weights factored``. All variants
 are timed in ``--rounds`` interleaved rounds (the CPU may be shared); each time is the best round's
-mean of its fastest 20 % of calls. The factored call's conversion share (a few per cent, near the
-run-to-run noise of separate timings) is also measured in ``--pairs`` alternating calls of the
-factored call and its bare groups: the median over the pairs of ``1 - bare / factored``, and its
-quartiles; the same for the drop-in with an array of weights against its groups alone.
+mean of its fastest 20 % of calls. The factored call's share against its bare groups is also
+measured in ``--pairs`` alternating calls of both: the median over the pairs of ``1 - bare /
+factored``, and its quartiles (negative where the factored call is faster); the same for the drop-in
+with an array of weights against its groups alone (there: what e3nn's layout costs).
 
 With an array of weights the drop-in runs one primitive for all groups that reads the weights in
 e3nn's layout in place (``layouts`` times the conversions the per-group route pays instead: the
-route of ``FactoredWeights`` and of backends without grouped kernels). Its weights' cotangent is one
+route of backends without grouped kernels). Its weights' cotangent is one
 ``[E, num_weights]`` array where the bare variant's are one per group; ``weights_buffer`` and
 ``group_weights_buffers`` time zeroed buffers of each alone (glibc hands out an allocation over
 32 MiB as fresh pages; ``GLIBC_TUNABLES``, recorded in the JSON, can change that).
@@ -337,7 +337,10 @@ def measure(n: int, args) -> dict:
         "factored_layout_share_fwd_bwd": round(
             1 - times["e3j_factored_bare_fwd_bwd"] / times["e3j_factored_graph_fwd_bwd"], 3
         ),
-        # the same from paired calls (1 - bare / factored per pair): median and quartiles
+        # the same from paired calls (1 - bare / factored per pair): median and quartiles. The key
+        # keeps its name across runs; on a backend with factored kernels (the reference) the share
+        # is the fusion's gain with the layouts' cost (grouped_kernel_parts.py --weights factored
+        # measures the layouts alone)
         "factored_conversions_paired": {**paired, "pairs": args.pairs},
         # and for an array of weights (1 - bare / drop-in with a prebuilt graph, per pair)
         "array_conversions_paired": {**paired_array, "pairs": args.pairs},

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import PartitionSpec as P
 
 import e3j
 
@@ -199,3 +200,40 @@ def test_tensor_product_under_shard_map_with_vma_checks():
     g_ref = jax.grad(lambda x, y: jnp.sum(tp(x, y) ** 2), argnums=(0, 1))(x, y)
     for a, b in zip(g, g_ref):
         np.testing.assert_allclose(a, b, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["reference", "test"])
+@pytest.mark.parametrize("factored", [False, True], ids=["array", "factored"])
+def test_mixed_multiplicities_under_shard_map(mesh, backend, factored):
+    """``e3j.MulIrConvolution`` inside ``shard_map`` (``check_vma`` on), one graph per device: node
+    features, edge attributes and per-edge weights (or ``FactoredWeights``' hidden rows) sharded,
+    the kernel replicated. Values and gradients, the kernel's summed over the devices, equal a loop
+    over the devices' problems without ``shard_map``."""
+    if backend not in {b.name for b in e3j.available_backends()}:
+        pytest.skip(f"backend {backend} is not installed")
+    op = e3j.MulIrConvolution("4x0e + 2x1o", "0e + 1o", "0e + 1o")
+    rng = np.random.default_rng(3)
+    n, e = 5, 9
+    graph = e3j.Graph.from_edges(rng.integers(0, n, e), rng.integers(0, n, e), n)
+    xs = jnp.asarray(rng.normal(size=(NDEV, n, op.irreps_x.dim)))
+    ys = jnp.asarray(rng.normal(size=(NDEV, e, op.irreps_y.dim)))
+    hs = jnp.asarray(rng.normal(size=(NDEV, e, 3 if factored else op.num_weights)))
+    k = jnp.asarray(rng.normal(size=(3, op.num_weights)))
+
+    def one(x, y, h, kk):
+        w = e3j.FactoredWeights(h, kk) if factored else h + 0 * jnp.sum(kk)
+        return loss(op(x, y, w, graph, backend=backend))
+
+    def body(x, y, h, kk):
+        return jax.lax.psum(one(x[0], y[0], h[0], kk), "d")
+
+    sharded = jax.shard_map(body, mesh=mesh, in_specs=(P("d"),) * 3 + (P(),), out_specs=P())
+    got = jax.jit(jax.value_and_grad(sharded, argnums=(0, 1, 2, 3)))(xs, ys, hs, k)
+
+    def looped(x, y, h, kk):
+        return sum(one(x[i], y[i], h[i], kk) for i in range(NDEV))
+
+    want = jax.value_and_grad(looped, argnums=(0, 1, 2, 3))(xs, ys, hs, k)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert float(jnp.abs(b).max()) > 0 or not factored
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)

@@ -220,3 +220,29 @@ def test_factored_kernels_come_in_pairs():
     assert ref.provides("grouped_convolution_factored")
     with pytest.raises(ValueError, match="grouped_convolution_factored and grouped_convolution_factored_bwd"):
         e3j.Kernels(grouped_convolution_factored=ref.grouped_convolution_factored)
+
+
+@pytest.mark.parametrize("backend", ["reference", "test"])
+def test_factored_weights_linear_transposes(backend):
+    """``jax.linear_transpose`` with respect to one operand at a time (each output slot computed
+    from the other operands alone), against the array of the same weights."""
+    if backend not in {b.name for b in e3j.available_backends()}:
+        pytest.skip(f"backend {backend} is not installed")
+    x, y, _ = operands(6)
+    h, k = factors(6)
+    g = jax.random.normal(jax.random.key(9), (N, CONV.irreps_out.dim), jnp.float64)
+    fw = e3j.FactoredWeights
+
+    def ours(a, b, c, d):
+        return CONV(a, b, fw(c, d), GRAPH, backend=backend)
+
+    cases = {
+        "x": (lambda a: ours(a, y, h, k), lambda a: e3nn_pattern(a, y, h @ k), x),
+        "y": (lambda b: ours(x, b, h, k), lambda b: e3nn_pattern(x, b, h @ k), y),
+        "h": (lambda c: ours(x, y, c, k), lambda c: e3nn_pattern(x, y, c @ k), h),
+        "k": (lambda d: ours(x, y, h, d), lambda d: e3nn_pattern(x, y, h @ d), k),
+    }
+    for name, (fn, ref, primal) in cases.items():
+        (got,) = jax.linear_transpose(fn, primal)(g)
+        (want,) = jax.linear_transpose(ref, primal)(g)
+        np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-12, err_msg=name)

@@ -45,6 +45,7 @@ import numpy as np
 
 from e3j_core import Irrep, Irreps, TensorProductCoo, select_paths, tensor_product_coo
 
+from ._primitives.multilinear import out_aval
 from .factored import take_columns
 from .layout import from_mul_ir, to_mul_ir
 
@@ -94,6 +95,13 @@ class Gather:
             return a[..., :0]
         parts = [a[..., s:t] for s, t in self.runs]
         return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+
+
+def _aval_like(shape: tuple[int, ...], arrays) -> jax.core.ShapedArray:
+    """The type of a ``shape`` array of ``arrays``' dtype that varies over the manual mesh axes they
+    vary over (inside ``shard_map``), for :func:`jax.linear_transpose`: its cotangent must have
+    exactly that type."""
+    return out_aval(shape, arrays[0].dtype, [jax.typeof(a) for a in arrays])
 
 
 @dataclass(frozen=True, eq=False)
@@ -206,7 +214,7 @@ class Plan:
         """The transpose of :meth:`split_x`: the groups' ``[.., Dx_g, C_g]`` → flat ``[.., Dx_flat]``
         (columns no group reads, of zero-multiplicity or filtered-out blocks, are zero)."""
         lead = jnp.shape(dxs[0])[:-2]
-        aval = jax.ShapeDtypeStruct((*lead, self.irreps_x.dim), dxs[0].dtype)
+        aval = _aval_like((*lead, self.irreps_x.dim), dxs)
         (dx,) = jax.linear_transpose(self.split_x, aval)(list(dxs))
         return dx
 
@@ -274,7 +282,7 @@ class Plan:
     def split_out(self, dm: jax.Array) -> list[jax.Array]:
         """The transpose of :meth:`join_out`: flat ``[.., Dout_flat]`` → the groups' ``[.., Dout_g, C_g]``."""
         lead = jnp.shape(dm)[:-1]
-        avals = [jax.ShapeDtypeStruct((*lead, g.coo.dim_out, g.channels), dm.dtype) for g in self.groups]
+        avals = [_aval_like((*lead, g.coo.dim_out, g.channels), [dm]) for g in self.groups]
         return list(jax.linear_transpose(lambda *o: self.join_out(list(o)), *avals)(dm))
 
     @cached_property

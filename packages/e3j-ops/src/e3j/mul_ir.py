@@ -16,7 +16,7 @@ are consecutive columns) and its cotangent is written there, so the array is nev
 groups' layout; the reference runs all groups in one sweep over the edges, other backends group by
 group. Weights given as :class:`e3j.FactoredWeights` ``hidden @ kernel`` run as one primitive too:
 the reference computes each chunk's weights in its sweep from each group's columns of the kernel
-(no ``[E, num_weights]`` array), other backends multiply them out once and read the array in place
+(no ``[E, num_weights]`` array), other backends multiply them out once and run the array's route
 (see ``docs/usage.md``). Node features and outputs
 move by static slices and concatenations.
 ``grouping="gcd"`` instead runs one op with ``C`` = the gcd of the multiplicities (each block

@@ -161,13 +161,15 @@ FACTORED_SLOTS = ("x", "y", "h", "k", "m")
 
 def _factored_out_aval(spec: GroupedConvSpec, slot: str, avals: dict, aux) -> jax.core.ShapedArray:
     by_slot = {slot_of(k): a for k, a in avals.items()}
+    dtype, operands = next(iter(avals.values())).dtype, list(avals.values())
     hidden = by_slot["h"].shape[1] if "h" in by_slot else by_slot["k"].shape[0]
     if slot == "k":
-        return out_aval((hidden, spec.plan.num_weights), next(iter(avals.values())).dtype, list(avals.values()))
-    if slot == "h":
-        edges = next(by_slot[k].shape[0] for k in ("y", "h") if k in by_slot)
-        return out_aval((edges, hidden), next(iter(avals.values())).dtype, list(avals.values()))
-    return _out_aval(spec, slot, avals, aux)
+        return out_aval((hidden, spec.plan.num_weights), dtype, operands)
+    if slot in ("x", "m"):
+        nodes = next(by_slot[k].shape[0] for k in ("x", "m") if k in by_slot)
+        return out_aval((nodes, spec.dim(slot)), dtype, operands)
+    edges = next(by_slot[k].shape[0] for k in ("y", "h") if k in by_slot)
+    return out_aval((edges, hidden if slot == "h" else spec.dim(slot)), dtype, operands)
 
 
 def _dispatch_factored(form, platform: str, requested: str | None, spec: GroupedConvSpec, A: dict, aux, outs) -> dict:

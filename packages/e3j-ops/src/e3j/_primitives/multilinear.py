@@ -41,6 +41,7 @@ from jax.interpreters import ad, batching, mlir
 from e3j_core import TensorProductCoo
 
 from .. import contract
+from .._vma import varying_like
 from ..backends import OpRequest, kernels_of, select_backend
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
@@ -121,6 +122,9 @@ class Primitives:
         outs = tuple(s for s in self.form.slots if s in outs)
         if not outs:
             return {}
+        # under shard_map, operands vary alike: an invariant operand's cotangent is then summed
+        # over the axes the others vary over (pcast's transpose), as its type requires
+        Q = varying_like(Q, Q)
         results = self.M.bind(
             *[Q[s] for s in q_slots],
             *aux,
@@ -138,6 +142,7 @@ class Primitives:
         outs = tuple(s for s in self.form.slots if s in outs)
         if not outs or not t_slots:
             return {}
+        Q, T = varying_like((Q, T), Q, T)
         results = self.L.bind(
             *[Q[s] for s in q_slots],
             *[T[s] for s in t_slots],
@@ -282,7 +287,8 @@ class Primitives:
                 if j in acc:
                     results.append(acc[j])
                 else:
-                    aval = self.form.out_aval(spec, j, {**Q, **T}, aux)
+                    avals = {k: jax.typeof(v) for k, v in {**Q, **T}.items()}
+                    aval = self.form.out_aval(spec, j, avals, tuple(jax.typeof(a) for a in aux))
                     results.append(jnp.zeros(aval.shape, aval.dtype))
             return results
 

@@ -26,6 +26,7 @@ import numpy as np
 
 from e3j_core import TensorProductCoo
 
+from .._vma import varying_like
 from .tensor_product import apply_table
 
 __all__ = [
@@ -49,29 +50,6 @@ def chunk_size(num_edges: int, row_elements: int, itemsize: int) -> int:
     and the backward sweep took ~1.75x more CPU time (``benchmarks/reference_convolution.py``).
     """
     return int(max(8, min(max(num_edges, 1), _CHUNK_BYTES // max(1, row_elements * itemsize))))
-
-
-def _varying_axes(a) -> set:
-    mat = getattr(jax.typeof(a), "mat", None)  # the aval's manual axis type (None outside shard_map)
-    return set(getattr(mat, "varying", None) or ())
-
-
-def _varying_like(carry, *operands):
-    """``carry`` cast to vary over every manual mesh axis any operand varies over.
-
-    Under ``shard_map`` (with its default ``check_vma=True``) a loop carry started from ``zeros`` is
-    invariant while the loop body, which reads the sharded operands, returns a varying value; the
-    loop then rejects the mismatch. Outside ``shard_map`` there are no such axes and nothing changes.
-    """
-    axes = set()
-    for leaf in jax.tree.leaves(operands):
-        axes |= _varying_axes(leaf)
-
-    def cast(a):
-        missing = tuple(sorted(axes - _varying_axes(a)))
-        return jax.lax.pcast(a, missing, to="varying") if missing else a
-
-    return jax.tree.map(cast, carry)
 
 
 class _Chunks:
@@ -124,7 +102,7 @@ def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool) -> j
         receivers = jnp.where(valid, rcv, num_nodes)
         return out.at[receivers].add(msg, indices_are_sorted=True, mode="drop")
 
-    return jax.lax.fori_loop(0, chunks.trips, body, _varying_like(out, x, y, s, graph))
+    return jax.lax.fori_loop(0, chunks.trips, body, varying_like(out, x, y, s, graph))
 
 
 def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[str, ...], y_channels: bool) -> dict:
@@ -170,7 +148,7 @@ def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[st
             acc["s"] = acc["s"].at[e_write].add(_sum_paths(coo, z * g), mode="drop")
         return acc
 
-    return jax.lax.fori_loop(0, chunks.trips, body, _varying_like(res, x, y, s, dm, graph))
+    return jax.lax.fori_loop(0, chunks.trips, body, varying_like(res, x, y, s, dm, graph))
 
 
 def _sum_paths(coo: TensorProductCoo, a):
@@ -269,7 +247,7 @@ class _ArrayWeights:
 
     def __init__(self, plan, s, num_edges: int):
         self.plan, self.s, self.num_edges = plan, s, num_edges
-        self.operands = (s,)  # the arrays a loop carry must vary like (see _varying_like)
+        self.operands = (s,)  # the arrays a loop carry must vary like (see varying_like)
 
     def rows(self, e) -> list:
         """The forward's reading: each group's weights of the chunk's edges ``e``, one per output
@@ -386,7 +364,7 @@ def _grouped_sweep(plan, xs, y, weights, graph) -> list:
             new.append(out.at[receivers].add(msg, indices_are_sorted=True, mode="drop"))
         return new
 
-    return jax.lax.fori_loop(0, chunks.trips, body, _varying_like(outs, xs, y, weights.operands, graph))
+    return jax.lax.fori_loop(0, chunks.trips, body, varying_like(outs, xs, y, weights.operands, graph))
 
 
 def _grouped_bwd_sweep(plan, xs, y, gs, graph, outs, weights) -> dict:
@@ -430,7 +408,7 @@ def _grouped_bwd_sweep(plan, xs, y, gs, graph, outs, weights) -> dict:
             acc["y"] = acc["y"].at[e_write].add(dy, mode="drop")
         return acc
 
-    res = jax.lax.fori_loop(0, chunks.trips, body, _varying_like(res, xs, y, gs, weights.operands, graph))
+    res = jax.lax.fori_loop(0, chunks.trips, body, varying_like(res, xs, y, gs, weights.operands, graph))
     return weights.finish(res)
 
 
