@@ -96,39 +96,51 @@ def _dispatch(form, platform: str, requested: str | None, spec: GroupedConvSpec,
     kernels = [kernels_of(b) for b in backends]
     one = len({b.name for b in backends}) == 1 and kernels[0].provides("grouped_convolution")
     results = {}
-    # the forward and the backward outputs requested together: one call each, as contract.run does
-    for part in (tuple(o for o in ("m",) if o in outs), tuple(o for o in ("x", "y", "s") if o in outs)):
-        if not part:
-            continue
+    for part in _parts(outs, ("x", "y", "s")):
         if one:
-            results.update(_native(kernels[0], backends[0].name, plan, A, graph, part, types, dtype))
+            results.update(_native("grouped_convolution", kernels[0], backends[0].name, plan, A, graph, part, types))
         else:
             results.update(_per_group(kernels, backends, plan, A, graph, part, types, dtype))
     return results
 
 
-def _operands(A: dict, outs: tuple[str, ...], dtype) -> dict:
-    reads = contract.needed("convolution", outs)
-    args = {k: (jnp.asarray(A[k]).astype(dtype) if k in reads else None) for k in ("x", "y", "s")}
+def _parts(outs, backward: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The forward and the backward outputs requested together: one call each, as contract.run does."""
+    parts = (tuple(o for o in ("m",) if o in outs), tuple(o for o in backward if o in outs))
+    return [p for p in parts if p]
+
+
+#: each grouped kernel's operands, in its signature's order, and the op whose reading rules they follow
+_OPERANDS = {"grouped_convolution": ("x", "y", "s"), "grouped_convolution_factored": ("x", "y", "h", "k")}
+_READS = {"grouped_convolution": "convolution", "grouped_convolution_factored": "grouped_convolution_factored"}
+
+
+def _operands(op: str, A: dict, outs: tuple[str, ...], dtype) -> dict:
+    reads = contract.needed(_READS[op], outs)
+    args = {k: (jnp.asarray(A[k]).astype(dtype) if k in reads else None) for k in _OPERANDS[op]}
     if outs != ("m",):
         args["g"] = jnp.asarray(A["m"]).astype(dtype)
     return args
 
 
-def _native(kernels, name: str, plan: Plan, A: dict, graph, outs, types, dtype) -> dict:
-    args = _operands(A, outs, dtype)
+def _native(op: str, kernels, name: str, plan: Plan, A: dict, graph, outs, types) -> dict:
+    """The outputs ``outs`` (the forward's or the backward's) of backend ``name``'s kernels ``op``
+    (``grouped_convolution`` or ``grouped_convolution_factored``) under the kernel contract."""
+    args = _operands(op, A, outs, types[outs[0]].dtype)
     if contract.is_empty(args, graph):
         return {o: jnp.zeros(types[o].shape, types[o].dtype) for o in outs}
-    if outs == ("m",):
-        res = {"m": kernels.grouped_convolution(plan, args["x"], args["y"], args["s"], graph)}
+    operands = [args[k] for k in _OPERANDS[op]]
+    forward = outs == ("m",)
+    if forward:
+        res = {"m": getattr(kernels, op)(plan, *operands, graph)}
     else:
-        res = kernels.grouped_convolution_bwd(plan, args["x"], args["y"], args["s"], args["g"], graph, outs=outs)
-    return contract.checked("grouped_convolution", name, outs == ("m",), res, types)
+        res = getattr(kernels, op + "_bwd")(plan, *operands, args["g"], graph, outs=outs)
+    return contract.checked(op, name, forward, res, types)
 
 
 def _per_group(kernels, backends, plan: Plan, A: dict, graph, outs, types, dtype) -> dict:
     """Each group through its backend's ordinary convolution kernels (under the kernel contract)."""
-    args = _operands(A, outs, dtype)
+    args = _operands("grouped_convolution", A, outs, dtype)
     n = len(plan.groups)
     xs = plan.split_x(args["x"]) if args["x"] is not None else [None] * n
     ss = [g.split_weights(args["s"]) for g in plan.groups] if args["s"] is not None else [None] * n
@@ -187,9 +199,9 @@ def _dispatch_factored(form, platform: str, requested: str | None, spec: Grouped
         aux_avals = tuple(jax.typeof(a) for a in aux)
         types = {o: _factored_out_aval(spec, o, avals, aux_avals) for o in outs}
         results = {}
-        for part in (tuple(o for o in ("m",) if o in outs), tuple(o for o in ("x", "y", "h", "k") if o in outs)):
-            if part:
-                results.update(_native_factored(kernels, backends[0].name, plan, A, graph, part, types, dtype))
+        for part in _parts(outs, ("x", "y", "h", "k")):
+            op = "grouped_convolution_factored"
+            results.update(_native(op, kernels, backends[0].name, plan, A, graph, part, types))
         return results
     h, k = A.get("h"), A.get("k")
     array = {s: A[s] for s in ("x", "y", "m") if s in A}
@@ -203,22 +215,6 @@ def _dispatch_factored(form, platform: str, requested: str | None, spec: Grouped
     if "k" in outs:
         res["k"] = jnp.dot(jnp.asarray(h).astype(dtype).T, ds)
     return res
-
-
-def _native_factored(kernels, name: str, plan: Plan, A: dict, graph, outs, types, dtype) -> dict:
-    reads = contract.needed("grouped_convolution_factored", outs)
-    args = {k: (jnp.asarray(A[k]).astype(dtype) if k in reads else None) for k in ("x", "y", "h", "k")}
-    forward = outs == ("m",)
-    if not forward:
-        args["g"] = jnp.asarray(A["m"]).astype(dtype)
-    if contract.is_empty(args, graph):
-        return {o: jnp.zeros(types[o].shape, types[o].dtype) for o in outs}
-    x, y, h, k = (args[s] for s in ("x", "y", "h", "k"))
-    if forward:
-        res = {"m": kernels.grouped_convolution_factored(plan, x, y, h, k, graph)}
-    else:
-        res = kernels.grouped_convolution_factored_bwd(plan, x, y, h, k, args["g"], graph, outs=outs)
-    return contract.checked("grouped_convolution_factored", name, forward, res, types)
 
 
 GROUPED_CONVOLUTION_FACTORED = Primitives(

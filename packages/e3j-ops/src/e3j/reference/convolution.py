@@ -462,6 +462,6 @@ def grouped_convolution_factored(plan, x, y, h, k, graph) -> jnp.ndarray:
 def grouped_convolution_factored_bwd(plan, x, y, h, k, dm, graph, *, outs: tuple[str, ...]) -> dict:
     """Cotangents of :func:`grouped_convolution_factored` for ``outs ⊆ {x, y, h, k}`` in one sweep
     (``h`` and ``k``'s from each chunk's weight cotangents, which are never written whole)."""
-    hidden = (h if h is not None else k.T).shape[1]
+    hidden = h.shape[1] if h is not None else k.shape[0]
     weights = _FactoredWeights(plan, h, k, graph.num_edges, hidden)
     return _flat_bwd_sweep(plan, x, y, dm, graph, outs, weights)
