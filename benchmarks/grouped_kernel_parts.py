@@ -104,7 +104,7 @@ def factored_programs(n: int, hidden: int = 64) -> dict:
     outs = ("x", "y", "h", "k")
 
     def weights(h, k, graph):
-        return ref._FactoredWeights(plan, h, k, graph.num_edges, hidden)
+        return ref._FactoredWeights.of_plan(plan, h, k, graph.num_edges, hidden)
 
     @jax.jit
     def grouped_fwd(x, y, h, k, graph):
@@ -112,7 +112,7 @@ def factored_programs(n: int, hidden: int = 64) -> dict:
 
     @jax.jit
     def groups_fwd(xs, y, h, k, graph):
-        return ref._grouped_sweep(plan, xs, y, weights(h, k, graph), graph)
+        return ref._grouped_sweep(plan.groups, xs, y, weights(h, k, graph), graph)
 
     @jax.jit
     def grouped_bwd(x, y, h, k, dm, graph):
@@ -120,7 +120,7 @@ def factored_programs(n: int, hidden: int = 64) -> dict:
 
     @jax.jit
     def groups_bwd(xs, y, h, k, dms, graph):
-        return ref._grouped_bwd_sweep(plan, xs, y, dms, graph, outs, weights(h, k, graph))
+        return ref._grouped_bwd_sweep(plan.groups, xs, y, dms, graph, outs, weights(h, k, graph))
 
     return {
         "grouped_fwd": (grouped_fwd, (x.array, y, h, k, graph)),

@@ -255,6 +255,8 @@ def _load_reference() -> Kernels:
         tensor_product_bwd=tensor_product.tensor_product_bwd,
         convolution=convolution.convolution,
         convolution_bwd=convolution.convolution_bwd,
+        convolution_factored=convolution.convolution_factored,
+        convolution_factored_bwd=convolution.convolution_factored_bwd,
         grouped_convolution=convolution.grouped_convolution,
         grouped_convolution_bwd=convolution.grouped_convolution_bwd,
         grouped_convolution_factored=convolution.grouped_convolution_factored,

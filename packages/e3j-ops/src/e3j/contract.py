@@ -11,6 +11,12 @@ Signatures (``coo`` is an :class:`e3j_core.TensorProductCoo`; keyword options ar
 - ``tensor_product_bwd(coo, x, y, dz, *, outs, y_channels) -> {"x": dx, "y": dy}`` (keys: ``outs``)
 - ``convolution(coo, x, y, s, graph, *, y_channels) -> m``
 - ``convolution_bwd(coo, x, y, s, dm, graph, *, outs, y_channels) -> {"x"|"y"|"s": ...}``
+- optional, both or neither: ``convolution_factored(coo, x, y, h, k, graph, *, y_channels) -> m``
+  and ``convolution_factored_bwd(coo, x, y, h, k, dm, graph, *, outs, y_channels) -> {"x"|"y"|"h"|
+  "k": ...}``: the convolution with its edge scalars given as the radial network's last layer, ``s
+  = h @ k`` (``h [E, H]``, ``k [H, P, C]``), which the kernel may compute piece by piece and never
+  write whole; the cotangents are ``dh [E, H]`` and ``dk [H, P, C]``. Without them e3j multiplies
+  ``s`` out and runs ``convolution`` / ``convolution_bwd``.
 - optional, both or neither: ``grouped_convolution(plan, x, y, s, graph) -> m`` and
   ``grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs) -> {"x"|"y"|"s": ...}``: every group
   of a mixed-multiplicity plan (:class:`e3j.MulIrConvolution`) in one call, on e3nn's flat layouts
@@ -42,7 +48,7 @@ Guarantees to a kernel:
 
 1. every array operand has one floating dtype, the op's;
 2. ``outs`` is a non-empty tuple in slot order (``("x", "y")`` for the tensor product, a subset of
-   ``("x", "y", "s")`` for the convolution);
+   ``("x", "y", "s")`` for the convolution, of ``("x", "y", "h", "k")`` for the factored ones);
 3. an operand is ``None`` exactly when the requested outputs do not read it (:func:`needed`);
    ``dz`` / ``dm`` is always given;
 4. batch, node and edge counts are positive: an empty call is answered with zeros here and never
@@ -87,11 +93,11 @@ OPS = ("tensor_product", "convolution")
 
 #: For each op: its forward output slot, and for every output slot the operands it reads (besides
 #: the output cotangent, which a backward always reads).
-_FORWARD = {"tensor_product": "z", "convolution": "m"}
+_FORWARD = {"tensor_product": "z", "convolution": "m", "convolution_factored": "m"}
 _READS = {
     "tensor_product": {"z": ("x", "y"), "x": ("y",), "y": ("x",)},
     "convolution": {"m": ("x", "y", "s"), "x": ("y", "s"), "y": ("x", "s"), "s": ("x", "y")},
-    "grouped_convolution_factored": {
+    "convolution_factored": {
         "m": ("x", "y", "h", "k"),
         "x": ("y", "h", "k"),
         "y": ("x", "h", "k"),
@@ -99,9 +105,12 @@ _READS = {
         "k": ("x", "y", "h"),
     },
 }
+# the grouped form reads its operands as the uniform one does
+_READS["grouped_convolution_factored"] = _READS["convolution_factored"]
 _OPERANDS = {
     "tensor_product": ("x", "y"),
     "convolution": ("x", "y", "s"),
+    "convolution_factored": ("x", "y", "h", "k"),
     "grouped_convolution_factored": ("x", "y", "h", "k"),
 }
 
@@ -162,6 +171,9 @@ class Kernels:
     tensor_product_bwd: TensorProductBwdKernel | None = None
     convolution: ConvolutionKernel | None = None
     convolution_bwd: ConvolutionBwdKernel | None = None
+    #: optional: the convolution with its edge scalars as a product ``h @ k`` (see the module doc)
+    convolution_factored: Callable[..., jax.Array] | None = None
+    convolution_factored_bwd: Callable[..., Mapping[str, jax.Array]] | None = None
     #: optional: all groups of a mixed-multiplicity convolution in one call (see the module doc)
     grouped_convolution: Callable[..., jax.Array] | None = None
     grouped_convolution_bwd: Callable[..., Mapping[str, jax.Array]] | None = None
@@ -170,7 +182,7 @@ class Kernels:
     grouped_convolution_factored_bwd: Callable[..., Mapping[str, jax.Array]] | None = None
 
     def __post_init__(self) -> None:
-        for op in ("grouped_convolution", "grouped_convolution_factored"):
+        for op in ("convolution_factored", "grouped_convolution", "grouped_convolution_factored"):
             if (getattr(self, op) is None) != (getattr(self, op + "_bwd") is None):
                 raise ValueError(f"{op} and {op}_bwd are given together or not at all")
 
@@ -221,12 +233,13 @@ def _call(op, kernels, backend_name, coo, operands, graph, outs, y_channels, res
             res = {"z": kernels.tensor_product(coo, args["x"], args["y"], y_channels=y_channels)}
         else:
             res = kernels.tensor_product_bwd(coo, args["x"], args["y"], args["g"], outs=outs, y_channels=y_channels)
-    elif forward:
-        res = {"m": kernels.convolution(coo, args["x"], args["y"], args["s"], graph, y_channels=y_channels)}
     else:
-        res = kernels.convolution_bwd(
-            coo, args["x"], args["y"], args["s"], args["g"], graph, outs=outs, y_channels=y_channels
-        )
+        kernel = getattr(kernels, op if forward else op + "_bwd")
+        operands = [args[k] for k in _OPERANDS[op]]
+        if forward:
+            res = {"m": kernel(coo, *operands, graph, y_channels=y_channels)}
+        else:
+            res = kernel(coo, *operands, args["g"], graph, outs=outs, y_channels=y_channels)
     return checked(op, backend_name, forward, res, types)
 
 

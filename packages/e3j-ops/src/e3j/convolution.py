@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 
 from ._checks import check_rank, check_same_dtype
 from ._coo_op import CooOp
-from ._primitives.convolution import CONVOLUTION, ConvSpec
+from ._primitives.convolution import CONVOLUTION, CONVOLUTION_FACTORED, ConvSpec, FactoredConvSpec
 from .backends import current_backend_request
+from .factored import FactoredWeights, check_weights
 from .graph import Graph
 
 __all__ = ["Convolution"]
@@ -24,23 +26,55 @@ class Convolution(CooOp):
     on the same rows. Padding edges (``edge_mask`` False) contribute nothing and cost nothing.
     Messages are never materialized as an ``[E, Dout, C]`` array.
 
+    ``s`` may also be :class:`e3j.FactoredWeights` ``(hidden [E, H], kernel [H, num_paths · C], bias
+    [num_paths · C] or None)``: the edge scalars as the radial network's last linear layer, ``s =
+    (hidden @ kernel + bias).reshape(E, num_paths, C)`` (path-major columns, as a ``Dense(num_paths
+    · C)`` output reshaped). The reference backend then computes each chunk of edges' scalars inside
+    its sweep, so the ``[E, num_paths, C]`` array is never written, nor kept for the backward
+    (``hidden`` is); other backends multiply it out once inside the call. Same values and
+    derivatives (with respect to ``hidden``, ``kernel`` and ``bias`` too) as the array.
+
     >>> import numpy as np, jax.numpy as jnp
     >>> conv = Convolution("0e + 1o", "0e + 1o", filter="0e + 1o")
     >>> g = Graph.from_edges(np.array([0, 1]), np.array([1, 0]), num_nodes=2)
     >>> m = conv(jnp.ones((2, 4, 8)), jnp.ones((2, 4)), jnp.ones((2, conv.num_paths, 8)), g)
     >>> m.shape, conv.num_paths
     ((2, 8, 8), 4)
+    >>> w = FactoredWeights(jnp.ones((2, 16)), jnp.ones((16, conv.num_paths * 8)) / 16)
+    >>> bool(jnp.allclose(conv(jnp.ones((2, 4, 8)), jnp.ones((2, 4)), w, g), m))
+    True
     """
 
-    def __call__(self, x: jax.Array, y: jax.Array, s: jax.Array, graph: Graph, *, backend: str | None = None):
+    def __call__(
+        self,
+        x: jax.Array,
+        y: jax.Array,
+        s: jax.Array | FactoredWeights,
+        graph: Graph,
+        *,
+        backend: str | None = None,
+    ) -> jax.Array:
         coo = self.coo
         if not isinstance(graph, Graph):
             raise TypeError(f"graph must be an e3j.Graph (see Graph.from_edges), got {type(graph).__name__}")
         check_rank("x", x, (3,), f"[N, Dx={coo.dim_x}, C]")
         check_rank("y", y, (2, 3), f"[E, Dy={coo.dim_y}] or [E, Dy, C]")
+        if isinstance(s, FactoredWeights):
+            return self._factored(x, y, s, graph, backend)
         check_rank("s", s, (3,), f"[E, num_paths={coo.num_paths}, C]")
         check_same_dtype(x=x, y=y, s=s)
-        n, e = graph.num_nodes, graph.num_edges
+        self._check_xy(x, y, graph)
+        if s.shape[:2] != (graph.num_edges, coo.num_paths):
+            raise ValueError(f"s must be [E={graph.num_edges}, num_paths={coo.num_paths}, C], got {s.shape}")
+        if s.shape[2] != x.shape[2]:
+            raise ValueError(f"x has {x.shape[2]} channels but s has {s.shape[2]}")
+        leaves, tree = jax.tree.flatten(graph)
+        spec = ConvSpec(coo, y_channels=y.ndim == 3, graph_tree=tree)
+        out = CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": s}, leaves, ("m",), current_backend_request(backend))
+        return out["m"]
+
+    def _check_xy(self, x, y, graph: Graph) -> None:
+        coo, n, e = self.coo, graph.num_nodes, graph.num_edges
         if x.shape[:2] != (n, coo.dim_x):
             raise ValueError(
                 f"x must be [N={n}, Dx={coo.dim_x}, C] for irreps_x {coo.irreps_x} and this graph, got {x.shape}"
@@ -49,13 +83,23 @@ class Convolution(CooOp):
             raise ValueError(
                 f"y must be [E={e}, Dy={coo.dim_y}(, C)] for irreps_y {coo.irreps_y} and this graph, got {y.shape}"
             )
-        if s.shape[:2] != (e, coo.num_paths):
-            raise ValueError(f"s must be [E={e}, num_paths={coo.num_paths}, C], got {s.shape}")
-        if s.shape[2] != x.shape[2]:
-            raise ValueError(f"x has {x.shape[2]} channels but s has {s.shape[2]}")
         if y.ndim == 3 and y.shape[2] != x.shape[2]:
             raise ValueError(f"x has {x.shape[2]} channels but y has {y.shape[2]}")
+
+    def _factored(self, x, y, w: FactoredWeights, graph: Graph, backend: str | None) -> jax.Array:
+        coo, channels = self.coo, x.shape[2]
+        check_weights("s", w, graph.num_edges, coo.num_paths * channels, f"num_paths={coo.num_paths} × C={channels}")
+        parts = {"s.hidden": w.hidden, "s.kernel": w.kernel, "s.bias": w.bias}
+        check_same_dtype(x=x, y=y, **{k: v for k, v in parts.items() if v is not None})
+        self._check_xy(x, y, graph)
+        # padding edges' rows of hidden may hold anything (NaN): zeroed, so that the kernel's
+        # cotangent hidden^T @ ds never reads them, as no route reads padding edges' scalars
+        hidden, kernel = jnp.where(graph.edge_mask[:, None], w.hidden, 0), w.kernel
+        if w.bias is not None:  # hidden @ kernel + bias == [hidden, 1] @ [kernel; bias]
+            hidden = jnp.concatenate([hidden, graph.edge_mask[:, None].astype(hidden.dtype)], axis=1)
+            kernel = jnp.concatenate([kernel, w.bias[None, :]], axis=0)
+        kernel = kernel.reshape(kernel.shape[0], coo.num_paths, channels)
         leaves, tree = jax.tree.flatten(graph)
-        spec = ConvSpec(coo, y_channels=y.ndim == 3, graph_tree=tree)
-        out = CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": s}, leaves, ("m",), current_backend_request(backend))
-        return out["m"]
+        spec = FactoredConvSpec(coo, y_channels=y.ndim == 3, graph_tree=tree)
+        operands = {"x": x, "y": y, "h": hidden, "k": kernel}
+        return CONVOLUTION_FACTORED.bind_M(spec, operands, leaves, ("m",), current_backend_request(backend))["m"]

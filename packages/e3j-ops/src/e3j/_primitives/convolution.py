@@ -4,6 +4,14 @@ Slots: ``x [N, Dx, C]`` (senders), ``y [E, Dy]`` or ``[E, Dy, C]`` (edges), ``s 
 scalars, one per path), ``m [N, Dout, C]`` (receivers). ``contract_m`` is the convolution (paper
 Eq. 12–13); ``contract_x``, ``contract_y``, ``contract_s`` are its cotangents (Eq. 16). The graph's
 arrays ride along as non-differentiable operands.
+
+:data:`CONVOLUTION_FACTORED` is the same form with the edge scalars given as the radial network's
+last layer, ``s[e, p, c] = Σ_j h[e, j] k[j, p, c]``: slots ``x, y, h [E, H], k [H, P, C], m``.
+``Φ`` is linear in ``s``, so multilinear in ``h`` and ``k``, and every rule carries over. A
+backend with ``convolution_factored`` kernels (the reference: each chunk's scalars computed inside
+its sweep, never written whole) runs them; otherwise ``s`` is multiplied out once (a temporary of
+the call) and the convolution kernels run on it, the cotangents of ``h`` and ``k`` then products
+with the cotangent of ``s``.
 """
 
 from __future__ import annotations
@@ -13,7 +21,9 @@ from dataclasses import dataclass, replace
 import jax
 import jax.numpy as jnp
 
-from .multilinear import CooSpec, Multilinear, Primitives, out_aval, slot_of
+from .. import contract
+from ..backends import OpRequest, kernels_of, select_backend
+from .multilinear import CooSpec, Multilinear, Primitives, factored_evaluations, out_aval, slot_of
 
 SLOTS = ("x", "y", "s", "m")
 
@@ -57,13 +67,18 @@ def _batch(call, spec: ConvSpec, values: dict, aux, dims: dict, auxd, outs):
         if slot_of(k) == "y" and not spec.y_channels and not promote:
             moved[k] = v  # unmapped broadcast y: untouched
             continue
+        if not spec.has_channels(slot_of(k)) and slot_of(k) != "y":
+            moved[k] = v  # unmapped h of the factored form: shared by every vmap entry
+            continue
         v = jnp.moveaxis(v, d, 0) if d is not None else jnp.broadcast_to(v[None], (size, *v.shape))
         moved[k] = v
         if spec.has_channels(slot_of(k)):
             channels = v.shape[-1]
     folded = {}
     for k, v in moved.items():
-        if slot_of(k) == "y" and not spec.y_channels:
+        if not spec.has_channels(slot_of(k)) and slot_of(k) != "y":
+            folded[k] = v
+        elif slot_of(k) == "y" and not spec.y_channels:
             if promote:  # [V, E, Dy] -> [E, Dy, V*C]
                 v = jnp.broadcast_to(jnp.moveaxis(v, 0, -1)[..., None], (*v.shape[1:], size, channels))
                 v = v.reshape((*v.shape[:2], size * channels))
@@ -81,3 +96,94 @@ def _batch(call, spec: ConvSpec, values: dict, aux, dims: dict, auxd, outs):
 
 
 CONVOLUTION = Primitives(Multilinear("convolution", SLOTS, _out_aval, _batch))
+
+FACTORED_SLOTS = ("x", "y", "h", "k", "m")
+
+
+@dataclass(frozen=True)
+class FactoredConvSpec(ConvSpec):
+    """:class:`ConvSpec` of the factored form: ``h [E, H]`` has no channel axis, ``k`` is ``[H, P, C]``."""
+
+    def has_channels(self, slot: str) -> bool:
+        return slot != "h" and super().has_channels(slot)
+
+    def dim(self, slot: str) -> int:
+        return self.coo.num_paths if slot == "k" else super().dim(slot)
+
+
+def _factored_out_aval(spec: FactoredConvSpec, slot: str, avals: dict, aux) -> jax.core.ShapedArray:
+    by_slot = {slot_of(k): a for k, a in avals.items()}
+    dtype, operands = next(iter(avals.values())).dtype, list(avals.values())
+    channels = next(a.shape[-1] for k, a in by_slot.items() if spec.has_channels(k))
+    hidden = by_slot["h"].shape[1] if "h" in by_slot else by_slot["k"].shape[0]
+    if slot == "k":
+        return out_aval((hidden, spec.dim("k"), channels), dtype, operands)
+    if slot in ("x", "m"):
+        nodes = next(by_slot[k].shape[0] for k in ("x", "m") if k in by_slot)
+        return out_aval((nodes, spec.dim(slot), channels), dtype, operands)
+    edges = next(by_slot[k].shape[0] for k in ("y", "h") if k in by_slot)
+    if slot == "h":
+        return out_aval((edges, hidden), dtype, operands)
+    return out_aval((edges, spec.dim("y")) + ((channels,) if spec.y_channels else ()), dtype, operands)
+
+
+def _batch_factored(call, spec: FactoredConvSpec, values: dict, aux, dims: dict, auxd, outs):
+    """As :func:`_batch` (vmap folded into the channels) while ``h`` is shared by the vmap entries;
+    a mapped ``h``, or its cotangent (a sum over channels, which would mix the entries), falls back
+    to a loop."""
+    if "h" in outs or any(slot_of(k) == "h" and dims[k] is not None for k in values):
+        return None
+    return _batch(call, spec, values, aux, dims, auxd, outs)
+
+
+def _dispatch_factored(form, platform: str, requested: str | None, spec: FactoredConvSpec, A: dict, aux, outs):
+    """The ``M`` outputs ``outs`` of the convolution with edge scalars ``h @ k``: the backend's
+    ``convolution_factored`` kernels where it has them, else ``s`` multiplied out and its
+    ``convolution`` kernels, the cotangents of ``h`` and ``k`` then products with that of ``s``."""
+    channels = next(a.shape[-1] for k, a in A.items() if spec.has_channels(slot_of(k)))
+    dtype = jnp.dtype(next(iter(A.values())).dtype)
+    backend = select_backend(OpRequest("convolution", platform, dtype.name, int(channels), spec.lmax), requested)
+    kernels = kernels_of(backend)
+    graph = jax.tree.unflatten(spec.graph_tree, aux)
+    aux_avals = tuple(jax.typeof(a) for a in aux)
+    if kernels.provides("convolution_factored"):
+        avals = {k: jax.typeof(v) for k, v in A.items()}
+        return contract.run(
+            "convolution_factored", kernels, backend.name, spec.coo, A, graph, outs, y_channels=spec.y_channels,
+            result_type=lambda slot: form.out_aval(spec, slot, avals, aux_avals),
+        )  # fmt: skip
+    paths, width = spec.coo.num_paths, spec.coo.num_paths * int(channels)  # explicit: E or H may be 0
+    h = None if A.get("h") is None else jnp.asarray(A["h"]).astype(dtype)
+    k = None if A.get("k") is None else jnp.asarray(A["k"]).astype(dtype).reshape(-1, width)
+    array = {s: A[s] for s in ("x", "y", "m") if s in A}
+    if h is not None and k is not None:
+        array["s"] = jnp.dot(h, k).reshape(h.shape[0], paths, int(channels))
+    array_outs = tuple(o for o in outs if o in ("x", "y", "m")) + (("s",) if "h" in outs or "k" in outs else ())
+    array_spec = ConvSpec(spec.coo, spec.y_channels, spec.graph_tree)
+    avals = {k: jax.typeof(v) for k, v in array.items()}
+    res = contract.run(
+        "convolution", kernels, backend.name, spec.coo, array, graph, array_outs, y_channels=spec.y_channels,
+        result_type=lambda slot: _out_aval(array_spec, slot, avals, aux_avals),
+    )  # fmt: skip
+    ds = res.pop("s", None)
+    if ds is not None:
+        ds = ds.reshape(ds.shape[0], width)
+    if "h" in outs:
+        res["h"] = jnp.dot(ds, k.T)
+    if "k" in outs:
+        res["k"] = jnp.dot(h.T, ds).reshape(h.shape[1], paths, int(channels))
+    return res
+
+
+CONVOLUTION_FACTORED = Primitives(
+    Multilinear(
+        "convolution_factored",
+        FACTORED_SLOTS,
+        _factored_out_aval,
+        _batch_factored,
+        _dispatch_factored,
+        factored_evaluations,
+    )
+)
+""":data:`CONVOLUTION` with the edge scalars given as ``h [E, H] @ k [H, P, C]``: the form is
+multilinear in ``h`` and ``k`` as it is in ``s``, so every rule carries over."""

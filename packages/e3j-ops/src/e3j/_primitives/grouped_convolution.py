@@ -35,7 +35,7 @@ from .. import contract
 from .._mul_ir_plan import Plan
 from ..backends import Backend, OpRequest, kernels_of, select_backend
 from .convolution import ConvSpec
-from .multilinear import Multilinear, Primitives, coo_lmax, out_aval, slot_of
+from .multilinear import Multilinear, Primitives, coo_lmax, factored_evaluations, out_aval, slot_of
 
 SLOTS = ("x", "y", "s", "m")
 
@@ -218,7 +218,13 @@ def _dispatch_factored(form, platform: str, requested: str | None, spec: Grouped
 
 
 GROUPED_CONVOLUTION_FACTORED = Primitives(
-    Multilinear("grouped_convolution_factored", FACTORED_SLOTS, _factored_out_aval, dispatch=_dispatch_factored)
+    Multilinear(
+        "grouped_convolution_factored",
+        FACTORED_SLOTS,
+        _factored_out_aval,
+        dispatch=_dispatch_factored,
+        evaluations=factored_evaluations,
+    )
 )
 """:data:`GROUPED_CONVOLUTION` with the weights given as ``h [E, H] @ k [H, num_weights]``: the
 form is multilinear in ``h`` and ``k`` as it is in the weights, so every rule carries over."""

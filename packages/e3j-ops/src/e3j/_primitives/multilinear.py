@@ -85,6 +85,8 @@ class Multilinear:
             use the generic sequential fallback.
         dispatch: ``(form, platform, requested, spec, operands, aux, outs) -> {slot: array}``, how one
             ``M`` evaluation reaches the kernels; ``None``: :func:`dispatch` (one COO op).
+        evaluations: ``(Q, T, outs) -> [(operands, outputs)]``, the ``M`` evaluations whose sum an
+            ``L`` call is; ``None``: :func:`one_per_tangent`.
     """
 
     name: str
@@ -92,6 +94,7 @@ class Multilinear:
     out_aval: Callable[..., Any]
     batch: Callable[..., Any] | None = None
     dispatch: Callable[..., dict] | None = None
+    evaluations: Callable[..., list] | None = None
 
 
 class Primitives:
@@ -275,11 +278,8 @@ class Primitives:
         def impl(*args, spec, q_slots, t_slots, outs, n_aux, backend):
             Q, T, aux = self._split(args, q_slots, t_slots, n_aux)
             acc: dict = {}
-            for k, Tk in T.items():
-                js = tuple(j for j in outs if j != k)
-                if not js:
-                    continue
-                res = (self.form.dispatch or dispatch)(self.form, platform, backend, spec, {**Q, k: Tk}, aux, js)
+            for A, js in (self.form.evaluations or one_per_tangent)(Q, T, outs):
+                res = (self.form.dispatch or dispatch)(self.form, platform, backend, spec, A, aux, js)
                 for j in js:
                     acc[j] = res[j] if j not in acc else acc[j] + res[j]
             results = []
@@ -293,6 +293,40 @@ class Primitives:
             return results
 
         return mlir.lower_fun(impl, multiple_results=True)
+
+
+def one_per_tangent(Q: dict, T: dict, outs: tuple[str, ...]) -> list[tuple[dict, tuple[str, ...]]]:
+    """The ``M`` evaluations of ``L(Q, T; outs)``: for each tangent slot ``k``, the outputs but ``k``
+    with ``Q``'s slot ``k`` replaced by ``T_k``."""
+    evaluations = []
+    for k, Tk in T.items():
+        js = tuple(j for j in outs if j != k)
+        if js:
+            evaluations.append(({**Q, k: Tk}, js))
+    return evaluations
+
+
+def factored_evaluations(Q: dict, T: dict, outs: tuple[str, ...]) -> list[tuple[dict, tuple[str, ...]]]:
+    """:func:`one_per_tangent` for a form whose weights are a product ``h @ k`` (slots ``h [E, H]``
+    and ``k [H, ...]``): the tangents of both factors are one tangent of the weights, ``ḣ k + h k̇ =
+    [ḣ, h] @ [k; k̇]``, so the outputs other than ``h`` and ``k`` take one evaluation with the factors
+    stacked (a hidden width of ``2H``) instead of one per factor: a forces loss differentiated
+    with respect to the radial network's parameters then sweeps the edges as often as with an array
+    of weights."""
+    if not ("h" in T and "k" in T and "h" in Q and "k" in Q):
+        return one_per_tangent(Q, T, outs)
+    evaluations = []
+    rest = tuple(j for j in outs if j not in ("h", "k"))
+    if rest:
+        h = jnp.concatenate([T["h"], Q["h"]], axis=1)
+        k = jnp.concatenate([Q["k"], T["k"]], axis=0)
+        evaluations.append(({**Q, "h": h, "k": k}, rest))
+    if "k" in outs:
+        evaluations.append(({**Q, "h": T["h"]}, ("k",)))
+    if "h" in outs:
+        evaluations.append(({**Q, "k": T["k"]}, ("h",)))
+    others = {s: v for s, v in T.items() if s not in ("h", "k")}
+    return evaluations + one_per_tangent(Q, others, outs)
 
 
 def dispatch(form: Multilinear, platform: str, requested: str | None, spec: CooSpec, A: dict, aux, outs) -> dict:

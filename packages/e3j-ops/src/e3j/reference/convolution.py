@@ -15,10 +15,15 @@ path's rows of ``g · (x ⊗ y)``, row by row).
 
 The grouped kernels run every group of a mixed-multiplicity plan in the same sweep: one chunk of
 edges serves all groups, each reading its weights from e3nn's ``[E, num_weights]`` in place (the
-chunk's rows, or each path's window) and writing its part of their cotangent there.
+chunk's rows, or each path's window) and writing its part of their cotangent there. A
+uniform-channel convolution is the sweep of one group. Where the weights come from is the sweep's
+*weights source*: an array (``[E, P, C]``, or e3nn's columns), or the radial network's last layer
+``h @ k``, whose chunks of weights are computed inside the sweep (the factored kernels).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +38,8 @@ __all__ = [
     "chunk_size",
     "convolution",
     "convolution_bwd",
+    "convolution_factored",
+    "convolution_factored_bwd",
     "grouped_convolution",
     "grouped_convolution_bwd",
     "grouped_convolution_factored",
@@ -84,25 +91,9 @@ def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool) -> j
 
     Operands as the kernel contract (:mod:`e3j.contract`) gives them: one dtype, a non-empty graph.
     """
-    num_nodes, channels = x.shape[0], x.shape[-1]
-    num_edges = graph.num_edges
-    dtype = x.dtype
-    out = jnp.zeros((num_nodes, coo.dim_out, channels), dtype)
-    chunk = chunk_size(num_edges, coo.dim_out * channels, dtype.itemsize)
-
-    chunks = _Chunks(graph, chunk)
-    i3 = jnp.asarray(coo.i3)
-
-    def body(i, out):
-        e, snd, rcv, valid = chunks(i)
-        z = apply_table(coo.table, x[snd], y[e], a_channels=True, b_channels=y_channels, out_channels=True)
-        msg = z * s[e][:, i3, :]
-        msg = jnp.where(valid[:, None, None], msg, 0)
-        # invalid slots go to row num_nodes (dropped), which keeps the indices sorted
-        receivers = jnp.where(valid, rcv, num_nodes)
-        return out.at[receivers].add(msg, indices_are_sorted=True, mode="drop")
-
-    return jax.lax.fori_loop(0, chunks.trips, body, varying_like(out, x, y, s, graph))
+    (group,) = groups = _uniform(coo, x.shape[-1])
+    weights = _PathWeights(group, s, graph.num_edges)
+    return _grouped_sweep(groups, [x], y, weights, graph, y_channels=y_channels)[0]
 
 
 def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[str, ...], y_channels: bool) -> dict:
@@ -111,44 +102,48 @@ def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[st
     Operands as the kernel contract (:mod:`e3j.contract`) gives them: the ones ``outs`` does not
     read are ``None``.
     """
-    num_nodes, channels = dm.shape[0], dm.shape[-1]
-    num_edges = graph.num_edges
-    dtype = dm.dtype
-    res = {}
-    if "x" in outs:
-        res["x"] = jnp.zeros((num_nodes, coo.dim_x, channels), dtype)
-    if "y" in outs:
-        res["y"] = jnp.zeros((num_edges, coo.dim_y, *((channels,) if y_channels else ())), dtype)
-    if "s" in outs:
-        res["s"] = jnp.zeros((num_edges, coo.num_paths, channels), dtype)
-    chunk = chunk_size(num_edges, coo.dim_out * channels, dtype.itemsize)
+    (group,) = groups = _uniform(coo, dm.shape[-1])
+    weights = _PathWeights(group, s, graph.num_edges)
+    return _uniform_cotangents(_grouped_bwd_sweep(groups, [x], y, [dm], graph, outs, weights, y_channels=y_channels))
 
-    chunks = _Chunks(graph, chunk)
-    i3 = jnp.asarray(coo.i3)  # expanding s by a gather beats concatenating broadcasts on XLA's CPU
 
-    def body(i, acc):
-        e, snd, rcv, valid = chunks(i)
-        # out of range: dropped; each edge is written once, by an add into zeros (XLA's CPU scatter
-        # adds faster than it overwrites)
-        e_write = jnp.where(valid, e, num_edges)
-        g = dm[rcv]  # [K, Dout, C]
-        g = jnp.where(valid[:, None, None], g, 0)
-        acc = dict(acc)
-        if "x" in outs or "y" in outs:
-            gs = g * s[e][:, i3, :]
-            if "x" in outs:
-                dx = apply_table(coo.vjp_x, y[e], gs, a_channels=y_channels, b_channels=True, out_channels=True)
-                # invalid slots go to row num_nodes (dropped): 0 * non-finite padding s or y is NaN
-                acc["x"] = acc["x"].at[jnp.where(valid, snd, num_nodes)].add(dx, mode="drop")
-            if "y" in outs:
-                dy = apply_table(coo.vjp_y, x[snd], gs, a_channels=True, b_channels=True, out_channels=y_channels)
-                acc["y"] = acc["y"].at[e_write].add(dy, mode="drop")
-        if "s" in outs:
-            z = apply_table(coo.table, x[snd], y[e], a_channels=True, b_channels=y_channels, out_channels=True)
-            acc["s"] = acc["s"].at[e_write].add(_sum_paths(coo, z * g), mode="drop")
-        return acc
+def convolution_factored(coo: TensorProductCoo, x, y, h, k, graph, *, y_channels: bool) -> jnp.ndarray:
+    """:func:`convolution` with the edge scalars given as ``s = (h @ k)`` (``h [E, H]``, ``k [H, P,
+    C]``: the radial network's last hidden layer and last linear layer), computed chunk by chunk
+    inside the sweep: ``[N, Dx, C], [E, Dy(, C)], [E, H], [H, P, C]`` → ``[N, Dout, C]``. The
+    ``[E, P, C]`` edge scalars are never written to memory."""
+    (group,) = groups = _uniform(coo, x.shape[-1])
+    weights = _FactoredWeights.uniform(group, h, k, graph.num_edges)
+    return _grouped_sweep(groups, [x], y, weights, graph, y_channels=y_channels)[0]
 
-    return jax.lax.fori_loop(0, chunks.trips, body, varying_like(res, x, y, s, dm, graph))
+
+def convolution_factored_bwd(
+    coo: TensorProductCoo, x, y, h, k, dm, graph, *, outs: tuple[str, ...], y_channels: bool
+) -> dict:
+    """Cotangents of :func:`convolution_factored` for ``outs ⊆ {x, y, h, k}`` in one sweep: ``dh [E,
+    H]`` per chunk (``ds @ k^T``) and ``dk [H, P, C]`` summed over the chunks (``h^T ds``), from each
+    chunk's cotangent of the edge scalars, which is never written whole."""
+    (group,) = groups = _uniform(coo, dm.shape[-1])
+    weights = _FactoredWeights.uniform(group, h, k, graph.num_edges)
+    return _uniform_cotangents(_grouped_bwd_sweep(groups, [x], y, [dm], graph, outs, weights, y_channels=y_channels))
+
+
+class _Group(NamedTuple):
+    """What a sweep reads of a group (duck-typed like :class:`e3j._mul_ir_plan.Group`)."""
+
+    coo: TensorProductCoo
+    channels: int
+
+
+def _uniform(coo: TensorProductCoo, channels: int) -> list[_Group]:
+    """A uniform-channel convolution: one group."""
+    return [_Group(coo, int(channels))]
+
+
+def _uniform_cotangents(res: dict) -> dict:
+    if "x" in res:
+        (res["x"],) = res["x"]
+    return res
 
 
 def _sum_paths(coo: TensorProductCoo, a):
@@ -236,6 +231,38 @@ def _weight_rows(s, e):
     return jax.lax.optimization_barrier(s[e])
 
 
+class _PathWeights:
+    """A uniform-channel sweep's edge scalars ``s [E, P, C]`` (one group); their cotangent ``"s"``."""
+
+    cotangents = ("s",)
+
+    def __init__(self, group, s, num_edges: int):
+        self.group, self.s, self.num_edges = group, s, num_edges
+        self.operands = (s,)
+
+    def rows(self, e) -> list:
+        return [self.s[e][:, jnp.asarray(self.group.coo.i3), :]]
+
+    def chunk(self, e, valid, e_write) -> dict:
+        return {"e": e, "e_write": e_write}
+
+    def paths(self, chunk: dict, k: int):
+        return self.s[chunk["e"]]
+
+    def zeros(self, outs, dtype) -> dict:
+        g = self.group
+        return {"s": jnp.zeros((self.num_edges, g.coo.num_paths, g.channels), dtype)} if "s" in outs else {}
+
+    def add(self, acc: dict, chunk: dict, k: int, ds) -> None:
+        acc["s"] = acc["s"].at[chunk["e_write"]].add(ds, mode="drop")
+
+    def flush(self, acc: dict, chunk: dict) -> None:
+        pass
+
+    def finish(self, acc: dict) -> dict:
+        return acc
+
+
 class _ArrayWeights:
     """A grouped sweep's weights given as e3nn's ``s [E, num_weights]``, read in place; their
     cotangent ``"s"`` is written there."""
@@ -278,30 +305,44 @@ class _ArrayWeights:
 
 
 class _FactoredWeights:
-    """A grouped sweep's weights given as the product ``h [E, H] @ k [H, num_weights]`` (e3nn's
-    columns), computed chunk by chunk from each group's columns of ``k``: the ``[E, num_weights]``
-    array never exists. Cotangents ``"h"`` (``[E, H]``: each chunk's ``ds @ k_g^T``) and ``"k"``
-    (``[H, num_weights]``: the chunks' ``h^T ds`` summed)."""
+    """A sweep's weights given as the product ``h [E, H] @ k``, computed chunk by chunk from each
+    group's ``[H, P_g · C_g]`` columns of ``k`` (path-major): the per-edge weights never exist.
+    Cotangents ``"h"`` (``[E, H]``: each chunk's ``ds @ k_g^T``) and ``"k"`` (the chunks' ``h^T ds``
+    summed per group, ``[H, P_g, C_g]``, joined into ``k``'s layout by ``join``).
+
+    :meth:`of_plan`: a mixed-multiplicity plan's ``k [H, num_weights]`` in e3nn's columns;
+    :meth:`uniform`: a uniform-channel convolution's ``k [H, P, C]``."""
 
     cotangents = ("h", "k")
     # the output joined by rows of its transpose (see _flat_sweep): the forward ran 5-10 % faster
     # than with one gather of the columns, at 1,000 and 3,000 nodes (paired calls, XLA's CPU)
     join_by_rows = True
 
-    def __init__(self, plan, h, k, num_edges: int, hidden: int):
-        self.plan, self.h, self.num_edges, self.hidden = plan, h, num_edges, hidden
-        # each group's columns of the kernel, [H, P_g * C_g] in its path-major order (H * num_weights
-        # numbers, once per call)
-        self.ks = None if k is None else [g.weights(k) for g in plan.groups]
-        self.operands = (h, self.ks)
+    def __init__(self, groups, h, ks, join, num_edges: int, hidden: int):
+        self.groups, self.h, self.ks, self.join = groups, h, ks, join
+        self.num_edges, self.hidden = num_edges, hidden
+        self.operands = (h, ks)
+
+    @classmethod
+    def of_plan(cls, plan, h, k, num_edges: int, hidden: int):
+        # each group's columns of the kernel in its path-major order (H * num_weights numbers, once
+        # per call)
+        ks = None if k is None else [g.weights(k) for g in plan.groups]
+        return cls(plan.groups, h, ks, plan.join_weights, num_edges, hidden)
+
+    @classmethod
+    def uniform(cls, group, h, k, num_edges: int):
+        hidden = h.shape[1] if h is not None else k.shape[0]
+        ks = None if k is None else [k.reshape(hidden, -1)]
+        return cls([group], h, ks, lambda dks: dks[0], num_edges, hidden)
 
     def _product(self, h_rows, k: int):
-        g = self.plan.groups[k]
+        g = self.groups[k]
         return (h_rows @ self.ks[k]).reshape(-1, g.coo.num_paths, g.channels)
 
     def rows(self, e) -> list:
         h_rows = self.h[e]
-        return [self._product(h_rows, k)[:, jnp.asarray(g.coo.i3), :] for k, g in enumerate(self.plan.groups)]
+        return [self._product(h_rows, k)[:, jnp.asarray(g.coo.i3), :] for k, g in enumerate(self.groups)]
 
     def chunk(self, e, valid, e_write) -> dict:
         # padding slots' rows zeroed: the kernel's cotangent h^T ds reads every row of the chunk,
@@ -317,7 +358,7 @@ class _FactoredWeights:
         if "h" in outs:
             acc["h"] = jnp.zeros((self.num_edges, self.hidden), dtype)
         if "k" in outs:
-            acc["k"] = [jnp.zeros((self.hidden, g.coo.num_paths * g.channels), dtype) for g in self.plan.groups]
+            acc["k"] = [jnp.zeros((self.hidden, g.coo.num_paths * g.channels), dtype) for g in self.groups]
         return acc
 
     def add(self, acc: dict, chunk: dict, k: int, ds) -> None:
@@ -336,17 +377,16 @@ class _FactoredWeights:
 
     def finish(self, acc: dict) -> dict:
         if "k" in acc:
-            groups = self.plan.groups
-            acc["k"] = self.plan.join_weights(
-                [d.reshape(self.hidden, g.coo.num_paths, g.channels) for g, d in zip(groups, acc["k"])]
+            acc["k"] = self.join(
+                [d.reshape(self.hidden, g.coo.num_paths, g.channels) for g, d in zip(self.groups, acc["k"])]
             )
         return acc
 
 
-def _grouped_sweep(plan, xs, y, weights, graph) -> list:
-    """The forward of every group of ``plan`` in one sweep over the edges, on operands in the groups'
-    layouts (``xs[g]: [N, Dx_g, C_g]``, ``weights`` read per chunk): each group's ``[N, Dout_g, C_g]``."""
-    groups = plan.groups
+def _grouped_sweep(groups, xs, y, weights, graph, *, y_channels: bool = False) -> list:
+    """The forward of every group (a plan's ``groups``) in one sweep over the edges, on operands in
+    the groups' layouts (``xs[g]: [N, Dx_g, C_g]``, ``weights`` read per chunk; ``y [E, Dy]``, or
+    ``[E, Dy, C]`` for one group with ``y_channels``): each group's ``[N, Dout_g, C_g]``."""
     num_nodes, num_edges, dtype = xs[0].shape[0], graph.num_edges, xs[0].dtype
     # chunks sized by the widest group's messages: every group's intermediates of a trip stay small
     chunk = chunk_size(num_edges, max(g.coo.dim_out * g.channels for g in groups), dtype.itemsize)
@@ -359,7 +399,7 @@ def _grouped_sweep(plan, xs, y, weights, graph) -> list:
         receivers = jnp.where(valid, rcv, num_nodes)
         new = []
         for g, xg, wg, out in zip(groups, xs, ws, outs):
-            z = apply_table(g.coo.table, xg[snd], ye, a_channels=True, b_channels=False, out_channels=True)
+            z = apply_table(g.coo.table, xg[snd], ye, a_channels=True, b_channels=y_channels, out_channels=True)
             msg = jnp.where(valid[:, None, None], z * wg, 0)
             new.append(out.at[receivers].add(msg, indices_are_sorted=True, mode="drop"))
         return new
@@ -367,17 +407,16 @@ def _grouped_sweep(plan, xs, y, weights, graph) -> list:
     return jax.lax.fori_loop(0, chunks.trips, body, varying_like(outs, xs, y, weights.operands, graph))
 
 
-def _grouped_bwd_sweep(plan, xs, y, gs, graph, outs, weights) -> dict:
+def _grouped_bwd_sweep(groups, xs, y, gs, graph, outs, weights, *, y_channels: bool = False) -> dict:
     """The cotangents ``outs`` of :func:`_grouped_sweep` in one sweep, on operands in the groups'
     layouts (``gs[g]: [N, Dout_g, C_g]``; ``"x"``: one ``[N, Dx_g, C_g]`` per group); the weights'
     (``weights.cotangents``) as ``weights`` writes them."""
-    groups = plan.groups
     num_nodes, num_edges, dtype = gs[0].shape[0], graph.num_edges, gs[0].dtype
     res = weights.zeros(outs, dtype)
     if "x" in outs:
         res["x"] = [jnp.zeros((num_nodes, g.coo.dim_x, g.channels), dtype) for g in groups]
     if "y" in outs:
-        res["y"] = jnp.zeros((num_edges, groups[0].coo.dim_y), dtype)
+        res["y"] = jnp.zeros((num_edges, groups[0].coo.dim_y, *((groups[0].channels,) if y_channels else ())), dtype)
     wants_ds = any(o in outs for o in weights.cotangents)
     chunk = chunk_size(num_edges, max(g.coo.dim_out * g.channels for g in groups), dtype.itemsize)
     chunks = _Chunks(graph, chunk)
@@ -395,13 +434,14 @@ def _grouped_bwd_sweep(plan, xs, y, gs, graph, outs, weights) -> dict:
             if "x" in outs or "y" in outs:
                 gw = gk * weights.paths(wc, k)[:, jnp.asarray(g.coo.i3), :]
                 if "x" in outs:
-                    dx = apply_table(g.coo.vjp_x, ye, gw, a_channels=False, b_channels=True, out_channels=True)
+                    dx = apply_table(g.coo.vjp_x, ye, gw, a_channels=y_channels, b_channels=True, out_channels=True)
+                    # invalid slots go to row num_nodes (dropped): 0 * non-finite padding s or y is NaN
                     acc["x"][k] = acc["x"][k].at[jnp.where(valid, snd, num_nodes)].add(dx, mode="drop")
                 if "y" in outs:
-                    d = apply_table(g.coo.vjp_y, xk, gw, a_channels=True, b_channels=True, out_channels=False)
+                    d = apply_table(g.coo.vjp_y, xk, gw, a_channels=True, b_channels=True, out_channels=y_channels)
                     dy = d if dy is None else dy + d
             if wants_ds:
-                z = apply_table(g.coo.table, xk, ye, a_channels=True, b_channels=False, out_channels=True)
+                z = apply_table(g.coo.table, xk, ye, a_channels=True, b_channels=y_channels, out_channels=True)
                 weights.add(acc, wc, k, _sum_paths(g.coo, z * gk))
         weights.flush(acc, wc)
         if "y" in outs:
@@ -414,7 +454,7 @@ def _grouped_bwd_sweep(plan, xs, y, gs, graph, outs, weights) -> dict:
 
 def _flat_sweep(plan, x, y, weights, graph) -> jnp.ndarray:
     """:func:`_grouped_sweep` on e3nn's flat ``x [N, Dx_flat]``, returning e3nn's ``[N, Dout_flat]``."""
-    outs = _grouped_sweep(plan, plan.split_x(x), y, weights, graph)
+    outs = _grouped_sweep(plan.groups, plan.split_x(x), y, weights, graph)
     num_nodes = x.shape[0]
     if weights.join_by_rows:
         # e3nn's columns as whole rows of the transposed outputs: each group's [N, Dout_g * C_g]
@@ -431,7 +471,7 @@ def _flat_sweep(plan, x, y, weights, graph) -> jnp.ndarray:
 def _flat_bwd_sweep(plan, x, y, dm, graph, outs, weights) -> dict:
     """:func:`_grouped_bwd_sweep` on e3nn's flat ``x`` and ``dm``, ``dx`` in e3nn's layout."""
     xs = plan.split_x(x) if x is not None else [None] * len(plan.groups)
-    res = _grouped_bwd_sweep(plan, xs, y, plan.split_out(dm), graph, outs, weights)
+    res = _grouped_bwd_sweep(plan.groups, xs, y, plan.split_out(dm), graph, outs, weights)
     if "x" in res:
         res["x"] = plan.join_x(res["x"])
     return res
@@ -456,12 +496,12 @@ def grouped_convolution_factored(plan, x, y, h, k, graph) -> jnp.ndarray:
     network's last layer, ``k``'s columns in e3nn's weight order) computed chunk by chunk from each
     group's columns of ``k``, inside the sweep: ``[N, Dx_flat], [E, Dy], [E, H], [H, num_weights]`` →
     ``[N, Dout_flat]``. The per-edge weights are never written to memory."""
-    return _flat_sweep(plan, x, y, _FactoredWeights(plan, h, k, graph.num_edges, h.shape[1]), graph)
+    return _flat_sweep(plan, x, y, _FactoredWeights.of_plan(plan, h, k, graph.num_edges, h.shape[1]), graph)
 
 
 def grouped_convolution_factored_bwd(plan, x, y, h, k, dm, graph, *, outs: tuple[str, ...]) -> dict:
     """Cotangents of :func:`grouped_convolution_factored` for ``outs ⊆ {x, y, h, k}`` in one sweep
     (``h`` and ``k``'s from each chunk's weight cotangents, which are never written whole)."""
     hidden = h.shape[1] if h is not None else k.shape[0]
-    weights = _FactoredWeights(plan, h, k, graph.num_edges, hidden)
+    weights = _FactoredWeights.of_plan(plan, h, k, graph.num_edges, hidden)
     return _flat_bwd_sweep(plan, x, y, dm, graph, outs, weights)
