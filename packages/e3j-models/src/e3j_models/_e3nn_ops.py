@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from e3j import Irreps
+from e3j import FactoredWeights, Irreps
 
 try:
     import e3nn_jax as e3nn
@@ -64,6 +64,8 @@ class E3nnOps:
             [np.repeat(np.arange(mul), ir.dim) + first for first, (mul, ir) in zip(_firsts(msg.irreps), msg.irreps)]
         )
         num_paths = sum(mul for mul, _ in msg.irreps)
+        if isinstance(s, FactoredWeights):  # e3nn-jax's way: the radial MLP's output multiplied out
+            s = s.materialize().reshape(s.shape[0], num_paths, s.shape[1] // num_paths)
         if s.shape[1] != num_paths:
             raise ValueError(f"s must be [E, num_paths={num_paths}, C] for this product, got {s.shape}")
         weight = jnp.swapaxes(s, 1, 2)[:, :, path_of_row] * graph.edge_mask[:, None, None].astype(s.dtype)

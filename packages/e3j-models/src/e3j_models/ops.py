@@ -9,7 +9,9 @@ Operations (all static irreps are :class:`e3j.Irreps`):
 
 - ``spherical_harmonics(irreps, vectors [E, 3]) -> [E, D]`` (normalized input, ``"component"``).
 - ``convolution(irreps_x, irreps_y, filter, x [N, Dx, C], y [E, Dy], s [E, P, C], graph) -> [N, Dout, C]``:
-  ``m_b = Σ_{a→b} s_ab[p] · (x_a ⊗ y_ab)[path p]``, padding edges contributing nothing.
+  ``m_b = Σ_{a→b} s_ab[p] · (x_a ⊗ y_ab)[path p]``, padding edges contributing nothing; ``s`` may be
+  :class:`e3j.FactoredWeights` ``hidden [E, H] @ kernel [H, P·C]`` (the radial MLP's last layer),
+  which e3j computes inside its convolution and the e3nn-jax twin multiplies out.
 - ``tensor_product(irreps_x, irreps_y, filter, x [B, Dx, C], y [B, Dy, C]) -> [B, Dout, C]``, channel-wise.
 - ``linear(irreps_in, irreps_out, weights, x [B, Din, Cin]) -> [B, Dout, Cout]``: :class:`e3j.Linear`'s
   weights and normalization.

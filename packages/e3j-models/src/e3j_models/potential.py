@@ -29,6 +29,7 @@ import numpy as np
 
 import e3j.backends
 
+from ._checks import check_bool
 from .batch import GraphBatch
 from .config import MACEConfig, NequIPConfig
 from .models import MACE, NequIP
@@ -37,20 +38,30 @@ __all__ = ["Potential"]
 
 
 class Potential:
-    """``Potential(config, backend=None)``; ``pot(params, batch, forces=True, stress=False)`` -> dict.
+    """``Potential(config, backend=None, *, factored_radial=True)``; ``pot(params, batch, forces=True,
+    stress=False)`` -> dict.
 
     The dict has ``energy [G]`` and, as asked, ``forces [N, 3]`` (zero on padding nodes) and
     ``stress [G, 3, 3]``. The methods are pure functions of ``params`` and ``batch``: wrap them in
     ``jax.jit`` (the batch's shapes are the compile key; ``forces`` and ``stress`` are static:
     ``jax.jit(pot, static_argnames=("forces", "stress"))``). Called eagerly, the species of real
     nodes are checked against the model's elements; under ``jit`` they cannot be read.
+
+    ``factored_radial`` (an execution choice, not part of the model: the same values and parameters)
+    gives each convolution its radial MLP's last layer as factors (:class:`e3j.FactoredWeights`),
+    which the reference backend computes inside its sweep: ~4× less XLA temporary memory, the edge
+    scalars recomputed in every sweep that reads them; ``False`` multiplies them out first
+    (measured both ways in docs/models.md).
     """
 
-    def __init__(self, config: MACEConfig | NequIPConfig, backend: str | None = None) -> None:
+    def __init__(
+        self, config: MACEConfig | NequIPConfig, backend: str | None = None, *, factored_radial: bool = True
+    ) -> None:
+        factored_radial = check_bool("factored_radial", factored_radial)
         if isinstance(config, MACEConfig):
-            self.module = MACE(config, backend)
+            self.module = MACE(config, backend, factored_radial)
         elif isinstance(config, NequIPConfig):
-            self.module = NequIP(config, backend)
+            self.module = NequIP(config, backend, factored_radial)
         else:
             raise TypeError(f"config must be a MACEConfig or NequIPConfig, got {type(config).__name__}")
         if backend is not None and backend != "e3nn":
@@ -60,18 +71,21 @@ class Potential:
                 e3j.backends.get_backend(backend)
             except e3j.backends.BackendError as err:
                 raise ValueError(f"backend must be None, 'e3nn' or an installed e3j backend: {err}") from None
-        self.config, self.backend = config, backend
+        self.config, self.backend, self.factored_radial = config, backend, factored_radial
 
     # equal potentials compute the same function: jit's static-argument cache then reuses one
     # compilation for them (evaluate, fit) instead of keeping one per instance alive
+    def _key(self) -> tuple:
+        return (self.config, self.backend, self.factored_radial)
+
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Potential) and (self.config, self.backend) == (other.config, other.backend)
+        return isinstance(other, Potential) and self._key() == other._key()
 
     def __hash__(self) -> int:
-        return hash((Potential, self.config, self.backend))
+        return hash((Potential, *self._key()))
 
     def with_backend(self, backend: str | None) -> Potential:
-        return Potential(self.config, backend)
+        return Potential(self.config, backend, factored_radial=self.factored_radial)
 
     def batch(self, structures, **kwargs) -> GraphBatch:
         """:func:`~e3j_models.batch_structures` with this model's ``atomic_numbers`` and ``cutoff``

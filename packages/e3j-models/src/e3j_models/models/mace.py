@@ -34,6 +34,7 @@ class MACE(nn.Module):
 
     config: MACEConfig
     backend: str | None = None
+    factored_radial: bool = True  # see Interaction
 
     @nn.compact
     def __call__(self, positions: jax.Array, cell: jax.Array, batch: GraphBatch) -> jax.Array:
@@ -50,7 +51,7 @@ class MACE(nn.Module):
             gated = cfg.node_gating and not last
             a = Interaction(
                 irreps_x, str(cfg.irreps_sh), irreps_a, irreps_a, c, tuple(cfg.radial_mlp), cfg.avg_num_neighbors,
-                self.backend, name=f"interaction_{t}",
+                self.backend, self.factored_radial, name=f"interaction_{t}",
             )(x, sh, radial, batch.graph)  # fmt: skip
             spec = SymmetricContractionSpec(irreps_a, hidden, cfg.correlation)
             b = SymmetricContraction(irreps_a, hidden, cfg.correlation, num_species, self.backend, name=f"product_{t}")(

@@ -29,6 +29,7 @@ class NequIP(nn.Module):
 
     config: NequIPConfig
     backend: str | None = None
+    factored_radial: bool = True  # see Interaction
 
     @nn.compact
     def __call__(self, positions: jax.Array, cell: jax.Array, batch: GraphBatch) -> jax.Array:
@@ -43,7 +44,7 @@ class NequIP(nn.Module):
         for t in range(cfg.num_layers):
             m = Interaction(
                 irreps_x, str(cfg.irreps_sh), filter, node_in, c, tuple(cfg.radial_mlp), cfg.avg_num_neighbors,
-                self.backend, name=f"interaction_{t}",
+                self.backend, self.factored_radial, name=f"interaction_{t}",
             )(x, sh, radial, batch.graph)  # fmt: skip
             skip = EquivariantLinear(irreps_x, node_in, c, self.backend, name=f"skip_{t}")(x)
             x = gate(m + skip, node)
