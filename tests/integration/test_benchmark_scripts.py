@@ -284,3 +284,17 @@ def test_grouped_kernel_parts_factored_baseline_computes_the_same(monkeypatch):
     for k in ("y", "h", "k"):
         assert float(jnp.abs(want[k]).max()) > 0
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
+
+
+def test_radial_factored_benchmark_compares_the_two_routes_of_one_model():
+    # benchmarks/radial_factored.py: the factored and array routes of the same potential and
+    # parameters give the same energies and forces, the factored one with less XLA temporary memory
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        script = runpy.run_path(str(ROOT / "benchmarks/radial_factored.py"))
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    (row,) = script["measure"]("nequip", 20, 1, False)
+    assert row["program"] == "energy_forces" and row["max_rel_diff"] < 1e-5
+    assert row["factored_temp_mib"] < row["array_temp_mib"] / 2
+    assert row["array_ms"] > 0 and row["factored_ms"] > 0 and row["share_q1"] <= row["share_q3"]

@@ -228,9 +228,8 @@ def fit(
 
     ``backend`` ``"e3nn"`` trains the e3nn-jax twin (same parameter tree). ``eval_every > 0`` records
     validation MAEs every so many steps and, with ``checkpoint``, saves the best model there
-    (atomically: a temp file renamed). ``factored_radial``: as :class:`Potential`'s (on the CPU
-    reference, ``False`` trained MACE (a) ~20 % faster and NequIP ~16 % slower, with 3–4× more
-    memory: docs/models.md). Returns a :class:`FitResult`.
+    (atomically: a temp file renamed). ``factored_radial``: as :class:`Potential`'s (both routes'
+    training gradients measured in docs/models.md). Returns a :class:`FitResult`.
     """
     import optax
 
