@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from ._checks import check_rank, check_same_dtype
 from ._coo_op import CooOp
@@ -92,12 +91,7 @@ class Convolution(CooOp):
         parts = {"s.hidden": w.hidden, "s.kernel": w.kernel, "s.bias": w.bias}
         check_same_dtype(x=x, y=y, **{k: v for k, v in parts.items() if v is not None})
         self._check_xy(x, y, graph)
-        # padding edges' rows of hidden may hold anything (NaN): zeroed, so that the kernel's
-        # cotangent hidden^T @ ds never reads them, as no route reads padding edges' scalars
-        hidden, kernel = jnp.where(graph.edge_mask[:, None], w.hidden, 0), w.kernel
-        if w.bias is not None:  # hidden @ kernel + bias == [hidden, 1] @ [kernel; bias]
-            hidden = jnp.concatenate([hidden, graph.edge_mask[:, None].astype(hidden.dtype)], axis=1)
-            kernel = jnp.concatenate([kernel, w.bias[None, :]], axis=0)
+        hidden, kernel = w.masked(graph.edge_mask).folded(graph.edge_mask)
         kernel = kernel.reshape(kernel.shape[0], coo.num_paths, channels)
         leaves, tree = jax.tree.flatten(graph)
         spec = FactoredConvSpec(coo, y_channels=y.ndim == 3, graph_tree=tree)

@@ -79,6 +79,23 @@ class FactoredWeights:
         where = jnp.reshape(where, (num_edges, 1))
         return FactoredWeights(jnp.where(where, jnp.zeros((), self.hidden.dtype), self.hidden), self.kernel)
 
+    def masked(self, edge_mask: jax.Array) -> FactoredWeights:
+        """The weights with padding edges' rows of ``hidden`` (``edge_mask [E]`` False) zeroed: such
+        rows may hold anything (NaN), and the kernel's cotangent ``hidden^T @ dw`` reads every row,
+        where no route reads padding edges' weights."""
+        return FactoredWeights(jnp.where(edge_mask[:, None], self.hidden, 0), self.kernel, self.bias)
+
+    def folded(self, edge_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """``(hidden, kernel)`` with the bias folded in: ``hidden @ kernel + bias == [hidden, 1] @
+        [kernel; bias]``, the column of ones being ``edge_mask`` (padding edges' rows stay zero)."""
+        if self.bias is None:
+            return self.hidden, self.kernel
+        ones = jnp.asarray(edge_mask)[:, None].astype(self.hidden.dtype)
+        return (
+            jnp.concatenate([self.hidden, ones], axis=1),
+            jnp.concatenate([self.kernel, self.bias[None, :]], axis=0),
+        )
+
     # numpy defers ``ndarray * FactoredWeights`` to __rmul__ instead of making an object array
     __array_ufunc__ = None
 

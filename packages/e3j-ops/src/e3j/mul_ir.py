@@ -163,9 +163,7 @@ class MulIrConvolution:
                 f"y must be [E={e}, {self.irreps_y.dim}] for {self.irreps_y} and this graph, got {y.shape}"
             )
         if isinstance(w, FactoredWeights):
-            # padding edges' rows of hidden may hold anything (NaN): zeroed, so that the kernel's
-            # cotangent hidden^T @ dw never reads them, as no route reads padding edges' weights
-            w = FactoredWeights(jnp.where(graph.edge_mask[:, None], w.hidden, 0), w.kernel, w.bias)
+            w = w.masked(graph.edge_mask)
         if not p.in_place:
             return self.join_out(self.grouped(self.split_x(x), y, self.split_weights(w), graph, backend=backend))
         # one primitive for all groups, reading the weights where e3nn puts them (an array), or
@@ -176,11 +174,7 @@ class MulIrConvolution:
         spec = GroupedConvSpec(p, graph_tree=tree)
         request = current_backend_request(backend)
         if isinstance(w, FactoredWeights):
-            hidden, kernel = w.hidden, w.kernel
-            if w.bias is not None:  # hidden @ kernel + bias == [hidden, 1] @ [kernel; bias]
-                ones = graph.edge_mask[:, None].astype(hidden.dtype)
-                hidden = jnp.concatenate([hidden, ones], axis=1)
-                kernel = jnp.concatenate([kernel, w.bias[None, :]], axis=0)
+            hidden, kernel = w.folded(graph.edge_mask)
             operands = {"x": x, "y": y, "h": hidden, "k": kernel}
             out = GROUPED_CONVOLUTION_FACTORED.bind_M(spec, operands, leaves, ("m",), request)["m"]
         else:
