@@ -208,3 +208,21 @@ def test_stress_weight_with_an_open_structure_gives_finite_gradients():
     out = pot(params, batch, stress=True)
     assert bool(jnp.all(jnp.isnan(out["stress"][1]))) and bool(jnp.all(jnp.isfinite(out["stress"][0])))
     fit(cfg, structures, structures[:1], steps=2, batch_size=2, weights=(1.0, 1.0, 1.0), progress=False)
+
+
+@pytest.mark.parametrize("flag, factored", [([], True), (["--array-radial"], False)])
+def test_cli_train_passes_the_radial_route_to_fit(tmp_path, monkeypatch, flag, factored):
+    import e3j_models.train as train_module
+
+    data = tmp_path / "d.extxyz"
+    main(["data", "--num", "3", "--out", str(data)])
+    seen = {}
+
+    def fake_fit(*args, **kwargs):
+        seen.update(kwargs)
+        raise SystemExit("fit called")
+
+    monkeypatch.setattr(train_module, "fit", fake_fit)
+    with pytest.raises(SystemExit, match="fit called"):
+        main(["train", "--data", str(data), "--preset", "nequip", "--out", str(tmp_path / "run"), *flag])
+    assert seen["factored_radial"] is factored

@@ -264,3 +264,32 @@ def test_tangents_of_both_factors_are_one_evaluation():
         return CONV(x, y, FactoredWeights(a["h"], a["k"].reshape(a["k"].shape[0], -1)), GRAPH)
 
     np.testing.assert_allclose(conv(A), conv({**Q, "h": dh}) + conv({**Q, "k": dk}), rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("backend", ["reference", "test"])
+def test_zero_channels_give_zeros_as_the_array_does(backend):
+    skip_unless_installed(backend)
+    x, y = jnp.zeros((N, CONV.coo.dim_x, 0)), jnp.ones((E, CONV.coo.dim_y))
+    w = FactoredWeights(jnp.ones((E, H)), jnp.zeros((H, 0)))
+    out = CONV(x, y, w, GRAPH, backend=backend)
+    assert (
+        out.shape
+        == CONV(x, y, jnp.zeros((E, CONV.num_paths, 0)), GRAPH, backend=backend).shape
+        == (
+            N,
+            CONV.coo.dim_out,
+            0,
+        )
+    )
+    dh, dk = jax.grad(lambda c, d: jnp.sum(CONV(x, y, FactoredWeights(c, d), GRAPH, backend=backend)), (0, 1))(
+        w.hidden, w.kernel
+    )
+    assert dh.shape == (E, H) and not np.any(dh) and dk.shape == (H, 0)
+
+
+def test_sharded_convolution_names_factored_weights():
+    x, y, h, k, _ = operands(0)
+    partitioned = e3j.partition_graph(SENDERS, RECEIVERS, N, 1)
+    mesh = jax.make_mesh((1,), ("d",))
+    with pytest.raises(TypeError, match="s: convolution_sharded takes an array"):
+        e3j.convolution_sharded(CONV, x, y, FactoredWeights(h, k), partitioned, mesh, "d")

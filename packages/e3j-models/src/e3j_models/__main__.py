@@ -74,6 +74,7 @@ def _train(args) -> None:
         weights=(args.energy_weight, args.force_weight, args.stress_weight),
         seed=args.seed,
         backend=args.backend,
+        factored_radial=not args.array_radial,
         eval_every=args.eval_every,
         checkpoint=os.path.join(args.out, "model.npz"),
     )
@@ -151,7 +152,8 @@ def _md(args) -> None:
     for stale in ("md.json", "trajectory.extxyz", "md.png"):
         if os.path.exists(os.path.join(args.out, stale)):
             os.remove(os.path.join(args.out, stale))
-    calc = Calculator(Potential(config, args.backend), params, dtype=np.float32 if args.float32 else np.float64)
+    pot = Potential(config, args.backend, factored_radial=not args.array_radial)
+    calc = Calculator(pot, params, dtype=np.float32 if args.float32 else np.float64)
     log = run_md(
         atoms,
         calc,
@@ -222,6 +224,11 @@ def main(argv=None) -> None:
     p.add_argument("--valid-fraction", type=float, default=0.1, help="share of --data held out (its last structures)")
     p.add_argument("--eval-every", type=int, default=100, help="validate every so many steps (0: never)")
     p.add_argument("--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin")
+    p.add_argument(
+        "--array-radial",
+        action="store_true",
+        help="multiply the radial MLP's output out before each convolution (factored_radial=False)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_train)
 
@@ -240,6 +247,11 @@ def main(argv=None) -> None:
     p.add_argument("--pressure", type=float, default=0.0, help="GPa (npt)")
     p.add_argument("--log-every", type=int, default=1, help="log every so many steps")
     p.add_argument("--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin")
+    p.add_argument(
+        "--array-radial",
+        action="store_true",
+        help="multiply the radial MLP's output out before each convolution (factored_radial=False)",
+    )
     p.add_argument("--float32", action="store_true", help="evaluate the model in float32 (default float64)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output directory")

@@ -65,6 +65,8 @@ class E3nnOps:
         )
         num_paths = sum(mul for mul, _ in msg.irreps)
         if isinstance(s, FactoredWeights):  # e3nn-jax's way: the radial MLP's output multiplied out
+            if s.shape[1] % num_paths:
+                raise ValueError(f"s must be [E, num_paths={num_paths} × C] weights for this product, got {s.shape}")
             s = s.materialize().reshape(s.shape[0], num_paths, s.shape[1] // num_paths)
         if s.shape[1] != num_paths:
             raise ValueError(f"s must be [E, num_paths={num_paths}, C] for this product, got {s.shape}")

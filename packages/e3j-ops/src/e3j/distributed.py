@@ -44,6 +44,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from ._checks import STATIC, check_int, check_rank, edge_arrays
 from .convolution import Convolution
+from .factored import FactoredWeights
 from .graph import Graph
 
 __all__ = ["PartitionedGraph", "convolution_sharded", "partition_graph"]
@@ -225,6 +226,11 @@ def convolution_sharded(
         )
     check_rank("x", x, (3,), f"[N, Dx={conv.coo.dim_x}, C]")
     check_rank("y", y, (2, 3), f"[E, Dy={conv.coo.dim_y}] or [E, Dy, C]")
+    if isinstance(s, FactoredWeights):
+        raise TypeError(
+            "s: convolution_sharded takes an array [E, num_paths, C], not FactoredWeights; pass "
+            "s.materialize().reshape(E, num_paths, C)"
+        )
     check_rank("s", s, (3,), f"[E, num_paths={conv.num_paths}, C]")
     if x.shape[0] != pg.num_nodes:
         raise ValueError(f"x has {x.shape[0]} nodes but the graph was partitioned with num_nodes={pg.num_nodes}")

@@ -152,9 +152,10 @@ def _dispatch_factored(form, platform: str, requested: str | None, spec: Factore
             "convolution_factored", kernels, backend.name, spec.coo, A, graph, outs, y_channels=spec.y_channels,
             result_type=lambda slot: form.out_aval(spec, slot, avals, aux_avals),
         )  # fmt: skip
-    paths, width = spec.coo.num_paths, spec.coo.num_paths * int(channels)  # explicit: E or H may be 0
+    paths, width = spec.coo.num_paths, spec.coo.num_paths * int(channels)  # explicit: E, H or C may be 0
     h = None if A.get("h") is None else jnp.asarray(A["h"]).astype(dtype)
-    k = None if A.get("k") is None else jnp.asarray(A["k"]).astype(dtype).reshape(-1, width)
+    k = None if A.get("k") is None else jnp.asarray(A["k"]).astype(dtype)
+    k = None if k is None else k.reshape(k.shape[0], width)
     array = {s: A[s] for s in ("x", "y", "m") if s in A}
     if h is not None and k is not None:
         array["s"] = jnp.dot(h, k).reshape(h.shape[0], paths, int(channels))

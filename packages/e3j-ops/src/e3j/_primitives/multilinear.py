@@ -22,7 +22,9 @@ Rules, all in terms of ``M`` and ``L`` (so every order of differentiation works)
 - ``transpose_T L(Q, T; J)`` with cotangents ``g_J`` is ``L(Q, g_J; K)`` for the undefined slots ``K``;
 - ``jvp L(Q, T; J) = L(Q, Ṫ; J) + Σ_{k ∈ T} L(Q[k→T_k], Q̇∖k; J∖k)``.
 
-Kernels only ever see ``M``-shaped calls: ``L`` lowers to one ``M`` evaluation per tangent slot.
+Kernels only ever see ``M``-shaped calls: ``L`` lowers to one ``M`` evaluation per tangent slot (a
+form may merge some: the factored forms evaluate the tangents of both factors of their weights as one,
+:func:`factored_evaluations`).
 Nothing differentiates through a kernel.
 """
 

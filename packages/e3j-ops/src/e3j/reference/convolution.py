@@ -333,12 +333,12 @@ class _FactoredWeights:
     @classmethod
     def uniform(cls, group, h, k, num_edges: int):
         hidden = h.shape[1] if h is not None else k.shape[0]
-        ks = None if k is None else [k.reshape(hidden, -1)]
+        ks = None if k is None else [k.reshape(hidden, group.coo.num_paths * group.channels)]
         return cls([group], h, ks, lambda dks: dks[0], num_edges, hidden)
 
     def _product(self, h_rows, k: int):
         g = self.groups[k]
-        return (h_rows @ self.ks[k]).reshape(-1, g.coo.num_paths, g.channels)
+        return (h_rows @ self.ks[k]).reshape(h_rows.shape[0], g.coo.num_paths, g.channels)
 
     def rows(self, e) -> list:
         h_rows = self.h[e]
