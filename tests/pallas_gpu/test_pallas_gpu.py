@@ -152,18 +152,25 @@ def test_convolution_lowers_for_cuda(case):
         assert TRITON_CALL in _lower_cuda(lambda x, y, s, dm, g, fn=fn: fn(x, y, s, dm, g), x, y, s, dm, graph)
 
 
-def test_e3j_ops_select_pallas_gpu_when_lowered_for_cuda():
-    """Without any request, e3j's primitives lower to these kernels on CUDA (forward and backward)."""
+@pytest.mark.parametrize("factored", [False, True], ids=["array", "factored"])
+def test_e3j_ops_select_pallas_gpu_when_lowered_for_cuda(factored):
+    """Without any request, e3j's primitives lower to these kernels on CUDA (forward and backward);
+    edge scalars given as ``FactoredWeights`` are multiplied out inside the call (no factored
+    kernels here) and take the same two launches."""
     case = Case(2, 64, 8, False)
     coo, graph, x, y, s, _ = conv_operands(case)
     conv = e3j.Convolution(coo.irreps_x, coo.irreps_y, coo.irreps_out)
+    if factored:
+        s = (s[:, 0, :3], s.reshape(s.shape[0], -1)[:3])  # hidden [E, 3], kernel [3, P * C]
 
     def loss(x, y, s, g):
-        return jax.numpy.sin(conv(x, y, s, g)).sum()
+        return jax.numpy.sin(conv(x, y, e3j.FactoredWeights(*s) if factored else s, g)).sum()
 
     text = _lower_cuda(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
     assert text.count(TRITON_CALL) == 2  # the forward and one fused backward
     assert 'name = "e3j_convolution"' in text and 'name = "e3j_convolution_bwd"' in text
+    if factored:  # the scalars multiplied out inside the call
+        assert f"tensor<{graph.num_edges}x{coo.num_paths}x{case.channels}xf32>" in text
 
 
 # -- mixed multiplicities: the grouped kernels (e3nn's weights read in place) --------------------

@@ -230,12 +230,16 @@ def test_convolution_lowers_for_tpu(case):
             assert MOSAIC_CALL in _lower_tpu(lambda x, y, s, dm, g, fn=fn: fn(x, y, s, dm, g), x, y, s, dm, graph)
 
 
-def test_e3j_ops_select_pallas_tpu_when_lowered_for_tpu():
+@pytest.mark.parametrize("factored", [False, True], ids=["array", "factored"])
+def test_e3j_ops_select_pallas_tpu_when_lowered_for_tpu(factored):
+    # edge scalars given as FactoredWeights: multiplied out inside the call, the same two launches
     coo, graph, x, y, s, _ = conv_operands(Case(2, 128, 8, False))
     conv = e3j.Convolution(coo.irreps_x, coo.irreps_y, coo.irreps_out)
+    if factored:
+        s = (s[:, 0, :3], s.reshape(s.shape[0], -1)[:3])  # hidden [E, 3], kernel [3, P * C]
 
     def loss(x, y, s, g):
-        return jax.numpy.sin(conv(x, y, s, g)).sum()
+        return jax.numpy.sin(conv(x, y, e3j.FactoredWeights(*s) if factored else s, g)).sum()
 
     text = _lower_tpu(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
     assert text.count(MOSAIC_CALL) == 2  # the forward and one fused backward
