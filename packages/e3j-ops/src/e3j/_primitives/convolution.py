@@ -23,7 +23,7 @@ import jax.numpy as jnp
 
 from .. import contract
 from ..backends import OpRequest, kernels_of, select_backend
-from .multilinear import CooSpec, Multilinear, Primitives, factored_evaluations, out_aval, slot_of
+from .multilinear import CooSpec, Multilinear, Primitives, factored_evaluations, multiplied_out, out_aval, slot_of
 
 SLOTS = ("x", "y", "s", "m")
 
@@ -152,28 +152,16 @@ def _dispatch_factored(form, platform: str, requested: str | None, spec: Factore
             "convolution_factored", kernels, backend.name, spec.coo, A, graph, outs, y_channels=spec.y_channels,
             result_type=lambda slot: form.out_aval(spec, slot, avals, aux_avals),
         )  # fmt: skip
-    paths, width = spec.coo.num_paths, spec.coo.num_paths * int(channels)  # explicit: E, H or C may be 0
-    h = None if A.get("h") is None else jnp.asarray(A["h"]).astype(dtype)
-    k = None if A.get("k") is None else jnp.asarray(A["k"]).astype(dtype)
-    k = None if k is None else k.reshape(k.shape[0], width)
-    array = {s: A[s] for s in ("x", "y", "m") if s in A}
-    if h is not None and k is not None:
-        array["s"] = jnp.dot(h, k).reshape(h.shape[0], paths, int(channels))
-    array_outs = tuple(o for o in outs if o in ("x", "y", "m")) + (("s",) if "h" in outs or "k" in outs else ())
     array_spec = ConvSpec(spec.coo, spec.y_channels, spec.graph_tree)
-    avals = {k: jax.typeof(v) for k, v in array.items()}
-    res = contract.run(
-        "convolution", kernels, backend.name, spec.coo, array, graph, array_outs, y_channels=spec.y_channels,
-        result_type=lambda slot: _out_aval(array_spec, slot, avals, aux_avals),
-    )  # fmt: skip
-    ds = res.pop("s", None)
-    if ds is not None:
-        ds = ds.reshape(ds.shape[0], width)
-    if "h" in outs:
-        res["h"] = jnp.dot(ds, k.T)
-    if "k" in outs:
-        res["k"] = jnp.dot(h.T, ds).reshape(h.shape[1], paths, int(channels))
-    return res
+
+    def run(array: dict, array_outs: tuple[str, ...]) -> dict:
+        avals = {k: jax.typeof(v) for k, v in array.items()}
+        return contract.run(
+            "convolution", kernels, backend.name, spec.coo, array, graph, array_outs, y_channels=spec.y_channels,
+            result_type=lambda slot: _out_aval(array_spec, slot, avals, aux_avals),
+        )  # fmt: skip
+
+    return multiplied_out(A, outs, dtype, (spec.coo.num_paths, int(channels)), run)
 
 
 CONVOLUTION_FACTORED = Primitives(

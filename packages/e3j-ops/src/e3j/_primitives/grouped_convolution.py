@@ -35,7 +35,7 @@ from .. import contract
 from .._mul_ir_plan import Plan
 from ..backends import Backend, OpRequest, kernels_of, select_backend
 from .convolution import ConvSpec
-from .multilinear import Multilinear, Primitives, coo_lmax, factored_evaluations, out_aval, slot_of
+from .multilinear import Multilinear, Primitives, coo_lmax, factored_evaluations, multiplied_out, out_aval, slot_of
 
 SLOTS = ("x", "y", "s", "m")
 
@@ -203,18 +203,11 @@ def _dispatch_factored(form, platform: str, requested: str | None, spec: Grouped
             op = "grouped_convolution_factored"
             results.update(_native(op, kernels, backends[0].name, plan, A, graph, part, types))
         return results
-    h, k = A.get("h"), A.get("k")
-    array = {s: A[s] for s in ("x", "y", "m") if s in A}
-    if h is not None and k is not None:
-        array["s"] = jnp.dot(jnp.asarray(h).astype(dtype), jnp.asarray(k).astype(dtype))
-    array_outs = tuple(o for o in outs if o in ("x", "y", "m")) + (("s",) if "h" in outs or "k" in outs else ())
-    res = _dispatch(form, platform, requested, spec, array, aux, array_outs)
-    ds = res.pop("s", None)
-    if "h" in outs:
-        res["h"] = jnp.dot(ds, jnp.asarray(k).astype(dtype).T)
-    if "k" in outs:
-        res["k"] = jnp.dot(jnp.asarray(h).astype(dtype).T, ds)
-    return res
+
+    def run(array: dict, array_outs: tuple[str, ...]) -> dict:
+        return _dispatch(form, platform, requested, spec, array, aux, array_outs)
+
+    return multiplied_out(A, outs, dtype, (plan.num_weights,), run)
 
 
 GROUPED_CONVOLUTION_FACTORED = Primitives(

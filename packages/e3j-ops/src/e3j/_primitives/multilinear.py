@@ -30,6 +30,7 @@ Nothing differentiates through a kernel.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache, partial
@@ -329,6 +330,31 @@ def factored_evaluations(Q: dict, T: dict, outs: tuple[str, ...]) -> list[tuple[
         evaluations.append(({**Q, "k": T["k"]}, ("h",)))
     others = {s: v for s, v in T.items() if s not in ("h", "k")}
     return evaluations + one_per_tangent(Q, others, outs)
+
+
+def multiplied_out(A: dict, outs: tuple[str, ...], dtype, tail: tuple[int, ...], run: Callable) -> dict:
+    """The outputs ``outs`` of a factored form (weights ``h [E, H] @ k [H, *tail]``) on a backend
+    without its kernels: the weights multiplied out (``[E, *tail]``, a temporary), ``run(operands,
+    outs)`` evaluating the array form (slot ``s``) on them, and the cotangents of ``h`` and ``k``
+    products with the weights' cotangent ``ds``. ``tail`` is explicit: ``E``, ``H`` or its width
+    may be 0."""
+    width = math.prod(tail)
+    h = None if A.get("h") is None else jnp.asarray(A["h"]).astype(dtype)
+    k = None if A.get("k") is None else jnp.asarray(A["k"]).astype(dtype)
+    k = None if k is None else k.reshape(k.shape[0], width)
+    array = {s: v for s, v in A.items() if s not in ("h", "k")}
+    if h is not None and k is not None:
+        array["s"] = jnp.dot(h, k).reshape(h.shape[0], *tail)
+    array_outs = tuple(o for o in outs if o not in ("h", "k")) + (("s",) if "h" in outs or "k" in outs else ())
+    res = run(array, array_outs)
+    ds = res.pop("s", None)
+    if ds is not None:
+        ds = ds.reshape(ds.shape[0], width)
+    if "h" in outs:
+        res["h"] = jnp.dot(ds, k.T)
+    if "k" in outs:
+        res["k"] = jnp.dot(h.T, ds).reshape(h.shape[1], *tail)
+    return res
 
 
 def dispatch(form: Multilinear, platform: str, requested: str | None, spec: CooSpec, A: dict, aux, outs) -> dict:
