@@ -246,3 +246,23 @@ def test_factored_weights_linear_transposes(backend):
         (got,) = jax.linear_transpose(fn, primal)(g)
         (want,) = jax.linear_transpose(ref, primal)(g)
         np.testing.assert_allclose(got, want, rtol=1e-11, atol=1e-12, err_msg=name)
+
+
+def test_one_evaluation_may_ask_for_the_forward_and_a_cotangent():
+    """An ``M`` evaluation of the grouped form with outputs ``m`` and ``x`` (an ``L`` call's, e.g.
+    a tangent of ``y`` with both requested) runs the forward and the backward kernels, each checked
+    against its own outputs only; each output equals the one asked for alone."""
+    from e3j._primitives.grouped_convolution import GROUPED_CONVOLUTION, GroupedConvSpec
+
+    x, y, w = operands(5)
+    plan = CONV.plan
+    y1 = jnp.concatenate([jnp.ones((E, 1)), y], axis=1) if plan.constant_row else y
+    dm = jax.random.normal(jax.random.key(6), (N, plan.irreps_out.dim), jnp.float64)
+    leaves, tree = jax.tree.flatten(GRAPH)
+    spec = GroupedConvSpec(plan, graph_tree=tree)
+    Q = {"x": x, "y": y1, "s": w, "m": dm}
+    both = GROUPED_CONVOLUTION.bind_M(spec, Q, leaves, ("m", "x"), "reference")
+    for j in ("m", "x"):
+        alone = GROUPED_CONVOLUTION.bind_M(spec, Q, leaves, (j,), "reference")[j]
+        assert float(jnp.abs(alone).max()) > 1e-3
+        np.testing.assert_array_equal(both[j], alone)

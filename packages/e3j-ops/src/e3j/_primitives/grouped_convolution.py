@@ -125,7 +125,9 @@ def _operands(op: str, A: dict, outs: tuple[str, ...], dtype) -> dict:
 
 def _native(op: str, kernels, name: str, plan: Plan, A: dict, graph, outs, types) -> dict:
     """The outputs ``outs`` (the forward's or the backward's) of backend ``name``'s kernels ``op``
-    (``grouped_convolution`` or ``grouped_convolution_factored``) under the kernel contract."""
+    (``grouped_convolution`` or ``grouped_convolution_factored``) under the kernel contract
+    (``types`` may hold the other part's outputs too: an ``M`` evaluation may ask for both)."""
+    types = {o: types[o] for o in outs}
     args = _operands(op, A, outs, types[outs[0]].dtype)
     if contract.is_empty(args, graph):
         return {o: jnp.zeros(types[o].shape, types[o].dtype) for o in outs}
