@@ -1,7 +1,8 @@
 """e3j-models with the radial MLP's last layer fused into the convolution, against materialized scalars.
 
     python benchmarks/radial_factored.py [--models mace_a nequip] [--atoms 250 1000] [--pairs 10]
-                                         [--train] [--out benchmarks/results/cpu-radial-factored.json]
+                                         [--train] [--backend reference]
+                                         [--out benchmarks/results/cpu-radial-factored.json]
 
 ``e3j_models.Interaction`` gives its convolution the edge scalars as ``e3j.FactoredWeights(hidden,
 kernel)`` (the radial MLP's last hidden layer and last kernel): on the reference backend each chunk
@@ -16,6 +17,11 @@ with respect to the parameters: the forces' derivative differentiated again). Bo
 compiled, then ``--pairs`` alternating calls of each: the median over the pairs of ``1 - factored /
 array`` and its quartiles (positive: the fused model is faster), each variant's median ms, XLA's
 temporary memory of each compiled program, and the largest difference of their outputs.
+
+``--backend`` names the backend both variants run on (default ``reference``). On one without
+factored kernels (every GPU and TPU backend; on a CPU the ``test`` plugin of ``tests/plugins``,
+the reference's kernels without the factored ones) the factored variant multiplies the scalars
+out once per primitive call and forms the factors' cotangents from the weights' summed cotangent.
 """
 
 from __future__ import annotations
@@ -57,10 +63,10 @@ def programs(pot, train: bool):
     return {"energy_forces": forces} | ({"train_gradient": gradient} if train else {})
 
 
-def measure(model: str, atoms: int, pairs: int, train: bool) -> list[dict]:
+def measure(model: str, atoms: int, pairs: int, train: bool, backend: str = "reference") -> list[dict]:
     cfg = PRESETS[model]((1, 8))
     batch = em.batch_structures([em.water_box(atoms)], cfg.atomic_numbers, cfg.cutoff, dtype=np.float32)
-    pots = {v: em.Potential(cfg, "reference", factored_radial=v == "factored") for v in ("array", "factored")}
+    pots = {v: em.Potential(cfg, backend, factored_radial=v == "factored") for v in ("array", "factored")}
     params = pots["factored"].init(jax.random.key(0), batch, dtype=np.float32)
     num_graphs, nodes = batch.num_graphs, batch.node_mask.shape[0]
     labels = Labels(
@@ -81,6 +87,7 @@ def measure(model: str, atoms: int, pairs: int, train: bool) -> list[dict]:
         )
         row = {
             "model": model,
+            "backend": backend,
             "atoms": int(batch.node_mask.sum()),
             "edges": int(batch.graph.num_valid),
             "program": name,
@@ -101,9 +108,10 @@ def main(argv=None) -> int:
     ap.add_argument("--atoms", nargs="+", type=int, default=[250, 1000])
     ap.add_argument("--pairs", type=int, default=10)
     ap.add_argument("--train", action="store_true", help="also the training loss's gradient")
+    ap.add_argument("--backend", default="reference", help="the backend both variants run on")
     ap.add_argument("--out", help="write the rows here (JSON)")
     args = ap.parse_args(argv)
-    rows = [r for m in args.models for n in args.atoms for r in measure(m, n, args.pairs, args.train)]
+    rows = [r for m in args.models for n in args.atoms for r in measure(m, n, args.pairs, args.train, args.backend)]
     if args.out:
         result = {
             "machine": machine_info(),

@@ -136,23 +136,20 @@ def _batch_factored(call, spec: FactoredConvSpec, values: dict, aux, dims: dict,
     return _batch(call, spec, values, aux, dims, auxd, outs)
 
 
-def _dispatch_factored(form, platform: str, requested: str | None, spec: FactoredConvSpec, A: dict, aux, outs):
-    """The ``M`` outputs ``outs`` of the convolution with edge scalars ``h @ k``: the backend's
-    ``convolution_factored`` kernels where it has them, else ``s`` multiplied out and its
-    ``convolution`` kernels, the cotangents of ``h`` and ``k`` then products with that of ``s``."""
-    channels = next(a.shape[-1] for k, a in A.items() if spec.has_channels(slot_of(k)))
-    dtype = jnp.dtype(next(iter(A.values())).dtype)
+def _factored_backend(platform: str, requested: str | None, spec: FactoredConvSpec, operands: dict):
+    """The backend that runs this call, and its kernels."""
+    channels = next(a.shape[-1] for k, a in operands.items() if spec.has_channels(slot_of(k)))
+    dtype = jnp.dtype(next(iter(operands.values())).dtype)
     backend = select_backend(OpRequest("convolution", platform, dtype.name, int(channels), spec.lmax), requested)
-    kernels = kernels_of(backend)
+    return backend, kernels_of(backend)
+
+
+def _array_run(spec: FactoredConvSpec, backend, kernels, aux):
+    """``run(operands, outs)``: one ``M`` of the array form (slot ``s``) on the backend's
+    ``convolution`` kernels, for :func:`multiplied_out`."""
+    array_spec = ConvSpec(spec.coo, spec.y_channels, spec.graph_tree)
     graph = jax.tree.unflatten(spec.graph_tree, aux)
     aux_avals = tuple(jax.typeof(a) for a in aux)
-    if kernels.provides("convolution_factored"):
-        avals = {k: jax.typeof(v) for k, v in A.items()}
-        return contract.run(
-            "convolution_factored", kernels, backend.name, spec.coo, A, graph, outs, y_channels=spec.y_channels,
-            result_type=lambda slot: form.out_aval(spec, slot, avals, aux_avals),
-        )  # fmt: skip
-    array_spec = ConvSpec(spec.coo, spec.y_channels, spec.graph_tree)
 
     def run(array: dict, array_outs: tuple[str, ...]) -> dict:
         avals = {k: jax.typeof(v) for k, v in array.items()}
@@ -161,7 +158,42 @@ def _dispatch_factored(form, platform: str, requested: str | None, spec: Factore
             result_type=lambda slot: _out_aval(array_spec, slot, avals, aux_avals),
         )  # fmt: skip
 
-    return multiplied_out(A, outs, dtype, (spec.coo.num_paths, int(channels)), run)
+    return run
+
+
+def _tail(spec: FactoredConvSpec, operands: dict) -> tuple[int, int]:
+    channels = next(a.shape[-1] for k, a in operands.items() if spec.has_channels(slot_of(k)))
+    return spec.coo.num_paths, int(channels)
+
+
+def _dispatch_factored(form, platform: str, requested: str | None, spec: FactoredConvSpec, A: dict, aux, outs):
+    """The ``M`` outputs ``outs`` of the convolution with edge scalars ``h @ k``: the backend's
+    ``convolution_factored`` kernels where it has them, else ``s`` multiplied out and its
+    ``convolution`` kernels, the cotangents of ``h`` and ``k`` then products with that of ``s``."""
+    backend, kernels = _factored_backend(platform, requested, spec, A)
+    dtype = jnp.dtype(next(iter(A.values())).dtype)
+    if kernels.provides("convolution_factored"):
+        graph = jax.tree.unflatten(spec.graph_tree, aux)
+        avals = {k: jax.typeof(v) for k, v in A.items()}
+        aux_avals = tuple(jax.typeof(a) for a in aux)
+        return contract.run(
+            "convolution_factored", kernels, backend.name, spec.coo, A, graph, outs, y_channels=spec.y_channels,
+            result_type=lambda slot: form.out_aval(spec, slot, avals, aux_avals),
+        )  # fmt: skip
+    return multiplied_out(A, None, outs, dtype, _tail(spec, A), _array_run(spec, backend, kernels, aux))
+
+
+def _dispatch_factored_L(form, platform: str, requested: str | None, spec: FactoredConvSpec, Q, T, aux, outs):
+    """An ``L`` call on a backend without ``convolution_factored`` kernels, as a whole
+    (:func:`multiplied_out`: the scalars multiplied out once, the cotangents of ``h`` and ``k`` from
+    the evaluations' summed cotangent of ``s``); ``None`` (one evaluation at a time, each through the
+    factored kernels) where it has them."""
+    operands = {**Q, **T}
+    backend, kernels = _factored_backend(platform, requested, spec, operands)
+    if kernels.provides("convolution_factored"):
+        return None
+    dtype = jnp.dtype(next(iter(operands.values())).dtype)
+    return multiplied_out(Q, T, outs, dtype, _tail(spec, operands), _array_run(spec, backend, kernels, aux))
 
 
 CONVOLUTION_FACTORED = Primitives(
@@ -172,6 +204,7 @@ CONVOLUTION_FACTORED = Primitives(
         _batch_factored,
         _dispatch_factored,
         factored_evaluations,
+        _dispatch_factored_L,
     )
 )
 """:data:`CONVOLUTION` with the edge scalars given as ``h [E, H] @ k [H, P, C]``: the form is

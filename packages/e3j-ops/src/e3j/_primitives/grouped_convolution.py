@@ -186,30 +186,52 @@ def _factored_out_aval(spec: GroupedConvSpec, slot: str, avals: dict, aux) -> ja
     return out_aval((edges, hidden if slot == "h" else spec.dim(slot)), dtype, operands)
 
 
-def _dispatch_factored(form, platform: str, requested: str | None, spec: GroupedConvSpec, A: dict, aux, outs) -> dict:
-    """The ``M`` outputs ``outs`` of the convolution with weights ``h @ k``: the backend's factored
-    grouped kernels where it has them (:func:`_plan_backends`), else the weights multiplied out
-    (``[E, num_weights]``, a temporary) and the array's route (:func:`_dispatch`), the cotangents of
-    ``h`` and ``k`` then products with the weights' cotangent."""
-    plan = spec.plan
-    dtype = jnp.dtype(next(iter(A.values())).dtype)
+def _factored_kernels(plan: Plan, platform: str, requested: str | None, dtype) -> tuple:
+    """The groups' backend and its kernels when one backend runs every group with factored grouped
+    kernels (:func:`_plan_backends`), else ``None``."""
     backends = _plan_backends(plan, platform, dtype.name, requested)
     kernels = kernels_of(backends[0])
     if len({b.name for b in backends}) == 1 and kernels.provides("grouped_convolution_factored"):
+        return backends[0], kernels
+    return None
+
+
+def _dispatch_factored(form, platform: str, requested: str | None, spec: GroupedConvSpec, A: dict, aux, outs) -> dict:
+    """The ``M`` outputs ``outs`` of the convolution with weights ``h @ k``: the backend's factored
+    grouped kernels where it has them, else the weights multiplied out (``[E, num_weights]``, a
+    temporary) and the array's route (:func:`_dispatch`), the cotangents of ``h`` and ``k`` then
+    products with the weights' cotangent (:func:`multiplied_out`)."""
+    plan = spec.plan
+    dtype = jnp.dtype(next(iter(A.values())).dtype)
+    native = _factored_kernels(plan, platform, requested, dtype)
+    if native is not None:
+        backend, kernels = native
         graph = jax.tree.unflatten(spec.graph_tree, aux)
         avals = {k: jax.typeof(v) for k, v in A.items()}
         aux_avals = tuple(jax.typeof(a) for a in aux)
         types = {o: _factored_out_aval(spec, o, avals, aux_avals) for o in outs}
         results = {}
         for part in _parts(outs, ("x", "y", "h", "k")):
-            op = "grouped_convolution_factored"
-            results.update(_native(op, kernels, backends[0].name, plan, A, graph, part, types))
+            results.update(_native("grouped_convolution_factored", kernels, backend.name, plan, A, graph, part, types))
         return results
+    return multiplied_out(A, None, outs, dtype, (plan.num_weights,), _array_run(form, platform, requested, spec, aux))
 
+
+def _dispatch_factored_L(form, platform: str, requested: str | None, spec: GroupedConvSpec, Q, T, aux, outs):
+    """An ``L`` call without factored grouped kernels, as a whole (:func:`multiplied_out`: the
+    weights multiplied out once per call); ``None`` (one evaluation at a time) with them."""
+    dtype = jnp.dtype(next(iter({**Q, **T}.values())).dtype)
+    if _factored_kernels(spec.plan, platform, requested, dtype) is not None:
+        return None
+    run = _array_run(form, platform, requested, spec, aux)
+    return multiplied_out(Q, T, outs, dtype, (spec.plan.num_weights,), run)
+
+
+def _array_run(form, platform: str, requested: str | None, spec: GroupedConvSpec, aux):
     def run(array: dict, array_outs: tuple[str, ...]) -> dict:
         return _dispatch(form, platform, requested, spec, array, aux, array_outs)
 
-    return multiplied_out(A, outs, dtype, (plan.num_weights,), run)
+    return run
 
 
 GROUPED_CONVOLUTION_FACTORED = Primitives(
@@ -219,6 +241,7 @@ GROUPED_CONVOLUTION_FACTORED = Primitives(
         _factored_out_aval,
         dispatch=_dispatch_factored,
         evaluations=factored_evaluations,
+        dispatch_L=_dispatch_factored_L,
     )
 )
 """:data:`GROUPED_CONVOLUTION` with the weights given as ``h [E, H] @ k [H, num_weights]``: the

@@ -90,6 +90,10 @@ class Multilinear:
             ``M`` evaluation reaches the kernels; ``None``: :func:`dispatch` (one COO op).
         evaluations: ``(Q, T, outs) -> [(operands, outputs)]``, the ``M`` evaluations whose sum an
             ``L`` call is; ``None``: :func:`one_per_tangent`.
+        dispatch_L: ``(form, platform, requested, spec, Q, T, aux, outs) -> {slot: array} | None``,
+            an ``L`` call lowered as a whole (the factored forms on a backend without their
+            kernels, :func:`multiplied_out`); ``None``, or a ``None`` result: its evaluations, each
+            through ``dispatch``.
     """
 
     name: str
@@ -98,6 +102,7 @@ class Multilinear:
     batch: Callable[..., Any] | None = None
     dispatch: Callable[..., dict] | None = None
     evaluations: Callable[..., list] | None = None
+    dispatch_L: Callable[..., dict | None] | None = None
 
 
 class Primitives:
@@ -280,11 +285,14 @@ class Primitives:
     def _lowering_L(self, platform: str):
         def impl(*args, spec, q_slots, t_slots, outs, n_aux, backend):
             Q, T, aux = self._split(args, q_slots, t_slots, n_aux)
-            acc: dict = {}
-            for A, js in (self.form.evaluations or one_per_tangent)(Q, T, outs):
-                res = (self.form.dispatch or dispatch)(self.form, platform, backend, spec, A, aux, js)
-                for j in js:
-                    acc[j] = res[j] if j not in acc else acc[j] + res[j]
+            whole = self.form.dispatch_L
+            acc = whole(self.form, platform, backend, spec, Q, T, aux, outs) if whole is not None else None
+            if acc is None:
+                acc = {}
+                for A, js in (self.form.evaluations or one_per_tangent)(Q, T, outs):
+                    res = (self.form.dispatch or dispatch)(self.form, platform, backend, spec, A, aux, js)
+                    for j in js:
+                        acc[j] = res[j] if j not in acc else acc[j] + res[j]
             results = []
             for j in outs:
                 if j in acc:
@@ -332,29 +340,73 @@ def factored_evaluations(Q: dict, T: dict, outs: tuple[str, ...]) -> list[tuple[
     return evaluations + one_per_tangent(Q, others, outs)
 
 
-def multiplied_out(A: dict, outs: tuple[str, ...], dtype, tail: tuple[int, ...], run: Callable) -> dict:
-    """The outputs ``outs`` of a factored form (weights ``h [E, H] @ k [H, *tail]``) on a backend
-    without its kernels: the weights multiplied out (``[E, *tail]``, a temporary), ``run(operands,
-    outs)`` evaluating the array form (slot ``s``) on them, and the cotangents of ``h`` and ``k``
-    products with the weights' cotangent ``ds``. ``tail`` is explicit: ``E``, ``H`` or its width
-    may be 0."""
+def multiplied_out(Q: dict, T: dict | None, outs: tuple[str, ...], dtype, tail: tuple[int, ...], run: Callable) -> dict:
+    """The outputs ``outs`` of ``M(Q; outs)`` (``T is None``) or of ``L(Q, T; outs)`` of a factored
+    form (weights ``h [E, H] @ k [H, *tail]``) on a backend without its kernels, through the array
+    form (slot ``s``): ``run(operands, outs)`` evaluates one ``M`` of the array form.
+
+    The weights are multiplied out once per call (``s = h @ k``, ``[E, *tail]``, a temporary) and
+    their tangent with them (``ṡ = ḣ k + h k̇``); the array form's ``L`` then runs one evaluation per
+    tangent slot, the weights' cotangents of all of them summed (``ds``) before the products that
+    give the factors': ``dh = ds k^T + ds_Q k̇^T``, ``dk = h^T ds + ḣ^T ds_Q`` (``ds_Q`` the weights'
+    cotangent on ``Q`` itself, which the evaluation of ``ṡ`` gives along, since it does not read the
+    weights). One product of each kind per call, where one per evaluation cost up to three times as
+    many (a force-training step's second-order call). ``tail`` is explicit: ``E``, ``H`` or its
+    width may be 0."""
     width = math.prod(tail)
-    h = None if A.get("h") is None else jnp.asarray(A["h"]).astype(dtype)
-    k = None if A.get("k") is None else jnp.asarray(A["k"]).astype(dtype)
-    k = None if k is None else k.reshape(k.shape[0], width)
-    array = {s: v for s, v in A.items() if s not in ("h", "k")}
+
+    def factor(v, rows_first: bool):
+        if v is None:
+            return None
+        v = jnp.asarray(v).astype(dtype)
+        return v if rows_first else v.reshape(v.shape[0], width)
+
+    h, k = factor(Q.get("h"), True), factor(Q.get("k"), False)
+    array_q = {s: v for s, v in Q.items() if s not in ("h", "k")}
     if h is not None and k is not None:
-        array["s"] = jnp.dot(h, k).reshape(h.shape[0], *tail)
-    array_outs = tuple(o for o in outs if o not in ("h", "k")) + (("s",) if "h" in outs or "k" in outs else ())
-    res = run(array, array_outs)
-    ds = res.pop("s", None)
-    if ds is not None:
-        ds = ds.reshape(ds.shape[0], width)
+        array_q["s"] = jnp.dot(h, k).reshape(h.shape[0], *tail)
+    wants_factors = "h" in outs or "k" in outs
+    array_outs = tuple(o for o in outs if o not in ("h", "k")) + (("s",) if wants_factors else ())
+    th = tk = ds_q = None
+    if T is None:
+        acc = run(array_q, array_outs)
+    else:
+        th, tk = factor(T.get("h"), True), factor(T.get("k"), False)
+        array_t = {s: v for s, v in T.items() if s not in ("h", "k")}
+        terms = ([jnp.dot(th, k)] if th is not None and k is not None else []) + (
+            [jnp.dot(h, tk)] if tk is not None and h is not None else []
+        )
+        if terms:
+            array_t["s"] = sum(terms[1:], terms[0]).reshape(terms[0].shape[0], *tail)
+        wants_ds_q = ("h" in outs and tk is not None) or ("k" in outs and th is not None)
+        acc = {}
+        for t, Tt in array_t.items():
+            js = tuple(j for j in array_outs if j != t) + (("s",) if t == "s" and wants_ds_q else ())
+            if not js:
+                continue
+            res = dict(run({**array_q, t: Tt}, js))
+            if t == "s" and wants_ds_q:
+                ds_q = res.pop("s")
+            for j, v in res.items():
+                acc[j] = v if j not in acc else acc[j] + v
+        if wants_ds_q and ds_q is None:  # no tangent of the weights reaches another output
+            ds_q = run(array_q, ("s",))["s"]
+    acc = dict(acc)
+    ds = acc.pop("s", None)
+    ds, ds_q = (None if d is None else d.reshape(d.shape[0], width) for d in (ds, ds_q))
     if "h" in outs:
-        res["h"] = jnp.dot(ds, k.T)
+        parts = ([jnp.dot(ds, k.T)] if ds is not None else []) + (
+            [jnp.dot(ds_q, tk.T)] if ds_q is not None and tk is not None else []
+        )
+        if parts:
+            acc["h"] = sum(parts[1:], parts[0])
     if "k" in outs:
-        res["k"] = jnp.dot(h.T, ds).reshape(h.shape[1], *tail)
-    return res
+        parts = ([jnp.dot(h.T, ds)] if ds is not None else []) + (
+            [jnp.dot(th.T, ds_q)] if ds_q is not None and th is not None else []
+        )
+        if parts:
+            acc["k"] = sum(parts[1:], parts[0]).reshape(parts[0].shape[0], *tail)
+    return acc
 
 
 def dispatch(form: Multilinear, platform: str, requested: str | None, spec: CooSpec, A: dict, aux, outs) -> dict:
