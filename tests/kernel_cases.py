@@ -239,7 +239,8 @@ def check_grouped_lowering(
     from one launch to the next (``aliases`` of them: by default every launch but the first), and no
     group's ``[E, P_g, C_g]`` copy of the weights in the program. With ``factored``, the weights are
     ``e3j.FactoredWeights(h, k)`` (gradients with respect to both): the same launches, on the
-    weights multiplied out once (a backend without factored kernels)."""
+    weights multiplied out once, before the call (a backend without factored kernels: the array's
+    route, the weights kept for the backward)."""
     plan, graph, x, y, s, _ = grouped_operands("float32", op=op)
     if plan.constant_row:
         y = y[:, 1:]  # the op prepends the self connection's constant column itself
@@ -250,7 +251,8 @@ def check_grouped_lowering(
             return jnp.sum(jnp.sin(op(x, y, e3j.FactoredWeights(h, k), g, backend=backend)))
 
         text = lower(jax.grad(loss, argnums=(0, 1, 2, 3)), x, y, h, k, graph)
-        assert f"tensor<{s.shape[0]}x{plan.num_weights}xf32>" in text
+        products = [line for line in text.splitlines() if "dot_general" in line]
+        assert sum(f"-> tensor<{s.shape[0]}x{plan.num_weights}xf32>" in line for line in products) == 1, products
     else:
 
         def loss(x, y, s, g):

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxpr_paths import routes
 
 import e3j
 from e3j import FactoredWeights
@@ -77,8 +78,8 @@ def test_factored_scalars_run_one_primitive_and_are_never_multiplied_out_on_the_
     # chunks of 8 edges, so that no chunk is the whole [E, P, C]
     monkeypatch.setattr(ref_conv, "_CHUNK_BYTES", 8 * 8 * CONV.coo.dim_out * C)
     x, y, h, k, _ = operands(0)
-    names = primitives(lambda a, b, c, d: CONV(a, b, FactoredWeights(c, d), GRAPH), x, y, h, k)
-    assert names.count("e3j_convolution_factored") == 1 and "dot_general" not in names
+    by_platform = routes(lambda a, b, c, d: CONV(a, b, FactoredWeights(c, d), GRAPH), x, y, h, k)
+    assert by_platform["cpu"].count("e3j_convolution_factored") == 1 and "dot_general" not in by_platform["cpu"]
 
     def loss(a, b, c, d, backend):
         return jnp.sum(jnp.sin(CONV(a, b, FactoredWeights(c, d), GRAPH, backend=backend)))
@@ -89,6 +90,11 @@ def test_factored_scalars_run_one_primitive_and_are_never_multiplied_out_on_the_
 
     per_edge = f"[{E},{CONV.num_paths},{C}]"  # the [E, P, C] edge scalars
     assert per_edge not in compiled("reference")
+    # no request: both forms bound by platform, the reference selected at lowering; nothing of the
+    # other platforms' branch (scalars multiplied out, kept for the backward) is left in the program
+    monkeypatch.setenv("E3J_BACKEND", "reference")
+    assert "platform_index" in str(jax.make_jaxpr(loss, static_argnums=4)(x, y, h, k, None))
+    assert per_edge not in compiled(None)
     if "test" in {b.name for b in e3j.available_backends()}:
         assert per_edge in compiled("test")  # no factored kernels: multiplied out (the check can fail)
 
@@ -293,3 +299,48 @@ def test_sharded_convolution_names_factored_weights():
     mesh = jax.make_mesh((1,), ("d",))
     with pytest.raises(TypeError, match="s: convolution_sharded takes an array"):
         e3j.convolution_sharded(CONV, x, y, FactoredWeights(h, k), partitioned, mesh, "d")
+
+
+@pytest.mark.parametrize(
+    "backend, on_cpu, elsewhere",
+    [(None, "factored", "array"), ("reference", "factored", "factored"), ("test", "array", "array")],
+)
+def test_factored_scalars_reach_the_factored_primitive_only_where_a_backend_fuses_them(backend, on_cpu, elsewhere):
+    """Without a request: the factored primitive on the CPU (the reference computes the scalars in
+    its sweep), the scalars multiplied out before the array primitive elsewhere (e3j's GPU and TPU
+    kernels have no factored kernels: the scalars are then computed once and kept for the backward,
+    not recomputed in every call). A requested backend decides by its own kernels."""
+    if backend == "test":
+        skip_unless_installed(backend)
+    x, y, h, k, _ = operands(1)
+    by_platform = routes(lambda a, b, c, d: CONV(a, b, FactoredWeights(c, d), GRAPH, backend=backend), x, y, h, k)
+
+    def form(names):
+        if names.count("e3j_convolution_factored") == 1 and "e3j_convolution" not in names:
+            return "factored" if "dot_general" not in names else "factored, multiplied out"
+        return "array" if names.count("e3j_convolution") == 1 and "dot_general" in names else names
+
+    assert form(by_platform["cpu"]) == on_cpu
+    for platform in ("cuda", "rocm", "tpu", "default"):
+        assert form(by_platform[platform]) == elsewhere, platform
+
+
+def test_both_forms_bound_by_platform_go_through_vmap_and_grad():
+    """Without a request the op binds both forms behind ``platform_dependent`` (the CPU's branch
+    runs here): ``vmap`` of the features and ``grad`` with respect to every factor go through it,
+    equal to the factored primitive bound alone."""
+    x, y, h, k, bias = operands(7)
+    xs = jnp.stack([x, 2 * x])
+
+    def value_and_grads(backend):
+        def loss(xs, h, k, bias):
+            conv = jax.vmap(lambda a: CONV(a, y, FactoredWeights(h, k, bias), GRAPH, backend=backend))
+            return jnp.sum(jnp.sin(conv(xs)))
+
+        return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))(xs, h, k, bias)
+
+    assert "platform_index" in str(jax.make_jaxpr(lambda a: CONV(a, y, FactoredWeights(h, k), GRAPH))(x))
+    got, want = value_and_grads(None), value_and_grads("reference")
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert float(jnp.abs(b).max()) > 1e-6
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12 * float(jnp.abs(b).max()))

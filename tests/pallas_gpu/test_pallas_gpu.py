@@ -155,8 +155,8 @@ def test_convolution_lowers_for_cuda(case):
 @pytest.mark.parametrize("factored", [False, True], ids=["array", "factored"])
 def test_e3j_ops_select_pallas_gpu_when_lowered_for_cuda(factored):
     """Without any request, e3j's primitives lower to these kernels on CUDA (forward and backward);
-    edge scalars given as ``FactoredWeights`` are multiplied out inside the call (no factored
-    kernels here) and take the same two launches."""
+    edge scalars given as ``FactoredWeights`` are multiplied out once before the call (no factored
+    kernels here: the array's route) and take the same two launches."""
     case = Case(2, 64, 8, False)
     coo, graph, x, y, s, _ = conv_operands(case)
     conv = e3j.Convolution(coo.irreps_x, coo.irreps_y, coo.irreps_out)
@@ -169,7 +169,10 @@ def test_e3j_ops_select_pallas_gpu_when_lowered_for_cuda(factored):
     text = _lower_cuda(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
     assert text.count(TRITON_CALL) == 2  # the forward and one fused backward
     assert 'name = "e3j_convolution"' in text and 'name = "e3j_convolution_bwd"' in text
-    if factored:  # the scalars multiplied out inside the call
+    if factored:  # no factored kernels here: the scalars multiplied out once, before the call
+        width = coo.num_paths * case.channels
+        products = [line for line in text.splitlines() if "dot_general" in line]
+        assert sum(f"-> tensor<{graph.num_edges}x{width}xf32>" in line for line in products) == 1, products
         assert f"tensor<{graph.num_edges}x{coo.num_paths}x{case.channels}xf32>" in text
 
 

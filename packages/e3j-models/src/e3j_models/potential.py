@@ -50,8 +50,9 @@ class Potential:
     ``factored_radial`` (an execution choice, not part of the model: the same values and parameters)
     gives each convolution its radial MLP's last layer as factors (:class:`e3j.FactoredWeights`),
     which the reference backend computes inside its sweep: ~4× less XLA temporary memory, the edge
-    scalars recomputed in every sweep that reads them; ``False`` multiplies them out first
-    (measured both ways in docs/models.md).
+    scalars recomputed in every sweep that reads them. Backends without such kernels (e3j's GPU and
+    TPU backends) get them multiplied out before the convolution, as with ``False``, which does so
+    everywhere (measured both ways in docs/models.md).
     """
 
     def __init__(

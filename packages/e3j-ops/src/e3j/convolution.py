@@ -6,6 +6,7 @@ import jax
 
 from ._checks import check_rank, check_same_dtype
 from ._coo_op import CooOp
+from ._factored_route import by_platform, fusing_platforms
 from ._primitives.convolution import CONVOLUTION, CONVOLUTION_FACTORED, ConvSpec, FactoredConvSpec
 from .backends import current_backend_request
 from .factored import FactoredWeights, check_weights
@@ -30,8 +31,11 @@ class Convolution(CooOp):
     (hidden @ kernel + bias).reshape(E, num_paths, C)`` (path-major columns, as a ``Dense(num_paths
     · C)`` output reshaped). The reference backend then computes each chunk of edges' scalars inside
     its sweep, so the ``[E, num_paths, C]`` array is never written, nor kept for the backward
-    (``hidden`` is); other backends multiply it out once inside the call. Same values and
-    derivatives (with respect to ``hidden``, ``kernel`` and ``bias`` too) as the array.
+    (``hidden`` is). Where the backend has no such kernels (e3j's GPU and TPU backends, or a
+    requested backend without them) the scalars are multiplied out before the array's primitive,
+    computed once and kept for the backward as a ``Dense`` output would be (both forms are bound
+    behind :func:`jax.lax.platform_dependent` when the platforms differ; lowering keeps one). Same
+    values and derivatives (with respect to ``hidden``, ``kernel`` and ``bias`` too) as the array.
 
     >>> import numpy as np, jax.numpy as jnp
     >>> conv = Convolution("0e + 1o", "0e + 1o", filter="0e + 1o")
@@ -91,9 +95,19 @@ class Convolution(CooOp):
         parts = {"s.hidden": w.hidden, "s.kernel": w.kernel, "s.bias": w.bias}
         check_same_dtype(x=x, y=y, **{k: v for k, v in parts.items() if v is not None})
         self._check_xy(x, y, graph)
-        hidden, kernel = w.masked(graph.edge_mask).folded(graph.edge_mask)
-        kernel = kernel.reshape(kernel.shape[0], coo.num_paths, channels)
         leaves, tree = jax.tree.flatten(graph)
-        spec = FactoredConvSpec(coo, y_channels=y.ndim == 3, graph_tree=tree)
-        operands = {"x": x, "y": y, "h": hidden, "k": kernel}
-        return CONVOLUTION_FACTORED.bind_M(spec, operands, leaves, ("m",), current_backend_request(backend))["m"]
+        request = current_backend_request(backend)
+
+        def factored(x, y, w, leaves):
+            hidden, kernel = w.folded(jax.tree.unflatten(tree, leaves).edge_mask)
+            spec = FactoredConvSpec(coo, y_channels=y.ndim == 3, graph_tree=tree)
+            operands = {"x": x, "y": y, "h": hidden, "k": kernel.reshape(kernel.shape[0], coo.num_paths, channels)}
+            return CONVOLUTION_FACTORED.bind_M(spec, operands, leaves, ("m",), request)["m"]
+
+        def array(x, y, w, leaves):  # multiplied out once, kept for the backward by AD
+            s = w.materialize().reshape(w.hidden.shape[0], coo.num_paths, channels)
+            spec = ConvSpec(coo, y_channels=y.ndim == 3, graph_tree=tree)
+            return CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": s}, leaves, ("m",), request)["m"]
+
+        fusing = fusing_platforms("convolution_factored", request)
+        return by_platform(fusing, factored, array, x, y, w.masked(graph.edge_mask), tuple(leaves))

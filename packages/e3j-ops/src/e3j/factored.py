@@ -11,7 +11,8 @@ MACE are the output of a radial MLP whose last layer is linear (``output_activat
 reference backend computes each chunk of edges' weights inside its sweep from each group's columns
 of ``kernel`` (``[H, num_weights]``, a few thousand numbers), the same multiply-adds as ``hidden @
 kernel``, and no per-edge array of weights is written (nor kept for the backward: ``hidden`` is);
-a backend without such kernels multiplies them out once and reads the array in place.
+where the backend has no such kernels (e3j's GPU and TPU backends) the convolution multiplies
+them out first and reads the array in place (:mod:`e3j._factored_route`).
 :class:`e3j.flax.MultiLayerPerceptron` returns its output in this form.
 
 >>> import jax.numpy as jnp

@@ -16,8 +16,8 @@ are consecutive columns) and its cotangent is written there, so the array is nev
 groups' layout; the reference runs all groups in one sweep over the edges, other backends group by
 group. Weights given as :class:`e3j.FactoredWeights` ``hidden @ kernel`` run as one primitive too:
 the reference computes each chunk's weights in its sweep from each group's columns of the kernel
-(no ``[E, num_weights]`` array), other backends multiply them out once and run the array's route
-(see ``docs/usage.md``). Node features and outputs
+(no ``[E, num_weights]`` array); where the backend has no such kernels (e3j's GPU and TPU
+backends) they are multiplied out before the array's primitive (see ``docs/usage.md``). Node features and outputs
 move by static slices and concatenations.
 ``grouping="gcd"`` instead runs one op with ``C`` = the gcd of the multiplicities (each block
 ``m x ir`` as ``m/C`` copies; many more paths of fewer channels), kept to compare against.
@@ -47,6 +47,7 @@ from e3j_core import Irreps, as_irreps
 from e3j_core.coo import normalize_filter
 
 from ._checks import check_rank, check_same_dtype
+from ._factored_route import by_platform, fusing_platforms
 from ._mul_ir_plan import GROUPINGS, Plan, plan
 from ._primitives.grouped_convolution import GROUPED_CONVOLUTION, GROUPED_CONVOLUTION_FACTORED, GroupedConvSpec
 from .backends import current_backend_request
@@ -174,9 +175,18 @@ class MulIrConvolution:
         spec = GroupedConvSpec(p, graph_tree=tree)
         request = current_backend_request(backend)
         if isinstance(w, FactoredWeights):
-            hidden, kernel = w.folded(graph.edge_mask)
-            operands = {"x": x, "y": y, "h": hidden, "k": kernel}
-            out = GROUPED_CONVOLUTION_FACTORED.bind_M(spec, operands, leaves, ("m",), request)["m"]
+
+            def factored(x, y, w, leaves):
+                hidden, kernel = w.folded(jax.tree.unflatten(tree, leaves).edge_mask)
+                operands = {"x": x, "y": y, "h": hidden, "k": kernel}
+                return GROUPED_CONVOLUTION_FACTORED.bind_M(spec, operands, leaves, ("m",), request)["m"]
+
+            def array(x, y, w, leaves):  # multiplied out once, kept for the backward by AD
+                operands = {"x": x, "y": y, "s": w.materialize()}
+                return GROUPED_CONVOLUTION.bind_M(spec, operands, leaves, ("m",), request)["m"]
+
+            fusing = fusing_platforms("grouped_convolution_factored", request)
+            out = by_platform(fusing, factored, array, x, y, w, tuple(leaves))
         else:
             out = GROUPED_CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": w}, leaves, ("m",), request)["m"]
         return out if p.self_scale is None else out * jnp.asarray(p.self_scale, out.dtype)
