@@ -72,6 +72,7 @@ def primitives(f, *args):
     return [e.primitive.name for e in jax.make_jaxpr(f)(*args).eqns]
 
 
+@pytest.mark.usefixtures("fused_on_cpu_only")
 def test_factored_scalars_run_one_primitive_and_are_never_multiplied_out_on_the_reference(monkeypatch):
     import e3j.reference.convolution as ref_conv
 
@@ -303,15 +304,28 @@ def test_sharded_convolution_names_factored_weights():
 
 @pytest.mark.parametrize(
     "backend, on_cpu, elsewhere",
-    [(None, "factored", "array"), ("reference", "factored", "factored"), ("test", "array", "array")],
+    [
+        ("shipped", "factored", "array"),
+        ("auto", "array", None),
+        ("reference", "factored", "factored"),
+        ("test", "array", "array"),
+    ],
 )
-def test_factored_scalars_reach_the_factored_primitive_only_where_a_backend_fuses_them(backend, on_cpu, elsewhere):
-    """Without a request: the factored primitive on the CPU (the reference computes the scalars in
-    its sweep), the scalars multiplied out before the array primitive elsewhere (e3j's GPU and TPU
-    kernels have no factored kernels: the scalars are then computed once and kept for the backward,
-    not recomputed in every call). A requested backend decides by its own kernels."""
-    if backend == "test":
-        skip_unless_installed(backend)
+def test_factored_scalars_reach_the_factored_primitive_only_where_a_backend_fuses_them(
+    backend, on_cpu, elsewhere, request, monkeypatch
+):
+    """The factored primitive where the backend lowering will select has factored kernels, the
+    scalars multiplied out before the array primitive elsewhere (then computed once and kept for the
+    backward, not recomputed in every call). "shipped": the reference on the CPU, e3j's GPU and TPU
+    backends (no factored kernels) elsewhere; "auto": this environment's selection, in which the
+    ``test`` plugin (priority 100, no factored kernels) is the CPU's; a requested backend by its
+    own kernels, on every platform."""
+    if backend in ("test", "auto"):
+        skip_unless_installed("test")
+    if backend == "shipped":
+        request.getfixturevalue("fused_on_cpu_only")
+    monkeypatch.delenv("E3J_BACKEND", raising=False)
+    backend = None if backend in ("shipped", "auto") else backend
     x, y, h, k, _ = operands(1)
     by_platform = routes(lambda a, b, c, d: CONV(a, b, FactoredWeights(c, d), GRAPH, backend=backend), x, y, h, k)
 
@@ -321,11 +335,11 @@ def test_factored_scalars_reach_the_factored_primitive_only_where_a_backend_fuse
         return "array" if names.count("e3j_convolution") == 1 and "dot_general" in names else names
 
     assert form(by_platform["cpu"]) == on_cpu
-    for platform in ("cuda", "rocm", "tpu", "default"):
+    for platform in ("cuda", "rocm", "tpu", "default") if elsewhere else ():
         assert form(by_platform[platform]) == elsewhere, platform
 
 
-def test_both_forms_bound_by_platform_go_through_vmap_and_grad():
+def test_both_forms_bound_by_platform_go_through_vmap_and_grad(fused_on_cpu_only):
     """Without a request the op binds both forms behind ``platform_dependent`` (the CPU's branch
     runs here): ``vmap`` of the features and ``grad`` with respect to every factor go through it,
     equal to the factored primitive bound alone."""
@@ -344,3 +358,12 @@ def test_both_forms_bound_by_platform_go_through_vmap_and_grad():
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         assert float(jnp.abs(b).max()) > 1e-6
         np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12 * float(jnp.abs(b).max()))
+
+
+def test_a_requested_backend_that_fails_to_load_is_named():
+    """Asked ahead of lowering which form to bind, a requested backend whose ``load()`` raises gives
+    the ``BackendError`` naming it, as with an array of scalars (not the load's own exception)."""
+    skip_unless_installed("load_fails")
+    x, y, h, k, _ = operands(2)
+    with pytest.raises(e3j.backends.BackendError, match="'load_fails' failed to load"):
+        CONV(x, y, FactoredWeights(h, k), GRAPH, backend="load_fails")

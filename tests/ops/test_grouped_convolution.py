@@ -139,7 +139,7 @@ def factors(seed, hidden=4):
     return h, jax.random.normal(k[1], (hidden, CONV.num_weights), jnp.float64) / 2
 
 
-def test_factored_weights_run_one_primitive():
+def test_factored_weights_run_one_primitive(fused_on_cpu_only):
     x, y, _ = operands(0)
     h, k = factors(0)
     by_platform = routes(lambda a, b, c, d: CONV(a, b, e3j.FactoredWeights(c, d), GRAPH), x, y, h, k)

@@ -8,9 +8,11 @@ in the program before an array primitive are computed once and kept for the back
 layer's output is. The values are the same either way; this decides the cost only.
 
 The backend is selected when a primitive is lowered, for the platform it is lowered for; the op
-decides before that, when traced, so it binds both forms behind :func:`jax.lax.platform_dependent`
-where the platforms differ: lowering keeps one (a compiled program holds no trace of the other,
-nor of its residuals).
+binds before that, when traced. So it asks now what lowering will select on each platform (the
+same policy, :func:`e3j.backends.select_backend`, without its warnings, which lowering gives) and
+binds both forms behind :func:`jax.lax.platform_dependent` where the platforms differ: lowering for
+one platform keeps one branch (a compiled program holds no trace of the other, nor of its
+residuals).
 """
 
 from __future__ import annotations
@@ -19,25 +21,43 @@ from collections.abc import Callable
 
 import jax
 
-from ._primitives.multilinear import PLATFORMS
-from .backends import BackendError, get_backend, kernels_of
-
-#: the platforms whose default backend runs factored weights inside its sweeps: the reference
-#: (every CPU program). The GPU and TPU backends e3j ships have no factored kernels.
-FUSING_PLATFORMS = ("cpu",)
+from ._primitives.grouped_convolution import _factored_kernels
+from ._primitives.multilinear import PLATFORMS, coo_lmax
+from .backends import Backend, BackendError, OpRequest, kernels_of, select_backend
 
 
-def fusing_platforms(op: str, requested: str | None) -> tuple[str, ...]:
-    """The platforms on which a convolution given factored weights binds its factored primitive
-    ``op`` (``"convolution_factored"`` or ``"grouped_convolution_factored"``): without a request,
-    :data:`FUSING_PLATFORMS`; with one (``backend=``, :func:`e3j.use_backend`), every platform if
-    that backend has the kernels ``op``, else none."""
-    if requested is None:
-        return FUSING_PLATFORMS
-    try:
-        return PLATFORMS if kernels_of(get_backend(requested)).provides(op) else ()
-    except BackendError:  # lowering reports it, naming the backend
-        return ()
+def selected(req: OpRequest, requested: str | None) -> Backend:
+    """The backend lowering will select for ``req`` (without the selection's warnings)."""
+    return select_backend(req, requested, warn=False)
+
+
+def _fusing(fuses: Callable[[str], bool]) -> tuple[str, ...]:
+    platforms = []
+    for platform in PLATFORMS:
+        try:
+            if fuses(platform):
+                platforms.append(platform)
+        except BackendError:  # nothing can run there: lowering for it says so, naming the backend
+            pass
+    return tuple(platforms)
+
+
+def convolution_fusing(coo, dtype, channels: int, requested: str | None) -> tuple[str, ...]:
+    """The platforms whose selected backend has ``convolution_factored`` kernels for this call."""
+    name = jax.numpy.dtype(dtype).name
+
+    def fuses(platform: str) -> bool:
+        req = OpRequest("convolution", platform, name, int(channels), coo_lmax(coo))
+        return kernels_of(selected(req, requested)).provides("convolution_factored")
+
+    return _fusing(fuses)
+
+
+def grouped_fusing(plan, dtype, requested: str | None) -> tuple[str, ...]:
+    """The platforms on which one selected backend runs every group of ``plan`` with factored
+    grouped kernels (as the grouped primitive's lowering decides)."""
+    dtype = jax.numpy.dtype(dtype)
+    return _fusing(lambda platform: _factored_kernels(plan, platform, requested, dtype, selected) is not None)
 
 
 def by_platform(fusing: tuple[str, ...], factored: Callable, array: Callable, *operands):

@@ -366,8 +366,9 @@ def _warn_once(key: tuple, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def select_backend(req: OpRequest, requested: str | None) -> Backend:
-    """The backend that will run ``req`` (see the module docstring for the policy)."""
+def select_backend(req: OpRequest, requested: str | None, *, warn: bool = True) -> Backend:
+    """The backend that will run ``req`` (see the module docstring for the policy); ``warn=False``:
+    without the warnings (an op deciding ahead of lowering, which gives them)."""
     if requested is not None:
         backend = get_backend(requested)
         reason = backend.unsupported(req)
@@ -385,7 +386,8 @@ def select_backend(req: OpRequest, requested: str | None) -> Backend:
                 return backend
         except BackendError as err:
             reason = str(err)
-        _warn_once(("env", env, req), f"{ENV_VAR}={env} is not used for {req.op} on {req.platform}: {reason}")
+        if warn:
+            _warn_once(("env", env, req), f"{ENV_VAR}={env} is not used for {req.op} on {req.platform}: {reason}")
     reasons = []
     candidates = sorted(available_backends(), key=lambda b: -b.priority)
     for backend in candidates:
@@ -402,7 +404,7 @@ def select_backend(req: OpRequest, requested: str | None) -> Backend:
             except BackendError as err:
                 reason = str(err)
         reasons.append(f"{backend.name}: {reason}")
-    if req.platform != "cpu":
+    if req.platform != "cpu" and warn:
         why = "; ".join(reasons) if reasons else "no kernel backend is installed (e.g. pip install e3j[cuda])"
         _warn_once(
             ("fallback", req.op, req.platform),

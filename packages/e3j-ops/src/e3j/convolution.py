@@ -6,7 +6,7 @@ import jax
 
 from ._checks import check_rank, check_same_dtype
 from ._coo_op import CooOp
-from ._factored_route import by_platform, fusing_platforms
+from ._factored_route import by_platform, convolution_fusing
 from ._primitives.convolution import CONVOLUTION, CONVOLUTION_FACTORED, ConvSpec, FactoredConvSpec
 from .backends import current_backend_request
 from .factored import FactoredWeights, check_weights
@@ -31,8 +31,8 @@ class Convolution(CooOp):
     (hidden @ kernel + bias).reshape(E, num_paths, C)`` (path-major columns, as a ``Dense(num_paths
     · C)`` output reshaped). The reference backend then computes each chunk of edges' scalars inside
     its sweep, so the ``[E, num_paths, C]`` array is never written, nor kept for the backward
-    (``hidden`` is). Where the backend has no such kernels (e3j's GPU and TPU backends, or a
-    requested backend without them) the scalars are multiplied out before the array's primitive,
+    (``hidden`` is). Where the backend has no such kernels (e3j's GPU and TPU backends, a plugin
+    without them) the scalars are multiplied out before the array's primitive,
     computed once and kept for the backward as a ``Dense`` output would be (both forms are bound
     behind :func:`jax.lax.platform_dependent` when the platforms differ; lowering keeps one). Same
     values and derivatives (with respect to ``hidden``, ``kernel`` and ``bias`` too) as the array.
@@ -109,5 +109,5 @@ class Convolution(CooOp):
             spec = ConvSpec(coo, y_channels=y.ndim == 3, graph_tree=tree)
             return CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": s}, leaves, ("m",), request)["m"]
 
-        fusing = fusing_platforms("convolution_factored", request)
+        fusing = convolution_fusing(coo, x.dtype, channels, request)
         return by_platform(fusing, factored, array, x, y, w.masked(graph.edge_mask), tuple(leaves))

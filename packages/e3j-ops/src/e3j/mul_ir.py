@@ -47,7 +47,7 @@ from e3j_core import Irreps, as_irreps
 from e3j_core.coo import normalize_filter
 
 from ._checks import check_rank, check_same_dtype
-from ._factored_route import by_platform, fusing_platforms
+from ._factored_route import by_platform, grouped_fusing
 from ._mul_ir_plan import GROUPINGS, Plan, plan
 from ._primitives.grouped_convolution import GROUPED_CONVOLUTION, GROUPED_CONVOLUTION_FACTORED, GroupedConvSpec
 from .backends import current_backend_request
@@ -185,7 +185,7 @@ class MulIrConvolution:
                 operands = {"x": x, "y": y, "s": w.materialize()}
                 return GROUPED_CONVOLUTION.bind_M(spec, operands, leaves, ("m",), request)["m"]
 
-            fusing = fusing_platforms("grouped_convolution_factored", request)
+            fusing = grouped_fusing(p, x.dtype, request)
             out = by_platform(fusing, factored, array, x, y, w, tuple(leaves))
         else:
             out = GROUPED_CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": w}, leaves, ("m",), request)["m"]

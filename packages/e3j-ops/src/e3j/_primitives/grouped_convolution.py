@@ -61,15 +61,17 @@ def _out_aval(spec: GroupedConvSpec, slot: str, avals: dict, aux) -> jax.core.Sh
     return out_aval((rows, spec.dim(slot)), dtype, list(avals.values()))
 
 
-def _plan_backends(plan: Plan, platform: str, dtype: str, requested: str | None) -> list[Backend]:
+def _plan_backends(
+    plan: Plan, platform: str, dtype: str, requested: str | None, select=select_backend
+) -> list[Backend]:
     """Each group's backend. Each group is selected as a convolution of its own ``C``; when that
     splits the plan across backends (a backend's limits, or its ``yields`` below some ``C``), every
     group goes to the kernel backend among those chosen that runs every group with grouped kernels
     (one launch sequence on e3nn's operands in place, no per-group copies), the one chosen for the
     most weight columns (``P_g · C_g``: where most of the work is) first; if none can, each group
-    keeps its own."""
+    keeps its own. ``select``: how one request is selected (:func:`e3j.backends.select_backend`)."""
     reqs = [OpRequest("convolution", platform, dtype, g.channels, coo_lmax(g.coo)) for g in plan.groups]
-    chosen = [select_backend(r, requested) for r in reqs]
+    chosen = [select(r, requested) for r in reqs]
     if len({b.name for b in chosen}) == 1:
         return chosen
     columns: dict[str, int] = {}
@@ -186,10 +188,10 @@ def _factored_out_aval(spec: GroupedConvSpec, slot: str, avals: dict, aux) -> ja
     return out_aval((edges, hidden if slot == "h" else spec.dim(slot)), dtype, operands)
 
 
-def _factored_kernels(plan: Plan, platform: str, requested: str | None, dtype) -> tuple:
+def _factored_kernels(plan: Plan, platform: str, requested: str | None, dtype, select=select_backend) -> tuple:
     """The groups' backend and its kernels when one backend runs every group with factored grouped
     kernels (:func:`_plan_backends`), else ``None``."""
-    backends = _plan_backends(plan, platform, dtype.name, requested)
+    backends = _plan_backends(plan, platform, dtype.name, requested, select)
     kernels = kernels_of(backends[0])
     if len({b.name for b in backends}) == 1 and kernels.provides("grouped_convolution_factored"):
         return backends[0], kernels
