@@ -377,7 +377,7 @@ def multiplied_out(Q: dict, T: dict | None, outs: tuple[str, ...], dtype, tail: 
             [jnp.dot(h, tk)] if tk is not None and h is not None else []
         )
         if terms:
-            array_t["s"] = sum(terms[1:], terms[0]).reshape(terms[0].shape[0], *tail)
+            array_t["s"] = _sum(terms).reshape(terms[0].shape[0], *tail)
         wants_ds_q = ("h" in outs and tk is not None) or ("k" in outs and th is not None)
         acc = {}
         for t, Tt in array_t.items():
@@ -399,13 +399,13 @@ def multiplied_out(Q: dict, T: dict | None, outs: tuple[str, ...], dtype, tail: 
             [jnp.dot(ds_q, tk.T)] if ds_q is not None and tk is not None else []
         )
         if parts:
-            acc["h"] = sum(parts[1:], parts[0])
+            acc["h"] = _sum(parts)
     if "k" in outs:
         parts = ([jnp.dot(h.T, ds)] if ds is not None else []) + (
             [jnp.dot(th.T, ds_q)] if ds_q is not None and th is not None else []
         )
         if parts:
-            acc["k"] = sum(parts[1:], parts[0]).reshape(parts[0].shape[0], *tail)
+            acc["k"] = _sum(parts).reshape(parts[0].shape[0], *tail)
     return acc
 
 
