@@ -147,6 +147,28 @@ def test_more_devices_than_nodes(mesh, conv):
     assert max_err(out, conv(x, y, s, e3j.Graph.from_edges(senders, receivers, 3))) <= TOL
 
 
+@pytest.mark.parametrize("num_edges", [0, 3])
+def test_no_valid_edges(mesh, conv, num_edges):
+    # every edge padding (or none at all): one edge slot per device is kept, since with none XLA's
+    # CPU compiler crashed on the jitted gradient (a segfault of the whole process)
+    senders, receivers = np.arange(num_edges), (np.arange(num_edges) + 1) % 5
+    mask = np.zeros(num_edges, bool)
+    pg = e3j.partition_graph(senders, receivers, 5, NDEV, edge_mask=mask)
+    assert pg.edge_capacity == 1
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.normal(size=(5, conv.coo.dim_x, 2)))
+    y = jnp.full((num_edges, conv.coo.dim_y), jnp.nan)  # padding edges may hold anything
+    s = jnp.asarray(rng.normal(size=(num_edges, conv.num_paths, 2)))
+
+    def f(x, y, s):
+        return loss(e3j.convolution_sharded(conv, x, y, s, pg, mesh, "d") + 1.0)
+
+    value, grads = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2)))(x, y, s)
+    assert float(value) == pytest.approx(float(loss(jnp.ones((5, conv.irreps_out.dim, 2)))))
+    for name, g, a in zip("xys", grads, (x, y, s)):
+        assert g.shape == a.shape and not bool(jnp.any(g != 0)), name
+
+
 def test_errors(mesh, conv):
     senders, receivers = np.array([0, 1, 2]), np.array([1, 2, 0])
     with pytest.raises(ValueError, match="receivers\\[1\\] = 7 is out of range"):
@@ -157,6 +179,8 @@ def test_errors(mesh, conv):
         e3j.partition_graph(senders, receivers, 3, 0)
     with pytest.raises(ValueError, match="edge_capacity=1 is too small: a device needs 2"):
         e3j.partition_graph(np.array([0, 1, 2]), np.array([0, 0, 2]), 3, 2, edge_capacity=1)
+    with pytest.raises(ValueError, match=r"edge_capacity must be an int > 0 \(static, not traced\), got 0"):
+        e3j.partition_graph(senders, receivers, 3, NDEV, edge_mask=np.zeros(3, bool), edge_capacity=0)
     with pytest.raises(ValueError, match="halo_capacity=0 is too small"):
         e3j.partition_graph(senders, receivers, 3, NDEV, halo_capacity=0)
     with pytest.raises(TypeError, match="edge_mask must be bool"):

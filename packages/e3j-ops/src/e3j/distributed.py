@@ -109,8 +109,8 @@ def partition_graph(
         num_nodes: ``N``; need not be divisible by ``num_devices`` (the last block is padded).
         num_devices: ``D``, the size of the mesh axis the convolution will be sharded over.
         edge_mask: optional ``bool [E]``; False marks padding edges, which are dropped.
-        edge_capacity: edges per device (default: the largest block's count); pass a fixed value to
-            keep shapes, hence compilations, stable across graphs. Must fit every block.
+        edge_capacity: edges per device, at least 1 (default: the largest block's count, or 1); pass a
+            fixed value to keep shapes, hence compilations, stable across graphs. Must fit every block.
         halo_capacity: remote senders per device (default: the largest halo); likewise.
 
     Raises ``ValueError`` for out-of-range non-padding edges or too-small capacities, and
@@ -136,16 +136,18 @@ def partition_graph(
         snd = senders[e]
         halos.append(np.unique(snd[(snd < d * n) | (snd >= (d + 1) * n)]))
 
-    def capacity(name, given, needed):
+    def capacity(name, given, needed, least):
         if given is None:
-            return needed
-        given = check_int(name, given, 0, STATIC)
+            return max(needed, least)
+        given = check_int(name, given, least, STATIC)
         if given < needed:
             raise ValueError(f"{name}={given} is too small: a device needs {needed}")
         return given
 
-    e_cap = capacity("edge_capacity", edge_capacity, max(len(e) for e in edges))
-    h_cap = capacity("halo_capacity", halo_capacity, max(len(h) for h in halos))
+    # at least one edge slot per device: with none (no valid edges anywhere), XLA's CPU compiler
+    # crashed (SIGSEGV) compiling the jitted gradient through the sharded call on 2+ devices
+    e_cap = capacity("edge_capacity", edge_capacity, max(len(e) for e in edges), 1)
+    h_cap = capacity("halo_capacity", halo_capacity, max(len(h) for h in halos), 0)
 
     graphs, node_ids, edge_ids = [], [], []
     for d, (e, halo) in enumerate(zip(edges, halos)):
