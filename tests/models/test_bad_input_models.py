@@ -452,7 +452,23 @@ BAD = {
     "bucket_size headroom": (
         lambda: M.bucket_size(10, headroom=-1.0),
         ValueError,
-        r"headroom must be a number >= 0, got -1.0",
+        r"headroom must be a finite number >= 0, got -1.0",
+    ),
+    "bucket_size headroom inf": (
+        lambda: M.bucket_size(10, headroom=float("inf")),
+        ValueError,
+        r"headroom must be a finite number >= 0, got inf",
+    ),
+    # float32 positions of atoms 1e-9 Å apart are equal: the model would drop their edge
+    "batch_structures atoms coincide in float32": (
+        lambda: M.batch_structures(
+            [{"positions": np.array([[0.0, 0, 0], [1.0, 0, 0], [1.0 + 1e-9, 0, 0]]), "numbers": np.array([1, 8, 1])}],
+            [1, 8],
+            2.0,
+            dtype=np.float32,
+        ),
+        ValueError,
+        r"atoms [12] and [12] coincide \(distance 0\)",
     ),
 }
 
@@ -465,7 +481,11 @@ def test_bad_input_names_the_argument(case):
 
 
 def test_valid_edge_cases():
-    """What stays accepted: empty index lists, wider positions than params (promoted), 0 edges."""
+    """What stays accepted: empty index lists, wider positions than params (promoted), 0 edges, a
+    headroom too small to widen a size, atoms apart in float64 only when the batch is float64."""
+    assert M.bucket_size(10, headroom=1e-17) == 16 and M.bucket_size(10, headroom=0.0) == 16
+    close = {"positions": np.array([[0.0, 0, 0], [1.0, 0, 0], [1.0 + 1e-9, 0, 0]]), "numbers": np.array([1, 8, 1])}
+    assert int(M.batch_structures([close], [1, 8], 2.0).graph.num_valid) == 6
     assert M.make_batch(np.zeros((0, 3)), [], [], []).graph.num_nodes == 0
     assert M.make_batch(POS, SPECIES, [], []).graph.num_edges == 0
     params32 = jax.tree.map(lambda a: a.astype(f32) if jnp.issubdtype(a.dtype, jnp.floating) else a, PARAMS)

@@ -78,6 +78,20 @@ def test_load_refuses_other_formats(tmp_path):
     np.save(tmp_path / "lone.npy", np.zeros(3))
     with pytest.raises(ValueError, match=r"not an e3j-models file.*a single array"):
         em.load(tmp_path / "lone.npy")
+    # malformed headers: a ValueError naming the file (the md command line reports those), not a
+    # KeyError or AttributeError from inside
+    cases = {
+        b"\xff\xfe": r"has an unreadable __header__ \(not UTF-8 JSON\)",
+        b"[1, 2]": r"has a malformed __header__: a JSON object expected, got list",
+        json.dumps({"format": "e3j-models", "format_version": 1}).encode(): r"has a malformed __header__: no 'config'",
+        json.dumps({"format": "e3j-models", "format_version": 1, "config": {"model": "nequip"}}).encode(): (
+            r"holds a config this e3j-models cannot read: .*atomic_numbers"
+        ),
+    }
+    for k, (raw, match) in enumerate(cases.items()):
+        np.savez(tmp_path / f"h{k}.npz", __header__=np.frombuffer(raw, np.uint8))
+        with pytest.raises(ValueError, match=rf"h{k}.npz' " + match):
+            em.load(tmp_path / f"h{k}.npz")
 
 
 def test_calculator_compiles_once_per_bucket_and_matches_ase_numerics(tiny):
@@ -240,7 +254,7 @@ except ImportError as err:
 
 def test_calculator_checks_headroom_when_built(tiny):
     pot, _, params = tiny
-    with pytest.raises(ValueError, match=r"headroom must be a number >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"headroom must be a finite number >= 0, got -1"):
         em.Calculator(pot, params, headroom=-1)
 
 

@@ -110,10 +110,66 @@ def test_cli_md_outputs_and_bad_input(model, tmp_path):
         main(["md", "--model", str(ckpt), "--supercell", "0", "--out", str(bad_out)])
     with pytest.raises(SystemExit, match="--log-every must be >= 1, got 0"):
         main(["md", "--model", str(ckpt), "--log-every", "0", "--out", str(bad_out)])
-    with pytest.raises(SystemExit, match=r"--temperature must be >= 0 \(K\), got -5"):
-        main(["md", "--model", str(ckpt), "--temperature", "-5", "--out", str(bad_out)])
-    with pytest.raises(SystemExit, match=r"--timestep must be > 0 \(fs\), got -1"):
-        main(["md", "--model", str(ckpt), "--timestep", "-1", "--out", str(bad_out)])
+    for flag, value, match in [
+        ("--temperature", "-5", r"--temperature must be a finite number >= 0 \(K\), got -5"),
+        ("--temperature", "inf", r"--temperature must be a finite number >= 0 \(K\), got inf"),
+        ("--timestep", "-1", r"--timestep must be a finite number > 0 \(fs\), got -1"),
+        ("--timestep", "inf", r"--timestep must be a finite number > 0 \(fs\), got inf"),
+    ]:
+        with pytest.raises(SystemExit, match=match):
+            main(["md", "--model", str(ckpt), flag, value, "--out", str(bad_out)])
+    with pytest.raises(SystemExit, match=r"--pressure must be a finite number \(GPa\), got nan"):
+        main(["md", "--model", str(ckpt), "--ensemble", "npt", "--pressure", "nan", "--out", str(bad_out)])
     with pytest.raises(SystemExit, match=r"--pressure applies to --ensemble npt only, got --ensemble nvt"):
         main(["md", "--model", str(ckpt), "--ensemble", "nvt", "--pressure", "1", "--out", str(bad_out)])
     assert not os.path.exists(bad_out)  # refused before anything is written
+
+    # refused after the structure is read, but still before a previous run's files are touched
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    mol = bulk("Cu", "fcc", a=3.6, cubic=True)
+    mol.pbc = False
+    mol.write(tmp_path / "mol.extxyz")
+    with pytest.raises(SystemExit, match="--backend: backend must be None, 'e3nn' or an installed e3j backend"):
+        main(["md", "--model", str(ckpt), "--supercell", "1", "--backend", "nope", "--out", str(out)])
+    with pytest.raises(SystemExit, match="ensemble 'npt' needs a fully periodic structure"):
+        main(
+            [
+                "md",
+                "--model",
+                str(ckpt),
+                "--structure",
+                str(tmp_path / "mol.extxyz"),
+                "--ensemble",
+                "npt",
+                "--out",
+                str(out),
+            ]
+        )
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit, match=r"--out '.*a_file' exists and is not a directory"):
+        main(["md", "--model", str(ckpt), "--supercell", "1", "--out", str(tmp_path / "a_file")])
+
+
+@pytest.mark.parametrize("ensemble", ["nve", "nvt"])
+def test_one_atom_runs(model, ensemble):
+    """One atom has no motion but its centre of mass's, which the start removes: ASE's rescaling of
+    the temperature then divided 0 by 0 and every momentum was NaN."""
+    pot, params = model
+    atoms = bulk("Cu", "fcc", a=3.6)  # the primitive cell: one atom
+    log = run_md(atoms, Calculator(pot, params), ensemble, steps=3, temperature_K=300, progress=False)
+    assert np.all(np.isfinite(log["total_energy"])) and np.all(np.isfinite(log["temperature"]))
+    if ensemble == "nve":
+        assert np.all(log["temperature"] == 0)
+
+
+def test_run_md_refuses_non_finite_numbers(model):
+    pot, params = model
+    for kwargs, match in [
+        ({"timestep_fs": float("inf")}, r"timestep_fs must be a finite number > 0 \(fs\), got inf"),
+        ({"temperature_K": float("nan")}, r"temperature_K must be a finite number >= 0 \(K\), got nan"),
+        ({"pressure_GPa": float("inf")}, r"pressure_GPa must be a finite number \(GPa\), got inf"),
+        ({"friction_per_fs": -1.0}, r"friction_per_fs must be a finite number >= 0 \(1/fs\), got -1.0"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            run_md(_cell(), Calculator(pot, params), "nvt", steps=1, progress=False, **kwargs)

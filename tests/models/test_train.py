@@ -90,6 +90,15 @@ def test_training_decreases_loss_and_matches_e3nn_twin():
         fit(cfg, s[:2], s[2:], steps=1, learning_rate=-0.01)
     with pytest.raises(ValueError, match=r"eval_every must be an int >= 0"):
         fit(cfg, s[:2], s[2:], steps=1, eval_every=-1)
+    # a NaN weight once switched its term off silently (NaN > 0 is False) or blamed the learning rate
+    for weights, match in [
+        ((1.0, 1.0, float("nan")), r"weights\[2\] must be a finite number >= 0, got nan"),
+        ((float("inf"), 1.0, 0.0), r"weights\[0\] must be a finite number >= 0, got inf"),
+        ((0.0, 0.0, 0.0), r"weights\[0\], weights\[1\], weights\[2\] are all 0"),
+        ((1.0, 1.0), r"weights must be 3 numbers >= 0"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            fit(cfg, s[:2], s[2:], steps=1, weights=weights)
 
 
 def test_repeated_evaluation_compiles_once():
@@ -161,6 +170,26 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit, match=r"--eval-every must be >= 0 .*got -1"):
         main([*args[:5], "--out", str(tmp_path / "y"), "--eval-every", "-1"])
     assert not os.path.exists(tmp_path / "y")
+    # a refused command leaves the previous run's files as they were
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    for extra, match in [
+        (["--steps", "0"], r"--steps must be an int > 0, got 0"),
+        (["--batch-size", "0"], r"--batch-size must be an int > 0, got 0"),
+        (["--stress-weight", "nan"], r"--stress-weight must be a finite number >= 0, got nan"),
+        (["--energy-weight", "-1"], r"--energy-weight must be a finite number >= 0, got -1.0"),
+        (
+            ["--energy-weight", "0", "--force-weight", "0"],
+            r"--energy-weight, --force-weight, --stress-weight are all 0",
+        ),
+        (["--valid-fraction", "nan"], r"--valid-fraction must be in \(0, 1\), got nan"),
+        (["--backend", "nope"], r"--backend: backend must be None, 'e3nn' or an installed e3j backend"),
+    ]:
+        with pytest.raises(SystemExit, match=match):
+            main([*args, *extra])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit, match=r"--out '.*a_file' exists and is not a directory"):
+        main([*args[:5], "--out", str(tmp_path / "a_file")])
 
 
 def test_stress_weight_with_an_open_structure_gives_finite_gradients():

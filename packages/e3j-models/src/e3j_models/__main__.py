@@ -30,19 +30,40 @@ def _data(args) -> None:
     print(f"wrote {len(structures)} structures ({sum(len(a) for a in structures)} atoms) to {args.out}")
 
 
+def _check_out(path: str) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"--out {path!r} exists and is not a directory")
+
+
+def _make_out(path: str, stale: tuple[str, ...]) -> None:
+    """Make ``--out`` and remove a previous run's ``stale`` files: only once every argument is checked,
+    so that a refused command leaves the previous run's files as they were."""
+    os.makedirs(path, exist_ok=True)
+    for name in stale:
+        if os.path.exists(os.path.join(path, name)):
+            os.remove(os.path.join(path, name))
+
+
 def _train(args) -> None:
+    from . import Potential
     from . import config as cfgs
+    from ._checks import check_int
     from .data import read_dataset
-    from .train import fit, plot_history, write_history
+    from .train import _check_weights, fit, plot_history, write_history
 
     # checked before anything is read or made, and named as the command line names them
     if not (math.isfinite(args.lr) and args.lr > 0):  # a negative rate climbs the loss
         raise SystemExit(f"error: --lr must be > 0, got {args.lr}")
     if args.eval_every < 0:
         raise SystemExit(f"error: --eval-every must be >= 0 (0: no validation during training), got {args.eval_every}")
-    structures = read_dataset(args.data)
-    if args.valid_fraction <= 0 or args.valid_fraction >= 1:
+    check_int("--steps", args.steps, 1)
+    check_int("--batch-size", args.batch_size, 1)
+    weights = (args.energy_weight, args.force_weight, args.stress_weight)
+    _check_weights(weights, ("--energy-weight", "--force-weight", "--stress-weight"))
+    if not 0 < args.valid_fraction < 1:
         raise SystemExit(f"error: --valid-fraction must be in (0, 1), got {args.valid_fraction}")
+    _check_out(args.out)
+    structures = read_dataset(args.data)
     n_valid = max(1, round(len(structures) * args.valid_fraction))
     if len(structures) - n_valid < 1:
         raise SystemExit(f"error: --data holds {len(structures)} structures: too few to split off a validation set")
@@ -59,10 +80,12 @@ def _train(args) -> None:
         overrides["radial_mlp"] = (args.radial_hidden,) * 2
         overrides["node_irreps"] = "2x0e + 1o" if args.l_max == 1 else "2x0e + 1o + 2e"
     config = getattr(cfgs, args.preset)(elements, **overrides)
-    os.makedirs(args.out, exist_ok=True)
-    for stale in ("model.npz", "metrics.json"):
-        if os.path.exists(os.path.join(args.out, stale)):
-            os.remove(os.path.join(args.out, stale))
+    try:
+        Potential(config, args.backend)  # the backend checked now, before --out is touched
+    except ValueError as err:
+        raise ValueError(f"--backend: {err}") from err
+    # history.json and loss.png of an earlier run are rewritten at the end
+    _make_out(args.out, ("model.npz", "metrics.json", "history.json", "loss.png"))
     t0 = time.perf_counter()
     result = fit(
         config,
@@ -71,7 +94,7 @@ def _train(args) -> None:
         steps=args.steps,
         batch_size=args.batch_size,
         learning_rate=args.lr,
-        weights=(args.energy_weight, args.force_weight, args.stress_weight),
+        weights=weights,
         seed=args.seed,
         backend=args.backend,
         factored_radial=not args.array_radial,
@@ -115,7 +138,7 @@ def _structure(args):
 
 def _md(args) -> None:
     from . import Calculator, Potential, load
-    from .md import plot_md, run_md
+    from .md import check_ensemble, plot_md, run_md
 
     if not args.float32:
         import jax
@@ -129,14 +152,17 @@ def _md(args) -> None:
     # checked before --out is made, and named as the command line names them
     if args.log_every < 1:
         raise ValueError(f"--log-every must be >= 1, got {args.log_every}")
-    if not args.timestep > 0:
-        raise ValueError(f"--timestep must be > 0 (fs), got {args.timestep}")
-    if not args.temperature >= 0:
-        raise ValueError(f"--temperature must be >= 0 (K), got {args.temperature}")
+    if not 0 < args.timestep < math.inf:
+        raise ValueError(f"--timestep must be a finite number > 0 (fs), got {args.timestep}")
+    if not 0 <= args.temperature < math.inf:
+        raise ValueError(f"--temperature must be a finite number >= 0 (K), got {args.temperature}")
+    if not math.isfinite(args.pressure):
+        raise ValueError(f"--pressure must be a finite number (GPa), got {args.pressure}")
     if args.pressure != 0 and args.ensemble != "npt":
         raise ValueError(f"--pressure applies to --ensemble npt only, got --ensemble {args.ensemble}")
     if args.structure is None and args.supercell < 1:
         raise ValueError(f"--supercell must be >= 1, got {args.supercell}")
+    _check_out(args.out)
     try:
         config, params = load(args.model)
     except ValueError as err:
@@ -148,12 +174,13 @@ def _md(args) -> None:
             f"the structure holds atomic numbers {unknown} that the model {args.model!r} does not know "
             f"(it knows {list(config.atomic_numbers)})"
         )
-    os.makedirs(args.out, exist_ok=True)
-    for stale in ("md.json", "trajectory.extxyz", "md.png"):
-        if os.path.exists(os.path.join(args.out, stale)):
-            os.remove(os.path.join(args.out, stale))
-    pot = Potential(config, args.backend, factored_radial=not args.array_radial)
+    check_ensemble(atoms, args.ensemble)
+    try:
+        pot = Potential(config, args.backend, factored_radial=not args.array_radial)
+    except ValueError as err:
+        raise ValueError(f"--backend: {err}") from err
     calc = Calculator(pot, params, dtype=np.float32 if args.float32 else np.float64)
+    _make_out(args.out, ("md.json", "trajectory.extxyz", "md.png"))
     log = run_md(
         atoms,
         calc,

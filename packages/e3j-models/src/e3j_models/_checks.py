@@ -5,6 +5,9 @@ The array rules are e3j's (one rule for both packages); what only models need is
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import jax
 import jax.numpy as jnp
 
@@ -18,10 +21,20 @@ __all__ = [
     "check_positive_int",
     "check_positive_real",
     "check_rank",
+    "check_real",
     "float_dtype",
     "index_array",
     "is_int",
 ]
+
+
+def check_real(name: str, value: object, minimum: float | None = None, what: str = "") -> float:
+    """A finite real number (``>= minimum`` when given) as a Python float, else ``ValueError``."""
+    ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
+    if not ok or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum:g}"
+        raise ValueError(f"{name} must be a finite number{bound}{what}, got {value!r}")
+    return float(value)
 
 
 def index_array(name: str, a, shape: tuple[int, ...] | None = None, layout: str = "") -> jax.Array:

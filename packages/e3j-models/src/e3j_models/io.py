@@ -90,25 +90,31 @@ def save(path: str | os.PathLike, config: MACEConfig | NequIPConfig, params: dic
 
 def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, Any]]:
     """``(config, params)`` from a file written by :func:`save`."""
+    where = os.fspath(path)
     try:
         data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise
     except (ValueError, OSError, EOFError) as err:  # not a zip of .npy arrays (numpy says "pickled data")
-        raise ValueError(f"{os.fspath(path)!r} is not an e3j-models file (an .npz written by save): {err}") from err
+        raise ValueError(f"{where!r} is not an e3j-models file (an .npz written by save): {err}") from err
     if not isinstance(data, np.lib.npyio.NpzFile):  # a lone .npy array
-        raise ValueError(f"{os.fspath(path)!r} is not an e3j-models file (an .npz written by save): a single array")
+        raise ValueError(f"{where!r} is not an e3j-models file (an .npz written by save): a single array")
     with data:
         if "__header__" not in data.files:
-            raise ValueError(f"{os.fspath(path)!r} is not an e3j-models file (no __header__)")
-        header = json.loads(bytes(data["__header__"]).decode())
+            raise ValueError(f"{where!r} is not an e3j-models file (no __header__)")
+        try:
+            header = json.loads(bytes(data["__header__"]).decode())
+        except ValueError as err:  # not UTF-8 or not JSON
+            raise ValueError(f"{where!r} has an unreadable __header__ (not UTF-8 JSON): {err}") from err
+        if not isinstance(header, dict):
+            raise ValueError(
+                f"{where!r} has a malformed __header__: a JSON object expected, got {type(header).__name__}"
+            )
         if header.get("format") != FORMAT:
-            raise ValueError(f"{os.fspath(path)!r} has format {header.get('format')!r}, expected {FORMAT!r}")
+            raise ValueError(f"{where!r} has format {header.get('format')!r}, expected {FORMAT!r}")
         version = header.get("format_version")
         if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= FORMAT_VERSION:
-            raise ValueError(
-                f"{os.fspath(path)!r} has format_version {version!r}; this e3j-models reads up to {FORMAT_VERSION}"
-            )
+            raise ValueError(f"{where!r} has format_version {version!r}; this e3j-models reads up to {FORMAT_VERSION}")
         params: dict[str, Any] = {}
         for name in data.files:
             if name == "__header__":
@@ -118,4 +124,10 @@ def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, 
             for p in parents:
                 node = node.setdefault(p, {})
             node[leaf] = data[name]
-    return config_from_dict(header["config"]), params
+    config = header.get("config")
+    if not isinstance(config, dict):
+        raise ValueError(f"{where!r} has a malformed __header__: no 'config' object")
+    try:
+        return config_from_dict(config), params
+    except (TypeError, ValueError) as err:  # a config its dataclass refuses (missing or bad fields)
+        raise ValueError(f"{where!r} holds a config this e3j-models cannot read: {err}") from err

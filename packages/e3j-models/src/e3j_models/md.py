@@ -32,11 +32,20 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_int
+from ._checks import check_int, check_positive_real, check_real
 
-__all__ = ["ENSEMBLES", "plot_md", "run_md"]
+__all__ = ["ENSEMBLES", "check_ensemble", "plot_md", "run_md"]
 
 ENSEMBLES = ("nve", "nvt", "npt")
+
+
+def check_ensemble(atoms, ensemble: str) -> None:
+    """``ValueError`` unless ``ensemble`` is one of :data:`ENSEMBLES` and can run on ``atoms``
+    (``"npt"`` changes the cell: it needs ``atoms.pbc`` all True)."""
+    if ensemble not in ENSEMBLES:
+        raise ValueError(f"ensemble must be one of {ENSEMBLES}, got {ensemble!r}")
+    if ensemble == "npt" and not atoms.pbc.all():
+        raise ValueError("ensemble 'npt' needs a fully periodic structure (atoms.pbc all True)")
 
 
 def run_md(
@@ -66,25 +75,26 @@ def run_md(
     from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary
     from ase.md.verlet import VelocityVerlet
 
-    if ensemble not in ENSEMBLES:
-        raise ValueError(f"ensemble must be one of {ENSEMBLES}, got {ensemble!r}")
+    check_ensemble(atoms, ensemble)
     steps = check_int("steps", steps, 1)
-    if not timestep_fs > 0:
-        raise ValueError(f"timestep_fs must be > 0, got {timestep_fs!r}")
-    if not temperature_K >= 0:
-        raise ValueError(f"temperature_K must be >= 0 (K), got {temperature_K!r}")
+    timestep_fs = check_positive_real("timestep_fs", timestep_fs, " (fs)")
+    temperature_K = check_real("temperature_K", temperature_K, 0, " (K)")
+    pressure_GPa = check_real("pressure_GPa", pressure_GPa, None, " (GPa)")
+    friction_per_fs = check_real("friction_per_fs", friction_per_fs, 0, " (1/fs)")
     log_every = check_int("log_every", log_every, 1)
-    if ensemble == "npt" and not atoms.pbc.all():
-        raise ValueError("ensemble 'npt' needs a fully periodic structure (atoms.pbc all True)")
     atoms.calc = calculator
     rng = np.random.default_rng(seed)
     MaxwellBoltzmannDistribution(atoms, temperature_K=temperature_K, rng=rng)
-    Stationary(atoms)
+    # one atom has only its centre of mass to move: zero momentum, whose temperature cannot be
+    # rescaled back (ASE would divide 0 by 0)
+    Stationary(atoms, preserve_temperature=len(atoms) > 1)
     dt = timestep_fs * units.fs
     if ensemble == "nve":
         dyn = VelocityVerlet(atoms, dt)
     elif ensemble == "nvt":
-        dyn = Langevin(atoms, dt, temperature_K=temperature_K, friction=friction_per_fs / units.fs, rng=rng)
+        # the centre of mass kept still (ASE's default) but for one atom, where ASE divides by N - 1
+        fix = len(atoms) > 1
+        dyn = Langevin(atoms, dt, temperature_K=temperature_K, friction=friction_per_fs / units.fs, fixcm=fix, rng=rng)
     else:
         dyn = IsotropicMTKNPT(
             atoms,

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_int, check_positive_int, check_positive_real
+from ._checks import check_int, check_positive_int, check_positive_real, check_real
 from .batch import GraphBatch, make_batch
 from .config import check_atomic_numbers
 
@@ -109,11 +109,10 @@ def neighbour_list(positions, cutoff: float, cell=None, pbc=False) -> tuple[np.n
 def bucket_size(n: int, headroom: float = 0.1, multiple: int = 8) -> int:
     """The smallest size on the grid ``multiple · ceil((1 + headroom)^k)`` that holds ``n·(1 + headroom)``."""
     n = check_int("n", n, 0)
-    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not headroom >= 0:
-        raise ValueError(f"headroom must be a number >= 0, got {headroom!r}")
+    headroom = check_real("headroom", headroom, 0)
     check_positive_int("multiple", multiple)
     target = n * (1.0 + headroom)
-    if headroom <= 0:
+    if 1.0 + headroom == 1.0:  # no grid: (1 + headroom)^k is 1 for every k
         return int(multiple * math.ceil(target / multiple))
     k = max(0, math.ceil(math.log(max(target / multiple, 1.0), 1.0 + headroom)))
     while multiple * math.ceil((1.0 + headroom) ** k) < target:
@@ -182,10 +181,15 @@ def batch_structures(
             s, r, shifts = _given_neighbours(neighbours[g], positions.shape[0], where or f" (structure {g})")
         if len(s):
             # a zero-length edge has no direction: the model would drop it (two coincident atoms
-            # not interacting), which no real structure means
+            # not interacting), which no real structure means; checked in the model's dtype too,
+            # where atoms distinct in float64 may coincide
             lattice = cell if pbc.any() else np.zeros((3, 3))
-            vectors = positions[s] - positions[r] + np.asarray(shifts, float) @ lattice
-            zero = np.flatnonzero(np.einsum("ei,ei->e", vectors, vectors) == 0)
+            zero = np.zeros(len(s), bool)
+            for dt in {np.dtype(np.float64), np.dtype(dtype)}:
+                p = positions.astype(dt)
+                vectors = p[s] - p[r] + np.asarray(shifts, dt) @ lattice.astype(dt)
+                zero |= np.einsum("ei,ei->e", vectors, vectors) == 0
+            zero = np.flatnonzero(zero)
             if zero.size:
                 k = zero[0]
                 raise ValueError(f"atoms {s[k]} and {r[k]}{where} coincide (distance 0): positions must be distinct")

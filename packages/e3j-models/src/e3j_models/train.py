@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import check_int
+from ._checks import check_int, check_real
 from .batch import GraphBatch
 from .config import MACEConfig, NequIPConfig
 from .io import save
@@ -207,6 +207,17 @@ def evaluate(potential: Potential, params, batches) -> dict[str, float]:
     return {"energy_mae_per_atom": e_err / n_graphs, "force_mae": f_err / n_comp}
 
 
+def _check_weights(weights, names: Sequence[str] = ("weights[0]", "weights[1]", "weights[2]")) -> tuple:
+    """The loss weights ``(w_E, w_F, w_S)``: three finite numbers >= 0, not all zero; ``names`` name
+    them in errors (the command line's flags)."""
+    if isinstance(weights, (str, bytes)) or not hasattr(weights, "__len__") or len(weights) != 3:
+        raise ValueError(f"weights must be 3 numbers >= 0 (energy, forces, stress), got {weights!r}")
+    weights = tuple(check_real(n, w, 0) for n, w in zip(names, weights))
+    if not any(weights):
+        raise ValueError(f"{', '.join(names)} are all 0: the loss would fit nothing")
+    return weights
+
+
 def fit(
     config: MACEConfig | NequIPConfig,
     train: Sequence,
@@ -244,8 +255,7 @@ def fit(
         raise ValueError("train is empty: give at least one structure")
     if not valid:
         raise ValueError("valid is empty: give at least one validation structure")
-    if len(weights) != 3 or any(w < 0 for w in weights):
-        raise ValueError(f"weights must be 3 non-negative numbers (energy, forces, stress), got {weights!r}")
+    weights = _check_weights(weights)
     config = prepare_config(config, train)
     potential = Potential(config, backend, factored_radial=factored_radial)
     rng = np.random.default_rng(seed)
