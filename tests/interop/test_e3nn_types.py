@@ -188,6 +188,14 @@ def test_spherical_harmonics_bad_degrees_named():
             f((1, -1), v, True)
         with pytest.raises(ValueError, match=r"each l must be an int >= 0, got 1\.5"):
             f([0, 1.5], v, True)
+        # NumPy arrays of degrees: one message whatever the input's type (an IrrepsArray's parity
+        # check read them as irreps first: "iteration over a 0-d array")
+        for bad in (np.array(2), np.arange(3)):
+            for x in (v, v.array):
+                with pytest.raises(
+                    ValueError, match=r"irreps_out: expected an int, a list of ints or Irreps, got array"
+                ):
+                    f(bad, x, True)
 
 
 @pytest.mark.parametrize(

@@ -77,10 +77,15 @@ def test_irreps_array_weights_as_e3nn_multiplies_them():
         np.testing.assert_allclose(getattr(g, "array", g), getattr(r, "array", r), rtol=1e-11, atol=1e-12)
 
 
-@pytest.mark.parametrize("shape", ["W", "1W", "E1", "11", "1", "scalar"])
-def test_weights_e3nn_broadcasts_are_taken(shape):
-    """e3nn's ``m * w`` broadcasts ``w`` of ``[W]`` / ``[1, W]`` (per copy, every edge) and ``[E, 1]``
-    / ``[1, 1]`` / ``[1]`` / a scalar (every copy): the drop-in takes them, values and gradients equal."""
+@pytest.mark.parametrize(
+    "shape, irreps_array",
+    [("W", False), ("1W", False), ("E1", False), ("11", False), ("1", False), ("scalar", False)]
+    + [("W", True), ("1W", True)],
+)
+def test_weights_e3nn_broadcasts_are_taken(shape, irreps_array):
+    """e3nn's ``m * w`` broadcasts ``w`` of ``[W]`` / ``[1, W]`` (per copy, every edge; also as an
+    ``IrrepsArray("Wx0e")``) and ``[E, 1]`` / ``[1, 1]`` / ``[1]`` / a scalar (every copy): the
+    drop-in takes them, values and gradients equal."""
     irreps_x, irreps_y, filter_, keep = "8x0e + 4x1o + 2x2e", "0e + 1o + 2e", "0e + 1o + 2e", "0e + 1o"
     mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=keep)
     x, y, _ = operands(irreps_x, irreps_y, mp.num_weights, seed=5)
@@ -88,8 +93,11 @@ def test_weights_e3nn_broadcasts_are_taken(shape):
     w = jax.random.normal(jax.random.key(6), shapes[shape], jnp.float64)
     cot = jax.random.normal(jax.random.key(9), (N, mp.irreps_out.dim), jnp.float64)
 
+    def wrap(w):
+        return e3nn.IrrepsArray(f"{mp.num_weights}x0e", w) if irreps_array else w
+
     def loss(f):
-        return lambda x, w: jnp.sum(f(e3nn.IrrepsArray(irreps_x, x), w).array * cot)
+        return lambda x, w: jnp.sum(f(e3nn.IrrepsArray(irreps_x, x), wrap(w)).array * cot)
 
     ref = jax.jit(jax.value_and_grad(loss(lambda x, w: e3nn_pattern(x, y, w, filter_, keep)), (0, 1)))
     got = jax.jit(jax.value_and_grad(loss(lambda x, w: mp(x, y, w, SENDERS, RECEIVERS)), (0, 1)))

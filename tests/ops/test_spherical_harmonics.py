@@ -193,6 +193,23 @@ def test_normalize_at_zero_and_tiny_or_huge_vectors(dtype):
         )
 
 
+@pytest.mark.parametrize("normalization", ["component", "norm", "integral"])
+def test_normalize_propagates_nan_and_inf_as_e3nn(normalization):
+    """A vector with a NaN or an infinite component comes out NaN for l >= 1, as in e3nn-jax; a NaN
+    once passed unnormalized, as the zero vector does, with finite values and gradients."""
+    vectors = jnp.array([[np.nan, 1.0, 2.0], [np.nan, 0, 0], [0, np.inf, 0], [0.3, -0.5, 0.8]])
+    ls = [0, 1, 2]
+    ref = e3nn.spherical_harmonics(e3nn.Irreps.spherical_harmonics(2), vectors, True, normalization).array
+    out = e3j.spherical_harmonics(ls, vectors, True, normalization)
+    # NaN where e3nn-jax has NaN; the infinite vector NaN in every l >= 1 row (e3nn-jax keeps the
+    # zeros of x / |x| = (0, NaN, 0) where the polynomials vanish with them)
+    np.testing.assert_array_equal(np.isnan(out[:2]), np.isnan(ref[:2]))
+    assert bool(jnp.all(jnp.isnan(out[:3, 1:]))) and bool(jnp.all(out[:3, 0] == ref[:3, 0]))
+    np.testing.assert_allclose(out[3], ref[3], rtol=1e-6, atol=1e-6)
+    grad = jax.grad(lambda v: jnp.sum(e3j.spherical_harmonics(ls, v, True, normalization)))(vectors)
+    assert bool(jnp.all(jnp.isnan(grad[:2]))) and bool(jnp.all(jnp.isfinite(grad[3])))
+
+
 def test_jit_vmap_and_batch_shapes():
     v_np, full = e3nn_reference("component", True)
     v = jnp.asarray(v_np[:24]).reshape(3, 4, 2, 3)  # [..., 3] with several batch axes

@@ -56,13 +56,13 @@ def spherical_harmonics(
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
     check_algorithm(algorithm)
-    if is_irreps_array(input):
-        _check_vector_parity(irreps_out, _vector_parity(input.irreps))
-        input = input.array
-    try:
+    try:  # the form of irreps_out first: the parity check below reads it
         rec = spherical_harmonic_recurrence(irreps_out, normalization)
     except ValueError as err:
         raise ValueError(f"irreps_out: {err}") from None
+    if is_irreps_array(input):
+        _check_vector_parity(irreps_out, _vector_parity(input.irreps))
+        input = input.array
     check_array("input", input)
     dtype = promoted_real_dtype({"input": input})  # integers and booleans as e3nn-jax's arithmetic
     x = jnp.asarray(input, dtype)
@@ -87,7 +87,9 @@ def _evaluate(x: jax.Array, ls: tuple[int, ...], normalization: str, normalize: 
         # overflows (|x| ~ 1e-20 or 1e20 in float32); the direction does not depend on this scale,
         # so it carries no gradient
         scale = jax.lax.stop_gradient(jnp.max(jnp.abs(x), axis=-1, keepdims=True))
-        nonzero = scale > 0
+        # != rather than >: a NaN component makes the scale NaN, and the vector must then come out
+        # NaN (as in e3nn-jax), not pass unnormalized as the zero vector does
+        nonzero = scale != 0
         x = x / jnp.where(nonzero, scale, 1)
         r2 = jnp.sum(x * x, axis=-1, keepdims=True)
         # double where: the gradient of sqrt is never evaluated at 0. The zero vector stays itself,

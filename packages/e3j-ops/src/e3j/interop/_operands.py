@@ -94,16 +94,16 @@ def message_passing_operands(
         raise ValueError(f"edge_attrs must be [E, {irreps_edge.dim}] for {irreps_edge}, "
                          f"got shape {jnp.shape(edge_attrs)}")  # fmt: skip
     num_edges, num_nodes = edge_attrs.shape[0], node_feats.shape[0]
-    if broadcast:
-        weights = broadcast_weights(weights, num_edges, num_weights)
     if isinstance(weights, e3nn.IrrepsArray):
         # what e3nn.flax.MultiLayerPerceptron returns for an IrrepsArray input; e3nn's ``m * w``
-        # scales each copy by its scalar, which is what plain weights mean here
+        # scales each copy by its scalar, which is what plain weights mean here (broadcast as theirs)
         if any(ir != e3nn.Irrep("0e") for _, ir in weights.irreps):
             raise ValueError(
                 f"weights given as an IrrepsArray must be scalars ({num_weights}x0e), got {weights.irreps}"
             )
         weights = marks_zeroed(weights)
+    if broadcast:
+        weights = broadcast_weights(weights, num_edges, num_weights)
     # arrays only (a list is check_weights' TypeError); the edge count is edge_attrs'
     shape = tuple(getattr(weights.hidden if isinstance(weights, FactoredWeights) else weights, "shape", ()))
     if len(shape) == 2 and shape[0] != num_edges:  # other ranks: check_weights' message on the layout
