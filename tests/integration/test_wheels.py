@@ -115,6 +115,22 @@ def test_cuda_wheel_is_compiled_against_its_oldest_jax():
         assert str(build[name].specifier) == f"=={floor}", f"build-system {build[name]}, range floor {floor}"
 
 
+def test_cuda_modules_use_the_stable_abi():
+    """e3j-cuda's compiled modules are built for Python's stable ABI (nanobind's STABLE_ABI, wheel tag
+    cp312-abi3): one wheel installs on CPython 3.12 and every newer one (a cp312-cp312 wheel
+    was refused by pip on 3.13)."""
+    pytest.importorskip("e3j_cuda")
+    import importlib.util
+
+    for name in ("_host", "_simt", "_cuda"):
+        spec = importlib.util.find_spec(f"e3j_cuda.{name}")
+        if name == "_cuda" and spec is None:  # built only where nvcc was found
+            continue
+        assert spec is not None and spec.origin.endswith(".abi3.so"), (name, spec and spec.origin)
+    project = tomllib.loads((ROOT / "packages/e3j-cuda/pyproject.toml").read_text())
+    assert project["tool"]["scikit-build"]["wheel"]["py-api"] == "cp312"
+
+
 def _dependency_closure(roots: list[str]) -> list[importlib.metadata.Distribution]:
     """The installed distributions ``roots`` need (plain installs, this platform), e3j's excluded."""
     seen: dict[str, importlib.metadata.Distribution] = {}
