@@ -252,6 +252,61 @@ except ImportError as err:
     assert "twin: backend='e3nn' needs e3nn-jax: pip install 'e3j-models[e3nn]'" in out.stdout
 
 
+def test_missing_extras_are_named(tmp_path):
+    """ase, optax, tqdm and matplotlib come with extras: without them, what needed one says which
+    extra to install (a bare ModuleNotFoundError before), and the commands stop before writing."""
+    code = f"""
+import sys
+for m in ("ase", "tqdm", "matplotlib", "optax"):
+    sys.modules[m] = None  # any import of them now fails
+import e3j_models as em
+from e3j_models.__main__ import main
+from e3j_models.train import plot_history
+for f in (lambda: em.Calculator, lambda: em.cuni_fcc(1), lambda: plot_history({{}}, "x.png")):
+    try:
+        f()
+    except ImportError as err:
+        print(err)
+for command in (["train", "--data", "d.extxyz"], ["md", "--model", "m.npz"], ["data"]):
+    try:
+        main([*command, "--out", {str(tmp_path / "out")!r}])
+    except SystemExit as err:
+        print(err)
+"""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [
+        "e3j_models.Calculator needs ase: pip install 'e3j-models[ase]'",
+        "cuni_fcc needs ase: pip install 'e3j-models[ase]'",
+        "plot_history needs matplotlib: pip install 'e3j-models[train]'",
+        "error: python -m e3j_models train needs ase: pip install 'e3j-models[train]'",
+        "error: python -m e3j_models md needs ase: pip install 'e3j-models[train]'",
+        "error: python -m e3j_models data needs ase: pip install 'e3j-models[train]'",
+    ]
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_an_unrelated_e3j_is_named(tmp_path):
+    """PyPI's unrelated 'e3j' satisfies e3j-models' requirement when this project's e3j is not installed
+    first: the import names it instead of failing on a missing name."""
+    (tmp_path / "e3j").mkdir()
+    (tmp_path / "e3j" / "__init__.py").write_text("")
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run(
+        [sys.executable, "-c", "import e3j_models"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert out.returncode != 0
+    assert "ImportError: the installed 'e3j'" in out.stderr and "an unrelated package of the same name" in out.stderr
+
+
 def test_calculator_checks_headroom_when_built(tiny):
     pot, _, params = tiny
     with pytest.raises(ValueError, match=r"headroom must be a finite number >= 0, got -1"):

@@ -213,6 +213,21 @@ def test_plot_writes_a_png_of_every_panel(tmp_path):
         _plot.plot({**result, "rows": result["rows"][-1:]}, str(path))
 
 
+def test_plot_without_matplotlib_stops_before_the_sweep(tmp_path, monkeypatch):
+    """Without e3j[bench], --plot is refused before anything is measured (it stopped after the whole
+    sweep, losing the figure but not the time)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # any import of it now fails
+
+    def sweep(args):
+        raise AssertionError("the sweep ran")
+
+    monkeypatch.setattr(_sweep, "run", sweep)
+    with pytest.raises(RuntimeError, match=r"plotting needs matplotlib: pip install 'e3j\[bench\]'"):
+        main(["bench", "--quick", "--plot", str(tmp_path / "fig.png")])
+
+
 def test_convolution_memory_and_max_nodes():
     from e3j._sweep import max_nodes, peak_bytes
 

@@ -14,6 +14,7 @@ Building blocks (Flax modules and functions, e3j layout ``[N, D, C]``): :func:`r
 
 from typing import TYPE_CHECKING
 
+from . import _optional  # noqa: F401  (first: names a wrong 'e3j' before the imports that would fail on it)
 from ._version import __version__
 from .batch import GraphBatch, edge_vectors, make_batch
 from .config import MACEConfig, NequIPConfig, config_from_dict, config_to_dict, mace_a, mace_b, nequip

@@ -22,6 +22,15 @@ import numpy as np
 _PRESETS = ("mace_a", "mace_b", "nequip")
 
 
+def _requires(command: str) -> None:
+    """The train extra's modules a command uses, checked before it does anything."""
+    from ._optional import require
+
+    modules = {"data": ("ase",), "train": ("ase", "optax", "tqdm", "matplotlib"), "md": ("ase", "tqdm", "matplotlib")}
+    for module in modules[command]:
+        require(module, f"python -m e3j_models {command}", "train")
+
+
 def _data(args) -> None:
     from .data import emt_structures, write_dataset
 
@@ -288,8 +297,9 @@ def main(argv=None) -> None:
     # the command as given, also when called as main([...]) (sys.argv is then the caller's)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        _requires(args.command)
         args.func(args)
-    except (FileNotFoundError, ValueError) as err:
+    except (FileNotFoundError, ValueError, ImportError) as err:
         raise SystemExit(f"error: {err}") from err
 
 

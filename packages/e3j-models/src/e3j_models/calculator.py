@@ -24,9 +24,15 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from ase.calculators.calculator import Calculator as _AseCalculator
-from ase.calculators.calculator import PropertyNotImplementedError, all_changes
-from ase.stress import full_3x3_to_voigt_6_stress
+
+from ._optional import missing
+
+try:
+    from ase.calculators.calculator import Calculator as _AseCalculator
+    from ase.calculators.calculator import PropertyNotImplementedError, all_changes
+    from ase.stress import full_3x3_to_voigt_6_stress
+except ImportError as err:
+    raise missing("ase", "e3j_models.Calculator") from err
 
 from .neighbours import batch_structures, bucket_size, neighbour_list
 from .potential import Potential

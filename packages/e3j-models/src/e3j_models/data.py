@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ._checks import check_int
+from ._optional import require
 
 __all__ = ["LATTICE_CONSTANTS", "emt_structures", "read_dataset", "write_dataset"]
 
@@ -49,6 +50,7 @@ def emt_structures(
 
     Supercell sizes cycle through ``repeats`` (structure ``i`` gets ``repeats[i % len(repeats)]``).
     """
+    require("ase", "e3j_models.data.emt_structures")
     from ase.build import bulk
     from ase.calculators.emt import EMT
     from ase.calculators.singlepoint import SinglePointCalculator
@@ -90,6 +92,7 @@ def emt_structures(
 
 def write_dataset(path: str | os.PathLike, structures: Sequence) -> None:
     """Write ``structures`` (with energies/forces attached) to extxyz; atomically (temp file, rename)."""
+    require("ase", "e3j_models.data.write_dataset")
     from ase.io import write
 
     path = os.fspath(path)
@@ -100,6 +103,7 @@ def write_dataset(path: str | os.PathLike, structures: Sequence) -> None:
 
 def read_dataset(path: str | os.PathLike) -> list:
     """``ase.Atoms`` from an extxyz (or any ASE-readable) file; each must carry energy and forces."""
+    require("ase", "e3j_models.data.read_dataset")
     from ase.io import read
 
     path = os.fspath(path)

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ._checks import check_int, check_positive_real, check_real
+from ._optional import require
 
 __all__ = ["ENSEMBLES", "check_ensemble", "plot_md", "run_md"]
 
@@ -69,6 +70,9 @@ def run_md(
     ``trajectory`` (extxyz, every ``log_every`` steps) is written to a ``.partial`` file renamed at
     the end, so an interrupted run leaves no file that looks complete.
     """
+    require("ase", "run_md")
+    if progress:
+        require("tqdm", "run_md's progress bar (progress=False runs without)")
     from ase import units
     from ase.md.langevin import Langevin
     from ase.md.nose_hoover_chain import IsotropicMTKNPT
@@ -163,6 +167,7 @@ def run_md(
 
 def plot_md(log: dict[str, Any], path: str | os.PathLike, title: str = "") -> None:
     """Energy, temperature and volume against time to a PNG."""
+    require("matplotlib", "plot_md")
     import matplotlib
 
     matplotlib.use("Agg")

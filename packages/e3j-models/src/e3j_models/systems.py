@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._optional import require
+
 __all__ = ["cuni_fcc", "water_box"]
 
 
@@ -48,6 +50,7 @@ def cuni_fcc(repeats: int | tuple[int, int, int], seed: int = 0, lattice_constan
     with probability 1/2 (seeded); ``lattice_constant`` in Å (default: the 50/50 Vegard value).
     Needs ``ase``.
     """
+    require("ase", "cuni_fcc")
     from ase.build import bulk
 
     reps = (repeats,) * 3 if isinstance(repeats, int) else tuple(repeats)

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import check_int, check_real
+from ._optional import require
 from .batch import GraphBatch
 from .config import MACEConfig, NequIPConfig
 from .io import save
@@ -242,7 +243,9 @@ def fit(
     (atomically: a temp file renamed). ``factored_radial``: as :class:`Potential`'s (both routes'
     training gradients measured in docs/models.md). Returns a :class:`FitResult`.
     """
-    import optax
+    optax = require("optax", "fit")
+    if progress:
+        require("tqdm", "fit's progress bar (progress=False trains without)")
 
     steps = check_int("steps", steps, 1)
     batch_size = check_int("batch_size", batch_size, 1)
@@ -377,6 +380,7 @@ def _save_atomic(path, config, params) -> None:
 
 def plot_history(history: dict[str, list], path: str | os.PathLike) -> None:
     """Loss curve (raw and 20-step moving average, log scale) and validation MAEs to a PNG."""
+    require("matplotlib", "plot_history")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -7,11 +7,11 @@ the datasheet bandwidth (when known) as horizontal lines. Needs matplotlib (``pi
 
 from __future__ import annotations
 
-__all__ = ["plot"]
+__all__ = ["plot", "require_matplotlib"]
 
 
-def plot(result: dict, path: str) -> None:
-    """Write ``result`` (the JSON of ``python -m e3j bench``) as a PNG figure at ``path``."""
+def require_matplotlib():
+    """``matplotlib.pyplot`` on the Agg backend, or a ``RuntimeError`` naming the extra that brings it."""
     try:
         import matplotlib
 
@@ -19,6 +19,12 @@ def plot(result: dict, path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as err:
         raise RuntimeError("plotting needs matplotlib: pip install 'e3j[bench]'") from err
+    return plt
+
+
+def plot(result: dict, path: str) -> None:
+    """Write ``result`` (the JSON of ``python -m e3j bench``) as a PNG figure at ``path``."""
+    plt = require_matplotlib()
     rows = [r for r in result["rows"] if r["op"] != "convolution_memory" and "error" not in r]
     panels = list(dict.fromkeys((r["op"], r["direction"]) for r in rows))
     if not panels:

@@ -523,6 +523,10 @@ def main(args) -> int:
     args.lmax = args.lmax or [1, 2, 3]
     args.channels = args.channels or [32, 64, 128]
     args.sizes = args.sizes or [4096]
+    if args.plot:
+        from ._plot import require_matplotlib
+
+        require_matplotlib()  # before the sweep, not after it
     if args.replot:  # render a committed results file again, measuring nothing
         with open(args.replot) as fh:
             result = json.load(fh)
