@@ -63,6 +63,14 @@ def test_irreps_argument_concatenates(vectors):
     assert pseudo.shape == (300, 9)
 
 
+def test_normalize_of_a_nan_vector_is_nan():
+    """A NaN component makes every l >= 1 row NaN, as in e3nn-jax (it once took the zero vector's
+    branch: finite zeros); the zero vector keeps Y_0 and zeros."""
+    out = spherical_harmonics([0, 1, 2], np.array([[np.nan, 1.0, 2.0], [0.0, 0.0, 0.0]]), True)
+    assert np.all(np.isnan(out[0, 1:]))
+    np.testing.assert_array_equal(out[1], np.r_[1.0, np.zeros(8)])
+
+
 def test_normalizations_relate():
     rng = np.random.default_rng(1)
     u = rng.normal(size=(50, 3))

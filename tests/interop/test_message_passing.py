@@ -120,6 +120,10 @@ def test_weights_e3nn_would_not_broadcast_are_refused():
             mp(x, y, bad, SENDERS, RECEIVERS)
     with pytest.raises(ValueError, match=r"weights has 2 rows and edge_attrs 23"):
         mp(x, y, jnp.ones((2, mp.num_weights)), SENDERS, RECEIVERS)
+    # e3nn's m * w refuses an IrrepsArray whose irreps are not one per copy of the messages
+    for shape in ((E, 1), (1, 1), (1,)):
+        with pytest.raises(ValueError, match=r"weights given as an IrrepsArray must be scalars \(10x0e\), got 1x0e"):
+            mp(x, y, e3nn.IrrepsArray("0e", jnp.ones(shape)), SENDERS, RECEIVERS)
     with pytest.raises(TypeError, match=r"weights must be a float array or number, got True"):
         mp(x, y, True, SENDERS, RECEIVERS)
 

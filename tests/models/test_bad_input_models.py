@@ -484,6 +484,7 @@ def test_valid_edge_cases():
     """What stays accepted: empty index lists, wider positions than params (promoted), 0 edges, a
     headroom too small to widen a size, atoms apart in float64 only when the batch is float64."""
     assert M.bucket_size(10, headroom=1e-17) == 16 and M.bucket_size(10, headroom=0.0) == 16
+    assert M.bucket_size(100, headroom=np.array(0.25)) == M.bucket_size(100, headroom=0.25)  # 0-d arrays
     close = {"positions": np.array([[0.0, 0, 0], [1.0, 0, 0], [1.0 + 1e-9, 0, 0]]), "numbers": np.array([1, 8, 1])}
     assert int(M.batch_structures([close], [1, 8], 2.0).graph.num_valid) == 6
     assert M.make_batch(np.zeros((0, 3)), [], [], []).graph.num_nodes == 0

@@ -242,6 +242,10 @@ try:
     em.get_ops("e3nn")
 except ImportError as err:
     print("twin:", err)
+try:  # when built, not at the first call: the train and md commands check their backend so
+    em.Potential(cfg, "e3nn")
+except ImportError as err:
+    print("built:", err)
 """
     import os
     import subprocess
@@ -250,6 +254,7 @@ except ImportError as err:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "twin: backend='e3nn' needs e3nn-jax: pip install 'e3j-models[e3nn]'" in out.stdout
+    assert "built: backend='e3nn' needs e3nn-jax: pip install 'e3j-models[e3nn]'" in out.stdout
 
 
 def test_missing_extras_are_named(tmp_path):

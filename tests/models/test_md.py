@@ -151,7 +151,7 @@ def test_cli_md_outputs_and_bad_input(model, tmp_path):
         main(["md", "--model", str(ckpt), "--supercell", "1", "--out", str(tmp_path / "a_file")])
 
 
-@pytest.mark.parametrize("ensemble", ["nve", "nvt"])
+@pytest.mark.parametrize("ensemble", ["nve", "nvt", "npt"])
 def test_one_atom_runs(model, ensemble):
     """One atom has no motion but its centre of mass's, which the start removes: ASE's rescaling of
     the temperature then divided 0 by 0 and every momentum was NaN."""

@@ -354,5 +354,6 @@ def spherical_harmonics(
     v = v.astype(np.float64)
     if normalize:
         r = np.linalg.norm(v, axis=-1, keepdims=True)
-        v = np.divide(v, r, out=np.zeros_like(v), where=r > 0)
+        # where r != 0, not r > 0: a NaN norm gives NaN, as in e3nn-jax, not the zero vector's zeros
+        v = np.divide(v, r, out=np.zeros_like(v), where=r != 0)
     return sh(v).astype(dtype)

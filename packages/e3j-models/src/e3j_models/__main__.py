@@ -26,7 +26,11 @@ def _requires(command: str) -> None:
     """The train extra's modules a command uses, checked before it does anything."""
     from ._optional import require
 
-    modules = {"data": ("ase",), "train": ("ase", "optax", "tqdm", "matplotlib"), "md": ("ase", "tqdm", "matplotlib")}
+    modules = {
+        "data": ("ase",),
+        "train": ("ase", "optax", "tqdm", "matplotlib"),
+        "md": ("ase.md.nose_hoover_chain", "tqdm", "matplotlib"),
+    }
     for module in modules[command]:
         require(module, f"python -m e3j_models {command}", "train")
 
@@ -147,6 +151,7 @@ def _structure(args):
 
 def _md(args) -> None:
     from . import Calculator, Potential, load
+    from ._checks import check_positive_real, check_real
     from .md import check_ensemble, plot_md, run_md
 
     if not args.float32:
@@ -161,12 +166,9 @@ def _md(args) -> None:
     # checked before --out is made, and named as the command line names them
     if args.log_every < 1:
         raise ValueError(f"--log-every must be >= 1, got {args.log_every}")
-    if not 0 < args.timestep < math.inf:
-        raise ValueError(f"--timestep must be a finite number > 0 (fs), got {args.timestep}")
-    if not 0 <= args.temperature < math.inf:
-        raise ValueError(f"--temperature must be a finite number >= 0 (K), got {args.temperature}")
-    if not math.isfinite(args.pressure):
-        raise ValueError(f"--pressure must be a finite number (GPa), got {args.pressure}")
+    check_positive_real("--timestep", args.timestep, " (fs)")
+    check_real("--temperature", args.temperature, 0, " (K)")
+    check_real("--pressure", args.pressure, None, " (GPa)")
     if args.pressure != 0 and args.ensemble != "npt":
         raise ValueError(f"--pressure applies to --ensemble npt only, got --ensemble {args.ensemble}")
     if args.structure is None and args.supercell < 1:

@@ -29,7 +29,11 @@ __all__ = [
 
 
 def check_real(name: str, value: object, minimum: float | None = None, what: str = "") -> float:
-    """A finite real number (``>= minimum`` when given) as a Python float, else ``ValueError``."""
+    """A finite real number (``>= minimum`` when given; a 0-d NumPy or JAX array too) as a Python
+    float, else ``ValueError``."""
+    if not isinstance(value, (bool, numbers.Real)) and getattr(value, "shape", None) == ():
+        kind = getattr(getattr(value, "dtype", None), "kind", "")
+        value = value.item() if kind and kind in "fiu" else value
     ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
     if not ok or (minimum is not None and value < minimum):
         bound = "" if minimum is None else f" >= {minimum:g}"

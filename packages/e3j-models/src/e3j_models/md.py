@@ -70,7 +70,7 @@ def run_md(
     ``trajectory`` (extxyz, every ``log_every`` steps) is written to a ``.partial`` file renamed at
     the end, so an interrupted run leaves no file that looks complete.
     """
-    require("ase", "run_md")
+    require("ase.md.nose_hoover_chain", "run_md", "train")  # NPT's integrator: the train extra's ASE
     if progress:
         require("tqdm", "run_md's progress bar (progress=False runs without)")
     from ase import units
@@ -96,9 +96,10 @@ def run_md(
     if ensemble == "nve":
         dyn = VelocityVerlet(atoms, dt)
     elif ensemble == "nvt":
-        # the centre of mass kept still (ASE's default) but for one atom, where ASE divides by N - 1
-        fix = len(atoms) > 1
-        dyn = Langevin(atoms, dt, temperature_K=temperature_K, friction=friction_per_fs / units.fs, fixcm=fix, rng=rng)
+        # ASE's default keeps the centre of mass still, dividing by N - 1: not for one atom
+        one_atom = {} if len(atoms) > 1 else {"fixcm": False}
+        friction = friction_per_fs / units.fs
+        dyn = Langevin(atoms, dt, temperature_K=temperature_K, friction=friction, rng=rng, **one_atom)
     else:
         dyn = IsotropicMTKNPT(
             atoms,

@@ -33,6 +33,7 @@ from ._checks import check_bool
 from .batch import GraphBatch
 from .config import MACEConfig, NequIPConfig
 from .models import MACE, NequIP
+from .ops import get_ops
 
 __all__ = ["Potential"]
 
@@ -65,7 +66,9 @@ class Potential:
             self.module = NequIP(config, backend, factored_radial)
         else:
             raise TypeError(f"config must be a MACEConfig or NequIPConfig, got {type(config).__name__}")
-        if backend is not None and backend != "e3nn":
+        if backend == "e3nn":
+            get_ops(backend)  # e3nn-jax installed (an optional extra), now, not at the first call
+        elif backend is not None:
             if not isinstance(backend, str):
                 raise TypeError(f"backend must be None, 'e3nn' or an e3j backend name, got {backend!r}")
             try:  # now, not at the first call; installed is enough (a GPU backend may be lowered on a CPU)

@@ -97,7 +97,7 @@ def message_passing_operands(
     if isinstance(weights, e3nn.IrrepsArray):
         # what e3nn.flax.MultiLayerPerceptron returns for an IrrepsArray input; e3nn's ``m * w``
         # scales each copy by its scalar, which is what plain weights mean here (broadcast as theirs)
-        if any(ir != e3nn.Irrep("0e") for _, ir in weights.irreps):
+        if any(ir != e3nn.Irrep("0e") for _, ir in weights.irreps) or weights.irreps.num_irreps != num_weights:
             raise ValueError(
                 f"weights given as an IrrepsArray must be scalars ({num_weights}x0e), got {weights.irreps}"
             )
