@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import e3nn_jax as e3nn
 import jax
 
-from e3j_core import Irreps, as_irreps, spherical_harmonic_polynomials, spherical_harmonic_recurrence
+from e3j_core import Irreps, as_irreps, spherical_harmonic_recurrence
 from e3j_core.spherical_harmonics import is_degrees
 
 from .._checks import check_truth
@@ -43,16 +43,12 @@ def spherical_harmonics(
         normalization = e3nn.config("spherical_harmonics_normalization")
     vec_p = _vector_parity(input.irreps) if isinstance(input, e3nn.IrrepsArray) else None
     try:  # the form of irreps_out, with the message every spherical-harmonics function gives
-        spherical_harmonic_recurrence(irreps_out)
+        ls = spherical_harmonic_recurrence(irreps_out).ls  # checked degrees
     except ValueError as err:
         raise ValueError(f"irreps_out: {err}") from None
     if is_degrees(irreps_out):
         if vec_p is None:
             raise ValueError("irreps_out given as degrees needs input as an IrrepsArray (1o or 1e), as in e3nn-jax")
-        try:
-            ls = spherical_harmonic_polynomials(irreps_out).ls  # checked ints
-        except ValueError as err:
-            raise ValueError(f"irreps_out: {err}") from None
         irreps = as_irreps([(1, (l, vec_p**l)) for l in ls], "irreps_out")
     else:
         irreps = as_irreps(irreps_out, "irreps_out")

@@ -62,12 +62,12 @@ def tensor_product(
     if _is_irreps(input1) and _is_irreps(input2):  # as e3nn-jax: irreps in, the output's irreps out
         return e3nn.tensor_product(to_e3nn_irreps(Irreps(input1)), to_e3nn_irreps(Irreps(input2)),
                                    filter_ir_out=e3nn_filter, regroup_output=regroup_output)  # fmt: skip
-    for name, value, other in (("input1", input1, input2), ("input2", input2, input1)):
+    operands = (("input1", input1, "input2", type(input2)), ("input2", input2, "input1", type(input1)))
+    for name, value, other, kind in operands:
         if _is_irreps(value):  # e3j's Irrep, a tuple, would otherwise be read as an array of data
             raise TypeError(
-                f"{name} is irreps ({value!r}) but {'input2' if name == 'input1' else 'input1'} is "
-                f"{type(other).__name__}: give two IrrepsArrays (or arrays of scalars), or two irreps "
-                "for the output's irreps"
+                f"{name} is irreps ({value!r}) but {other} is {kind.__name__}: give two IrrepsArrays "
+                "(or arrays of scalars), or two irreps for the output's irreps"
             )
     input1, input2 = e3nn.as_irreps_array(input1), e3nn.as_irreps_array(input2)
     dtype = promoted_real_dtype({"input1": input1.array, "input2": input2.array}, REAL)
