@@ -41,7 +41,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from e2e_tables import LABEL, markdown
-from models_vs_e3nn import PRESETS, fits_free_memory, machine_info, measure_forces, memory_bytes
+from models_vs_e3nn import (
+    PRESETS,
+    command_line,
+    convolution_backend,
+    fits_free_memory,
+    machine_info,
+    measure_forces,
+    memory_bytes,
+)
 
 import e3j_models as em
 
@@ -74,7 +82,9 @@ def _fits(potential, params, atoms, dtype) -> tuple[bool, int | None]:
     return fits_free_memory(mem), mem
 
 
-def measure_md(name: str, repeats: int, backends, *, steps: int, rounds: int, dtype=np.float32) -> list[dict]:
+def measure_md(
+    name: str, repeats: int, backends, *, steps: int, rounds: int, dtype=np.float32, factored_radial: bool = True
+) -> list[dict]:
     """ms per NVE step of model ``name`` on ``4·repeats³`` Cu–Ni atoms, backends interleaved."""
     from e3j_models.md import run_md
 
@@ -82,11 +92,13 @@ def measure_md(name: str, repeats: int, backends, *, steps: int, rounds: int, dt
     atoms = em.cuni_fcc(repeats)
     rows, calcs = {}, {}
     for backend in backends:
-        pot = em.Potential(cfg, None if backend == "e3j" else backend)
+        pot = em.Potential(cfg, None if backend == "e3j" else backend, factored_radial=factored_radial)
         fits, mem = _fits(pot, params, atoms, dtype)
         rows[backend] = {
             "model": name,
             "backend": backend,
+            "kernel_backend": convolution_backend(cfg, backend, dtype),
+            "factored_radial": factored_radial,
             "atoms": len(atoms),
             "dtype": np.dtype(dtype).name,
             "memory_bytes": mem,
@@ -116,7 +128,9 @@ def measure_md(name: str, repeats: int, backends, *, steps: int, rounds: int, dt
     return out
 
 
-def measure_determinism(name: str, backends, *, repeats: int, supercell: int = 4) -> list[dict]:
+def measure_determinism(
+    name: str, backends, *, repeats: int, supercell: int = 4, factored_radial: bool = True
+) -> list[dict]:
     """Max deviation of energy and forces over ``repeats`` evaluations of one structure, per backend."""
     cfg, params = _model(name)
     batch = em.batch_structures([em.cuni_fcc(supercell)], cfg.atomic_numbers, cfg.cutoff, dtype=np.float32)
@@ -124,7 +138,7 @@ def measure_determinism(name: str, backends, *, repeats: int, supercell: int = 4
     n = int(batch.node_mask.sum())
     rows = []
     for backend in backends:
-        fn = jax.jit(em.Potential(cfg, None if backend == "e3j" else backend).__call__)
+        fn = jax.jit(em.Potential(cfg, None if backend == "e3j" else backend, factored_radial=factored_radial).__call__)
         outs = [jax.device_get(fn(params, batch)) for _ in range(repeats)]
         e = np.array([o["energy"][0] for o in outs], np.float64)
         f = np.stack([o["forces"][:n] for o in outs]).astype(np.float64)
@@ -132,6 +146,8 @@ def measure_determinism(name: str, backends, *, repeats: int, supercell: int = 4
             {
                 "model": name,
                 "backend": backend,
+                "kernel_backend": convolution_backend(cfg, backend, np.float32),
+                "factored_radial": factored_radial,
                 "atoms": n,
                 "dtype": "float32",
                 "repeats": repeats,
@@ -224,6 +240,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20, help="evaluations of one structure (determinism)")
     ap.add_argument("--determinism", nargs="*", default=["cuni_mace", "cuni_nequip"])
     ap.add_argument("--backends", nargs="+", default=["e3j", "e3nn"])
+    ap.add_argument(
+        "--array-radial", action="store_true", help="the radial MLP's output as an array (factored_radial=False)"
+    )
     ap.add_argument("--out", default="benchmarks/results/cpu-e2e.json")
     args = ap.parse_args()
     out = Path(args.out)
@@ -232,17 +251,7 @@ def main() -> None:
         "e2e": 1,
         "machine": machine_info(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "python benchmarks/e2e.py "
-        + " ".join(
-            f"--{k.replace('_', '-')} "
-            + (
-                " ".join(":".join(map(str, x)) if isinstance(x, tuple) else str(x) for x in v)
-                if isinstance(v, list)
-                else str(v)
-            )
-            for k, v in vars(args).items()
-            if k != "out"
-        ),
+        "command": command_line("benchmarks/e2e.py", args, skip=("out",)),
         "complete": False,
         "load_average_start": os.getloadavg(),
     }
@@ -251,19 +260,24 @@ def main() -> None:
         out.with_suffix(".md").write_text(markdown(result) + "\n")
         out.write_text(json.dumps(result, indent=1) + "\n")
 
+    fr = not args.array_radial  # the models' default: the radial MLP's output given factored
     t0 = time.perf_counter()
     result["md"] = [
-        r for name, n in args.md for r in measure_md(name, n, args.backends, steps=args.md_steps, rounds=args.md_rounds)
+        r
+        for name, n in args.md
+        for r in measure_md(name, n, args.backends, steps=args.md_steps, rounds=args.md_rounds, factored_radial=fr)
     ]
     write()
     result["determinism"] = [
-        r for name in args.determinism for r in measure_determinism(name, args.backends, repeats=args.repeats)
+        r
+        for name in args.determinism
+        for r in measure_determinism(name, args.backends, repeats=args.repeats, factored_radial=fr)
     ]
     write()
     result["forces"] = []
     for model in args.models:
         for n in args.atoms:
-            result["forces"] += measure_forces(model, n, args.backends, runs=args.runs)
+            result["forces"] += measure_forces(model, n, args.backends, runs=args.runs, factored_radial=fr)
         write()
     if result["forces"]:
         result["largest"] = largest(result["forces"])

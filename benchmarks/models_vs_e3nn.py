@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import e3j_models as em
-from e3j._bench import host_info, time_call
+from e3j._bench import host_info, kernel_backend, time_call
 
 PRESETS = {"mace_a": em.mace_a, "mace_b": em.mace_b, "nequip": em.nequip}
 
@@ -37,6 +37,31 @@ def memory_bytes(compiled) -> int | None:
     if m is None:
         return None
     return int(m.temp_size_in_bytes + m.argument_size_in_bytes + m.output_size_in_bytes)
+
+
+def command_line(script: str, args: argparse.Namespace, skip: tuple[str, ...] = ()) -> str:
+    """The command that reruns ``script`` with ``args`` (a results file's ``command``): flags spelled
+    as argparse takes them, a true switch as itself and a false one left out, tuples as ``a:b``."""
+    words = ["python", script]
+    for key, value in vars(args).items():
+        if key in skip or value is False or value is None:
+            continue
+        words.append("--" + key.replace("_", "-"))
+        if value is True:
+            continue
+        values = value if isinstance(value, list) else [value]
+        words += [":".join(map(str, v)) if isinstance(v, tuple) else str(v) for v in values]
+    return " ".join(words)
+
+
+def convolution_backend(cfg, backend: str, dtype) -> str | None:
+    """The kernel backend that runs ``cfg``'s convolutions for a row's ``backend`` (``"e3j"``: e3j's own
+    choice on this device, which is the ``test`` plugin's on a development environment's CPU; the
+    twin: none)."""
+    if backend == "e3nn":
+        return None
+    name = None if backend == "e3j" else backend
+    return kernel_backend("convolution", cfg.num_channels, cfg.l_max, np.dtype(dtype).name, name)
 
 
 def fits_free_memory(mem: int | None) -> bool:
@@ -68,7 +93,14 @@ def machine_info() -> dict:
 
 
 def measure_forces(
-    model: str, atoms: int, backends=("e3j", "e3nn"), *, runs: int = 5, dtype="float32", memory_only: bool = False
+    model: str,
+    atoms: int,
+    backends=("e3j", "e3nn"),
+    *,
+    runs: int = 5,
+    dtype="float32",
+    memory_only: bool = False,
+    factored_radial: bool = True,
 ) -> list[dict]:
     """One row per backend: jitted energy + forces of preset ``model`` on a water box of ``atoms`` atoms.
 
@@ -81,7 +113,7 @@ def measure_forces(
     n_real, e_real = int(batch.node_mask.sum()), int(batch.graph.num_valid)
     params, rows = None, []
     for backend in backends:
-        pot = em.Potential(cfg, None if backend == "e3j" else backend)
+        pot = em.Potential(cfg, None if backend == "e3j" else backend, factored_radial=factored_radial)
         if params is None:
             params = pot.init(jax.random.key(0), batch, dtype=dtype)
         fn = jax.jit(lambda p, b, pot=pot: pot(p, b))
@@ -99,6 +131,8 @@ def measure_forces(
         row = {
             "model": model,
             "backend": backend,
+            "kernel_backend": convolution_backend(cfg, backend, dtype),
+            "factored_radial": factored_radial,
             "atoms": n_real,
             "edges": e_real,
             "padded_nodes": int(batch.node_mask.shape[0]),
@@ -127,6 +161,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     ap.add_argument("--backends", nargs="+", default=["e3j", "e3nn"])
     ap.add_argument("--out", default="benchmarks/results/cpu-models-vs-e3nn.json")
+    ap.add_argument(
+        "--array-radial", action="store_true", help="the radial MLP's output as an array (factored_radial=False)"
+    )
     ap.add_argument("--memory-only", action="store_true", help="compile and report XLA's memory analysis; run nothing")
     args = ap.parse_args()
     if args.dtype == "float64":
@@ -135,13 +172,18 @@ def main() -> None:
     for model in args.models:
         for n in args.atoms:
             rows += measure_forces(
-                model, n, args.backends, runs=args.runs, dtype=args.dtype, memory_only=args.memory_only
+                model,
+                n,
+                args.backends,
+                runs=args.runs,
+                dtype=args.dtype,
+                memory_only=args.memory_only,
+                factored_radial=not args.array_radial,
             )
     result = {
         "machine": machine_info(),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "python benchmarks/models_vs_e3nn.py "
-        + " ".join(f"--{k} {' '.join(map(str, v)) if isinstance(v, list) else v}" for k, v in vars(args).items()),
+        "command": command_line("benchmarks/models_vs_e3nn.py", args),
         "rows": rows,
     }
     out = Path(args.out)

@@ -267,6 +267,44 @@ def test_e2e_tables_compare_each_backend_with_the_twin():
     assert "| c | 2048 | cuda | 10 | 10 | n/a |" in text
 
 
+def test_models_benchmarks_record_the_kernel_backend_that_ran(monkeypatch):
+    # benchmarks/e2e.py and models_vs_e3nn.py label e3j's rows "e3j" (e3j's own choice): the rows also
+    # name the kernel backend, which on a development CPU is the test plugin's, not the reference
+    import e3j
+    import e3j_models as em
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    script = runpy.run_path(str(ROOT / "benchmarks/models_vs_e3nn.py"))
+    cfg = em.nequip((1, 8), num_channels=8)
+    which = script["convolution_backend"]
+    installed = {b.name for b in e3j.available_backends()}
+    expected = "test" if "test" in installed else "reference"
+    assert which(cfg, "e3j", "float32") == expected
+    assert which(cfg, "reference", "float32") == "reference"
+    assert which(cfg, "e3nn", "float32") is None
+    with e3j.use_backend("reference"):
+        assert which(cfg, "e3j", "float64") == "reference"
+
+
+def test_models_benchmarks_write_a_command_that_reruns_them(monkeypatch):
+    # the results files' "command": switches as argparse takes them (a false one left out, no
+    # "--memory_only False"), lists spelled out, e2e.py's --md specs as model:repeats
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    command_line = runpy.run_path(str(ROOT / "benchmarks/models_vs_e3nn.py"))["command_line"]
+    args = argparse.Namespace(
+        models=["mace_a", "nequip"], atoms=[100], md=[("cuni_mace", 8)], array_radial=True, memory_only=False,
+        out="x.json",
+    )  # fmt: skip
+    assert command_line("benchmarks/e2e.py", args, skip=("out",)) == (
+        "python benchmarks/e2e.py --models mace_a nequip --atoms 100 --md cuni_mace:8 --array-radial"
+    )
+    for script in ("e2e.py", "models_vs_e3nn.py"):
+        run = subprocess.run(
+            [sys.executable, str(ROOT / "benchmarks" / script), "--help"], capture_output=True, text=True, cwd=ROOT
+        )
+        assert run.returncode == 0 and "--array-radial" in run.stdout, run.stderr
+
+
 def test_grouped_kernel_parts_factored_baseline_computes_the_same(monkeypatch):
     """``benchmarks/grouped_kernel_parts.py --weights factored`` times the reference's factored
     kernels against the same sweeps on split operands: both sides compute the same values, so the

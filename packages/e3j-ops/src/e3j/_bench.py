@@ -16,7 +16,15 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
-__all__ = ["copy_bandwidth", "default_copy_bytes", "device_slug", "nbytes", "throughput", "time_call"]
+__all__ = [
+    "copy_bandwidth",
+    "default_copy_bytes",
+    "device_slug",
+    "kernel_backend",
+    "nbytes",
+    "throughput",
+    "time_call",
+]
 
 
 def nbytes(*trees) -> int:
@@ -125,6 +133,23 @@ def host_info() -> dict:
         "cores": os.cpu_count(),
         "load_average": None if load is None else [round(x, 2) for x in load],
     }
+
+
+def kernel_backend(op: str, channels: int, lmax: int, dtype: str = "float32", backend: str | None = None) -> str:
+    """The backend e3j would run ``op`` on for the default device at these sizes, for a results file
+    (the ``test`` plugin of a development environment, not ``reference``, answers on its CPU).
+
+    ``backend``: an explicit request, as an op's ``backend=`` argument (``None``: automatic selection,
+    ``E3J_BACKEND`` and ``e3j.use_backend`` included).
+
+    >>> kernel_backend("convolution", 32, 2, backend="reference")
+    'reference'
+    """
+    from . import backends
+
+    platform = backends.device_platform(jax.devices()[0])
+    req = backends.OpRequest(op, platform, dtype, channels, lmax)
+    return backends.select_backend(req, backends.current_backend_request(backend), warn=False).name
 
 
 def device_slug(kind: str | None = None) -> str:
