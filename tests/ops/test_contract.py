@@ -180,6 +180,28 @@ def test_empty_graph_never_reaches_a_kernel():
     assert e3j_test_backend.calls == []
 
 
+@pytest.mark.parametrize(
+    "backend", ["test", "pallas_gpu_interpret", "pallas_tpu_interpret", "pallas_mosaic_interpret", "cuda_host"]
+)
+def test_zero_channels_never_reach_a_kernel(backend):
+    # C = 0: zeros of the right shapes, as the reference gives; the kernels' tilings divide by C
+    if backend not in {b.name for b in e3j.available_backends()}:
+        pytest.skip(f"backend {backend} is not installed")
+    conv, graph, x, y, s = _conv_setup(dtype=jnp.float32)
+    x, s = x[..., :0], s[..., :0]
+    tp = e3j.TensorProduct(IRREPS, IRREPS, filter=IRREPS)
+    e3j_test_backend.calls.clear()
+    assert conv(x, y, s, graph, backend=backend).shape == (2, conv.coo.dim_out, 0)
+    assert tp(x, y[:2], backend=backend).shape == (2, tp.coo.dim_out, 0)
+
+    def loss(x, y, s):
+        return jnp.sum(conv(x, y, s, graph, backend=backend)) + jnp.sum(tp(x, y[:2], backend=backend))
+
+    dx, dy, ds = jax.grad(loss, argnums=(0, 1, 2))(x, y, s)
+    assert (dx.shape, ds.shape) == (x.shape, s.shape) and dy.shape == y.shape and not np.any(np.asarray(dy))
+    assert e3j_test_backend.calls == []
+
+
 def test_public_op_reaches_the_kernel_through_the_contract():
     conv, graph, x, y, s = _conv_setup()
     e3j_test_backend.calls.clear()

@@ -51,8 +51,8 @@ Guarantees to a kernel:
    ``("x", "y", "s")`` for the convolution, of ``("x", "y", "h", "k")`` for the factored ones);
 3. an operand is ``None`` exactly when the requested outputs do not read it (:func:`needed`);
    ``dz`` / ``dm`` is always given;
-4. batch, node and edge counts are positive: an empty call is answered with zeros here and never
-   reaches a kernel;
+4. batch, node, edge and channel counts are positive (every operand has elements): an empty call
+   is answered with zeros here and never reaches a kernel;
 5. shapes agree with ``coo`` and with each other (checked by the public ops).
 
 Obligations of a kernel: return arrays of exactly the shapes and dtype above (checked here, with
@@ -244,12 +244,15 @@ def _call(op, kernels, backend_name, coo, operands, graph, outs, y_channels, res
 
 
 def is_empty(args: Mapping, graph) -> bool:
-    """Whether a call has no rows to compute (an operand, the graph's nodes or its edges): answered
-    with zeros, never passed to a kernel."""
-    rows = [a.shape[0] for a in args.values() if a is not None]
+    """Whether a call has nothing to compute: no rows (an operand's, the graph's nodes or its
+    edges) or an operand with no elements (no channels; a factored call's hidden width 0). Every
+    output is a sum of products each reading every operand, so such a call is all zeros: answered
+    here, never passed to a kernel."""
+    operands = [a for a in args.values() if a is not None]
+    rows = [a.shape[0] for a in operands]
     if graph is not None:
         rows += [graph.num_nodes, graph.num_edges]
-    return min(rows) == 0
+    return min(rows) == 0 or any(a.size == 0 for a in operands)
 
 
 def checked(op: str, backend_name: str, forward: bool, res, types: Mapping) -> dict[str, jax.Array]:
