@@ -73,6 +73,20 @@ def test_bad_configuration_is_named():
             e3j.flax.MultiLayerPerceptron(**kw).init(jax.random.key(0), x)
 
 
+def test_factored_output_needs_one_row_per_edge():
+    # FactoredWeights' hidden is [E, H]: a [F] or [B, E, F] input would give factors whose .shape
+    # and per-edge products are wrong (a [F] input's "E" was its hidden width)
+    mlp = e3j.flax.MultiLayerPerceptron((8, 6), jax.nn.silu, output_activation=False, factored=True)
+    params = mlp.init(jax.random.key(0), jnp.ones((5, 3)))
+    for x in (jnp.ones(3), jnp.ones((2, 5, 3))):
+        with pytest.raises(ValueError, match=r"x must have shape \[E, features\] with factored=True"):
+            mlp.apply(params, x)
+    dense = e3j.flax.MultiLayerPerceptron((8, 6), jax.nn.silu, output_activation=False)
+    assert dense.apply(params, jnp.ones((2, 5, 3))).shape == (2, 5, 6)  # the array form takes [..., F]
+    with pytest.raises(ValueError, match=r"hidden \[E, H\] and kernel \[H, W\], got shapes \(8,\) and \(8, 6\)"):
+        e3j.FactoredWeights(jnp.ones(8), jnp.ones((8, 6))) * jnp.ones((8, 1))
+
+
 def test_message_passing_with_factored_weights_equals_e3nn_pattern():
     """The drop-in given the factored MLP output == e3nn-jax's pattern given e3nn's MLP output, value
     and gradient with respect to the MLP's parameters (mixed multiplicities: three groups)."""

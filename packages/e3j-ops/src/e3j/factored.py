@@ -58,8 +58,12 @@ class FactoredWeights:
 
     @property
     def shape(self) -> tuple[int, int]:
-        """``(E, W)``: the shape of the weights."""
-        return (jnp.shape(self.hidden)[0], jnp.shape(self.kernel)[1])
+        """``(E, W)``: the shape of the weights (``ValueError`` unless ``hidden`` and ``kernel`` are
+        matrices)."""
+        hidden, kernel = jnp.shape(self.hidden), jnp.shape(self.kernel)
+        if len(hidden) != 2 or len(kernel) != 2:
+            raise ValueError(f"FactoredWeights needs hidden [E, H] and kernel [H, W], got shapes {hidden} and {kernel}")
+        return (hidden[0], kernel[1])
 
     @property
     def dtype(self):

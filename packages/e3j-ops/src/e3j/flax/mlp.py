@@ -26,7 +26,7 @@ class MultiLayerPerceptron(nn.Module):
     ``output_activation``: ``True`` (``act``), ``False`` or a callable; ``with_bias``.
     Input ``[..., F]`` (a plain array, or an e3nn ``IrrepsArray`` of scalars, returned as one).
 
-    ``factored=True`` (needs no output activation) returns the output as
+    ``factored=True`` (needs no output activation and an input ``[E, F]``, one row per edge) returns the output as
     :class:`e3j.FactoredWeights` ``hidden @ kernel (+ bias)`` instead of the ``[..., W]`` array:
     given to :class:`e3j.interop.MessagePassing` (or :class:`e3j.MulIrConvolution`) as its
     weights, the reordering of e3nn's weight axis into e3j's groups is applied to the kernel's
@@ -72,6 +72,8 @@ class MultiLayerPerceptron(nn.Module):
             if not x.irreps.is_scalar():
                 raise ValueError(f"x: the MLP takes scalars (0e) only, got irreps {x.irreps}")
             wrap, x = type(x), x.array
+        if self.factored:  # FactoredWeights' hidden holds one row per edge
+            check_rank("x", x, (2,), "[E, features] with factored=True (one row per edge)")
         check_rank("x", x, tuple(range(1, 33)), "[..., features]")
         float_dtype("x", x)
         act = None if self.act is None else _normalize(self.act)
