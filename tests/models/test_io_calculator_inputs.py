@@ -117,6 +117,32 @@ def test_calculator_compiles_once_per_bucket_and_matches_ase_numerics(tiny):
         open_atoms.get_stress()
 
 
+def test_calculator_keeps_no_results_of_another_structure_after_a_refusal(tiny):
+    # calculate() takes the new atoms first: a refusal after that must not leave the previous
+    # structure's results standing as the new one's
+    ase = pytest.importorskip("ase")
+    from ase.calculators.calculator import PropertyNotImplementedError, all_changes
+
+    pot, _, params = tiny
+    s = structure(1)
+    a = ase.Atoms(numbers=s["numbers"], positions=s["positions"], cell=CELL, pbc=True)
+    calc = em.Calculator(pot, params)
+    calc.calculate(a, ["energy", "forces"], all_changes)
+    slab = a.copy()
+    slab.positions[0] += 0.3
+    slab.pbc = [True, True, False]
+    with pytest.raises(PropertyNotImplementedError, match="periodic"):
+        calc.calculate(slab, ["energy", "stress"], all_changes)
+    fresh = em.Calculator(pot, params)
+    assert calc.get_potential_energy(slab) == fresh.get_potential_energy(slab) != fresh.get_potential_energy(a)
+    unknown = a.copy()
+    unknown.numbers[0] = 29  # not in Z
+    with pytest.raises(ValueError, match="numbers"):
+        calc.calculate(unknown, ["energy"], all_changes)
+    with pytest.raises(ValueError, match="numbers"):
+        calc.get_forces(unknown)
+
+
 @pytest.mark.parametrize("periodic", [True, False])
 def test_neighbour_list_is_brute_force(periodic):
     s = structure(7, n=10, periodic=periodic)

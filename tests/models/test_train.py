@@ -69,6 +69,9 @@ def test_prepare_config_fits_reference_energies():
     assert 1 < cfg.avg_num_neighbors < 20  # fcc Cu/Ni with a 3 Å cutoff: ~12 nearest neighbours
     with pytest.raises(ValueError, match=r"atomic numbers \[29\] unknown"):
         prepare_config(nequip((28,), **TINY), structures)
+    # an element in no structure: least squares would give it 0 eV silently
+    with pytest.raises(ValueError, match=r"atomic numbers \[13\] of the config \(\[13, 28, 29\]\) occur in none"):
+        prepare_config(nequip((13, 28, 29), **TINY), structures)
 
 
 def test_training_decreases_loss_and_matches_e3nn_twin():

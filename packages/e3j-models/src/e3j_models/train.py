@@ -87,7 +87,10 @@ def _results(atoms, k: int):
 
 def prepare_config(config: MACEConfig | NequIPConfig, structures: Sequence) -> MACEConfig | NequIPConfig:
     """``config`` with ``atomic_energies`` (least squares on the energies) and ``avg_num_neighbors``
-    (mean over atoms) taken from ``structures``."""
+    (mean over atoms) taken from ``structures``. Every element of the config must occur in them
+    (``ValueError`` naming those that do not: their energies could not be fitted, nor their
+    embeddings trained); where the compositions do not tell the elements' energies apart (all
+    structures in one ratio) the least-squares solution of smallest norm is taken."""
     z = list(config.atomic_numbers)
     counts = np.zeros((len(structures), len(z)))
     energies = np.zeros(len(structures))
@@ -102,6 +105,13 @@ def prepare_config(config: MACEConfig | NequIPConfig, structures: Sequence) -> M
         energies[k] = _results(atoms, k)["energy"]
         neighbours += _num_edges(atoms, config.cutoff)
         atoms_total += len(atoms)
+    absent = [zi for i, zi in enumerate(z) if not counts[:, i].any()]
+    if absent:
+        raise ValueError(
+            f"atomic numbers {absent} of the config ({z}) occur in none of the {len(structures)} training "
+            "structures: their reference energies cannot be fitted; drop them from atomic_numbers or add "
+            "structures holding them"
+        )
     e0 = np.linalg.lstsq(counts, energies, rcond=None)[0]
     return dataclasses.replace(
         config,
