@@ -59,7 +59,13 @@ def test_irrep_basics():
     assert Irrep("2e").dim == 5
     assert Irrep("0e").is_scalar() and not Irrep("0o").is_scalar()
     assert [str(ir) for ir in Irrep("1o") * Irrep("2o")] == ["1e", "2e", "3e"]
-    assert 3 * Irrep("1o") == MulIrrep(3, Irrep("1o"))
+    # n * Irrep is Irreps, as in e3nn-jax (it was a MulIrrep pair: `3 * ir + 2 * ir2` a 4-tuple)
+    assert 3 * Irrep("1o") + 2 * Irrep("0e") == Irreps("3x1o + 2x0e") == 3 * e3nn.Irrep("1o") + 2 * e3nn.Irrep("0e")
+    assert isinstance(3 * Irrep("1o"), Irreps) and 3 * Irrep("1o") + "0e" == "3x1o + 0e"
+    with pytest.raises(ValueError, match="multiplicity"):
+        -1 * Irrep("1o")
+    with pytest.raises(TypeError):
+        True * Irrep("1o")
     assert {Irrep("1o"): 1}[Irrep(1, -1)] == 1
     l, p = Irrep("2o")
     assert (l, p) == (2, -1)
@@ -105,6 +111,10 @@ def test_filter_like_e3nn():
         {"lmax": 1},
         {"keep": "1o"},
         {"keep": lambda mul_ir: mul_ir.mul > 1},
+        # e3nn-jax's Irrep and MulIrrep are tuples: read whole, not iterated as (l, p) / (mul, ir)
+        {"keep": e3nn.Irrep("1o")},
+        {"drop": e3nn.Irreps("2x1o")[0]},
+        {"keep": [e3nn.Irrep("0e"), e3nn.Irrep("2e")]},
     ]:
         assert str(ours.filter(**kwargs)) == str(ref.filter(**kwargs))
     with pytest.raises(ValueError, match="keep and drop"):
@@ -117,7 +127,16 @@ def test_concatenation_repetition_and_membership():
     a = Irreps("0e + 1o")
     assert a + "2e" == Irreps("0e + 1o + 2e")
     assert "2e" + a == Irreps("2e + 0e + 1o")
-    assert a * 2 == Irreps("0e + 1o + 0e + 1o")
+    # * multiplies the multiplicities, as in e3nn-jax (a tuple's * would repeat the blocks)
+    b = Irreps("2x1o + 3x0e")
+    assert b * 2 == 2 * b == Irreps("4x1o + 6x0e") == e3nn.Irreps("2x1o + 3x0e") * 2
+    assert b * 0 == Irreps("0x1o + 0x0e") and Irreps("12x0e + 14x1e") // 2 == e3nn.Irreps("12x0e + 14x1e") // 2
+    with pytest.raises(ValueError, match="n >= 0"):
+        b * -1
+    with pytest.raises(TypeError, match="an int n >= 0"):
+        b * 1.5
+    assert not Irreps("").is_scalar() and Irreps("2x0e + 0e").is_scalar()
+    assert Irreps("").is_scalar() == e3nn.Irreps("").is_scalar()
     assert "1o" in a and "2e" not in a
     assert Irreps("2x1o + 1o").count("1o") == 3
     assert a[1:] == Irreps("1o") and a[0] == MulIrrep(1, Irrep("0e"))
@@ -141,6 +160,8 @@ def test_concatenation_repetition_and_membership():
         ("-2x1e", "'-2'"),
         ("2x1e + 3xo", "'o'"),
         ("e", "'e'"),
+        ("²x1o", "invalid multiplicity '²'"),  # a digit to str.isdigit, not to int()
+        ("1²o", "1²o"),
     ],
 )
 def test_malformed_strings_name_the_bad_token(text, token):

@@ -71,6 +71,15 @@ def test_normalize_of_a_nan_vector_is_nan():
     np.testing.assert_array_equal(out[1], np.r_[1.0, np.zeros(8)])
 
 
+def test_normalize_of_huge_and_tiny_vectors():
+    """|v|² overflows above ~1e154 and underflows below ~1e-154 in float64: such vectors once read
+    as the zero vector (zeros); their direction is what normalize=True must give."""
+    u = np.array([[1.0, 2.0, -2.0], [0.5, -1.0, 3.0]])
+    want = spherical_harmonics([0, 1, 2, 3], u, True)
+    for scale in (1e155, 1e300, 1e-160, 1e-170, 1e-300):
+        np.testing.assert_allclose(spherical_harmonics([0, 1, 2, 3], u * scale, True), want, rtol=1e-13, atol=1e-15)
+
+
 def test_normalizations_relate():
     rng = np.random.default_rng(1)
     u = rng.normal(size=(50, 3))
@@ -217,6 +226,11 @@ def test_complex_vectors_are_refused():
     # casting to float64 would drop the imaginary part (numpy only warns)
     with pytest.raises(TypeError, match="vectors must be a real"):
         spherical_harmonics(1, np.array([1j, 1.0, 0.0]), False)
+
+
+def test_complex_vectors_are_refused_by_the_polynomials_too():
+    with pytest.raises(TypeError, match="vectors must be real"):
+        spherical_harmonic_polynomials(1)(np.array([1 + 5j, 0.0, 0.0]))
 
 
 def test_normalize_must_be_a_bool():

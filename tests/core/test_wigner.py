@@ -86,6 +86,16 @@ def test_log_coordinates_roundtrip():
     assert np.allclose(np.abs(back[1]), np.abs(log[1]), atol=1e-10)  # angle pi: axis sign free
 
 
+def test_non_finite_angles_give_nan_for_their_own_matrices():
+    # as e3nn-jax; eigh once failed for the whole batch ("Eigenvalues did not converge")
+    alpha = np.array([0.1, 0.2, np.nan, 0.4])
+    for D in (wigner_D_from_angles(2, alpha, 0.3, 0.5), Irrep("2e").D_from_angles(alpha, 0.3, 0.5)):
+        assert np.isnan(D[2]).all() and np.isfinite(D[[0, 1, 3]]).all()
+        np.testing.assert_allclose(D[[0, 1, 3]], wigner_D_from_angles(2, alpha[[0, 1, 3]], 0.3, 0.5), atol=1e-15)
+    D = wigner_D_from_log_coordinates(1, [[0.1, 0.0, 0.0], [np.inf, 0.0, 0.0]])
+    assert np.isfinite(D[0]).all() and np.isnan(D[1]).all()
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match=r"shape \[\.\.\., 3, 3\]"):
         wigner_D(1, np.eye(2))

@@ -26,7 +26,7 @@ from ._checks import check_int, is_int
 
 __all__ = ["IntoIrrep", "IntoIrreps", "Irrep", "Irreps", "MulIrrep", "as_irreps"]
 
-_IRREP_RE = re.compile(r"^(\d+)([eoy])$")
+_IRREP_RE = re.compile(r"^([0-9]+)([eoy])$")
 _PARITY = {"e": 1, "o": -1}
 
 
@@ -138,10 +138,11 @@ class Irrep(tuple):
         for l in range(abs(self.l - other.l), self.l + other.l + 1):
             yield Irrep(l, p)
 
-    def __rmul__(self, mul: int) -> MulIrrep:
-        if not isinstance(mul, int):
+    def __rmul__(self, mul: int) -> Irreps:
+        """``3 * Irrep("1o")`` is ``Irreps("3x1o")``, as in e3nn-jax."""
+        if isinstance(mul, bool) or not is_int(mul):
             return NotImplemented
-        return MulIrrep(mul, self)
+        return Irreps([_mul_irrep(mul, self, f"{mul} * {self}")])
 
     def __add__(self, other: IntoIrreps) -> Irreps:  # type: ignore[override]
         """The direct sum, an :class:`Irreps` (as in e3nn-jax; not a concatenation of pairs)."""
@@ -304,8 +305,8 @@ class Irreps(tuple):
         return out
 
     def is_scalar(self) -> bool:
-        """True when every irrep is ``0e``."""
-        return all(ir.is_scalar() for _, ir in self)
+        """True when every irrep is ``0e`` and there is one (e3nn-jax: the empty sum is not scalar)."""
+        return len(self) > 0 and all(ir.is_scalar() for _, ir in self)
 
     def count(self, ir: IntoIrrep) -> int:  # type: ignore[override]
         """Total multiplicity of ``ir``."""
@@ -423,11 +424,22 @@ class Irreps(tuple):
         return Irreps(tuple(Irreps(other)) + tuple(self))
 
     def __mul__(self, n: int) -> Irreps:  # type: ignore[override]
-        if isinstance(n, bool) or not isinstance(n, int):
-            raise TypeError("Irreps * n repeats the irreps n times; n must be an int")
-        return Irreps(tuple(self) * n)
+        """Every multiplicity times ``n``, as in e3nn-jax: ``Irreps("0e + 2x1o") * 2`` is ``2x0e+4x1o``
+        (a tuple's ``*`` would repeat the blocks: ``Irreps(list(irreps) * n)`` does)."""
+        if isinstance(n, bool) or not is_int(n):
+            raise TypeError(f"Irreps * n multiplies the multiplicities by an int n >= 0, got {n!r}")
+        if n < 0:
+            raise ValueError(f"Irreps * n multiplies the multiplicities by an int n >= 0, got {n}")
+        return Irreps([MulIrrep(mul * int(n), ir) for mul, ir in self])
 
     __rmul__ = __mul__
+
+    def __floordiv__(self, n: int) -> Irreps:
+        """Every multiplicity divided by ``n`` (rounded down), as in e3nn-jax: ``Irreps("12x0e +
+        14x1e") // 2`` is ``6x0e+7x1e``."""
+        if isinstance(n, bool) or not is_int(n) or n <= 0:
+            raise TypeError(f"Irreps // n divides the multiplicities by an int n > 0, got {n!r}")
+        return Irreps([MulIrrep(mul // int(n), ir) for mul, ir in self])
 
     def __eq__(self, other: object) -> bool:
         try:
@@ -524,7 +536,7 @@ def _parse_irreps(text: str) -> list[MulIrrep]:
         if "x" in token:
             mul_text, _, ir_text = token.partition("x")
             mul_text = mul_text.strip()
-            if not mul_text.isdigit():
+            if not (mul_text.isascii() and mul_text.isdigit()):  # "²".isdigit() is True; int() refuses it
                 raise ValueError(f"invalid multiplicity '{mul_text}' in '{token}': expected an int >= 0")
             mul = int(mul_text)
         else:
@@ -538,8 +550,11 @@ def _parse_irreps(text: str) -> list[MulIrrep]:
 
 
 def _irrep_set(irreps: object, name: str) -> set[Irrep]:
-    if isinstance(irreps, (str, MulIrrep)):
+    # e3nn-jax's Irrep and MulIrrep are tuples: read whole, never iterated as (l, p) or (mul, ir)
+    if isinstance(irreps, (str, MulIrrep)) or _is_mul_irrep_like(irreps):
         irreps = Irreps(irreps)
+    elif _is_irrep_like(irreps):
+        irreps = Irrep(irreps)
     if isinstance(irreps, Irrep):
         return {irreps}
     try:

@@ -130,7 +130,10 @@ class SphericalHarmonicPolynomials:
 
     def __call__(self, vectors: np.ndarray) -> np.ndarray:
         """Evaluate on ``vectors [..., 3]`` (not normalized); float64 arithmetic throughout."""
-        v = np.asarray(vectors, dtype=np.float64)
+        v = np.asarray(vectors)
+        if np.iscomplexobj(v):  # float64 would drop the imaginary part with only a warning
+            raise TypeError(f"vectors must be real, got dtype {v.dtype}")
+        v = v.astype(np.float64)
         if v.ndim == 0 or v.shape[-1] != 3:
             raise ValueError(f"vectors must have shape [..., 3], got {v.shape}")
         degree = int(self.exponents.max(initial=0))
@@ -353,7 +356,11 @@ def spherical_harmonics(
     dtype = v.dtype if np.issubdtype(v.dtype, np.floating) else np.dtype(np.float64)
     v = v.astype(np.float64)
     if normalize:
+        # scaled by the largest component first: the squares of |v| > 1e154 overflow and of
+        # |v| < 1e-154 underflow in float64 (such vectors read as the zero vector otherwise).
+        # where != 0, not > 0: a NaN component gives NaN, as in e3nn-jax, not the zero vector's zeros
+        m = np.max(np.abs(v), axis=-1, keepdims=True)
+        v = np.divide(v, m, out=np.zeros_like(v), where=m != 0)
         r = np.linalg.norm(v, axis=-1, keepdims=True)
-        # where r != 0, not r > 0: a NaN norm gives NaN, as in e3nn-jax, not the zero vector's zeros
         v = np.divide(v, r, out=np.zeros_like(v), where=r != 0)
     return sh(v).astype(dtype)

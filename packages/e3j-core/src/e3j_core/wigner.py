@@ -73,8 +73,11 @@ def so3_generators(l: int) -> np.ndarray:
 
 def _expm_antisymmetric(A: np.ndarray) -> np.ndarray:
     # iA is Hermitian, so expm(A) = V exp(-i w) V^† from one batched eigh: accurate to ~1 ulp·|A|.
-    w, V = np.linalg.eigh(1j * A)
-    return np.real((V * np.exp(-1j * w)[..., None, :]) @ np.conj(np.swapaxes(V, -1, -2)))
+    # A non-finite angle gives NaN for its own matrix (as e3nn-jax), not a failed eigh for the batch
+    finite = np.isfinite(A).all(axis=(-2, -1))[..., None, None]
+    w, V = np.linalg.eigh(1j * np.where(finite, A, 0))
+    D = np.real((V * np.exp(-1j * w)[..., None, :]) @ np.conj(np.swapaxes(V, -1, -2)))
+    return np.where(finite, D, np.nan)
 
 
 def wigner_D_from_log_coordinates(l: int, log: np.ndarray) -> np.ndarray:
