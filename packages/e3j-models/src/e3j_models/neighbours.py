@@ -63,6 +63,25 @@ def _check_structure(positions, cell, pbc, where: str = ""):
     return positions, cell, pbc
 
 
+def _near_origin(positions, cell, pbc, senders, receivers, shifts):
+    """``positions`` moved near the origin with every edge vector unchanged, so that a float32 batch
+    keeps their differences' digits (unwrapped MD coordinates ~1,000 Å from the origin lose 4 of
+    float32's 7): each atom by whole lattice vectors along the periodic axes, its edges' ``shifts``
+    taking up the difference (any integer move is exact), then all atoms by their mean."""
+    positions = np.asarray(positions, np.float64)
+    shifts = np.asarray(shifts, np.float64)
+    if pbc.any() and len(positions):
+        lattice = cell[pbc]  # the periodic lattice vectors, [k, 3]
+        whole = np.zeros((len(positions), 3))
+        whole[:, pbc] = np.floor(positions @ np.linalg.pinv(lattice))
+        positions = positions - whole @ cell
+        if len(senders):
+            shifts = shifts + whole[senders] - whole[receivers]
+    if len(positions):
+        positions = positions - positions.mean(axis=0)
+    return positions, shifts
+
+
 def _given_neighbours(entry, num_atoms: int, where: str):
     """A caller's ``(senders, receivers, shifts)`` of one structure, checked against its atom count
     (an index past it would connect this structure to the next one in the batch)."""
@@ -179,6 +198,7 @@ def batch_structures(
             s, r, shifts = neighbour_list(positions, cutoff, cell, pbc)
         else:
             s, r, shifts = _given_neighbours(neighbours[g], positions.shape[0], where or f" (structure {g})")
+        positions, shifts = _near_origin(positions, cell, pbc, s, r, shifts)
         if len(s):
             # a zero-length edge has no direction: the model would drop it (two coincident atoms
             # not interacting), which no real structure means; checked in the model's dtype too,
