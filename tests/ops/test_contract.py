@@ -209,3 +209,17 @@ def test_public_op_reaches_the_kernel_through_the_contract():
     want = jax.grad(lambda x: jnp.sum(conv(x, y, s, graph, backend="reference") ** 2))(x)
     np.testing.assert_allclose(dx, want, rtol=1e-12)
     assert e3j_test_backend.calls == ["convolution", "convolution_bwd"]
+
+
+def test_eager_calls_keep_a_bounded_number_of_programs():
+    # one compiled program per static setting of an eager (un-jitted) call, least recently used
+    # dropped past EAGER_PROGRAMS: unbounded, a loop over many irreps exhausted the memory maps
+    from e3j._primitives import multilinear
+
+    info = multilinear._jitted.cache_info()
+    assert info.maxsize == multilinear.EAGER_PROGRAMS
+    conv, graph, x, y, s = _conv_setup()
+    conv(x, y, s, graph, backend="reference")
+    size = multilinear._jitted.cache_info().currsize
+    conv(x, y, s, graph, backend="reference")  # the same setting: no new program
+    assert 0 < multilinear._jitted.cache_info().currsize == size <= multilinear.EAGER_PROGRAMS

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import lru_cache, partial
 from typing import Any
 
 import jax
@@ -48,6 +48,8 @@ from .._vma import varying_like
 from ..backends import OpRequest, kernels_of, select_backend
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
+#: compiled programs kept for eager (un-jitted) calls, one per static setting
+EAGER_PROGRAMS = 64
 
 
 @dataclass(frozen=True)
@@ -440,9 +442,11 @@ def _apply_jitted(primitive: Primitive, *args, **params):
     return _jitted(primitive, tuple(sorted(params.items())))(*args)
 
 
-@cache
+@lru_cache(maxsize=EAGER_PROGRAMS)
 def _jitted(primitive: Primitive, params: tuple) -> Callable:
-    # params are the primitive's static parameters (hashable): one compiled function per setting
+    # params are the primitive's static parameters (hashable): one compiled function per setting,
+    # the least recently used dropped past EAGER_PROGRAMS (each holds its executables: unbounded,
+    # a loop over many irreps ran the process out of memory maps)
     return jax.jit(partial(primitive.bind, **dict(params)))
 
 
