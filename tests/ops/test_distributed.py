@@ -205,6 +205,26 @@ def test_errors(mesh, conv):
         e3j.convolution_sharded(conv, x, y, s[:2], pg, mesh, "d")
     with pytest.raises(TypeError, match=r"must come from e3j\.partition_graph"):
         e3j.convolution_sharded(conv, x, y, s, e3j.Graph.from_edges(senders, receivers, 3), mesh, "d")
+    # the caller's shapes are named, not one device's blocks (its nodes and halo, edge_capacity)
+    with pytest.raises(ValueError, match=r"x must be \[N=3, Dx=4, C\] .* got \(3, 3, 2\)"):
+        e3j.convolution_sharded(conv, x[:, :3], y, s, pg, mesh, "d")
+    with pytest.raises(ValueError, match=r"y must be \[E=3, Dy=4\(, C\)\] .* got \(3, 3\)"):
+        e3j.convolution_sharded(conv, x, y[:, :3], s, pg, mesh, "d")
+    with pytest.raises(ValueError, match=rf"s must be \[E=3, num_paths={conv.num_paths}, C\], got \(3, 2, 2\)"):
+        e3j.convolution_sharded(conv, x, y, s[:, :2], pg, mesh, "d")
+    with pytest.raises(ValueError, match="x has 2 channels but s has 1"):
+        e3j.convolution_sharded(conv, x, y, s[..., :1], pg, mesh, "d")
+
+
+def test_no_nodes(mesh, conv):
+    # an empty graph is valid for e3j.Convolution; sharded, XLA refused a zero-length all_gather
+    pg = e3j.partition_graph(np.zeros(0, int), np.zeros(0, int), 0, NDEV)
+    x, y = jnp.zeros((0, conv.coo.dim_x, 2)), jnp.zeros((0, conv.coo.dim_y))
+    s = jnp.zeros((0, conv.num_paths, 2))
+    m = e3j.convolution_sharded(conv, x, y, s, pg, mesh, "d")
+    assert m.shape == (0, conv.irreps_out.dim, 2) and m.dtype == x.dtype
+    grads = jax.grad(lambda x, s: jnp.sum(e3j.convolution_sharded(conv, x, y, s, pg, mesh, "d")), (0, 1))(x, s)
+    assert [g.shape for g in grads] == [x.shape, s.shape]
 
 
 def test_tensor_product_under_shard_map_with_vma_checks():

@@ -65,19 +65,24 @@ class Convolution(CooOp):
         if isinstance(s, FactoredWeights):
             return self._factored(x, y, s, graph, backend)
         check_rank("s", s, (3,), f"[E, num_paths={coo.num_paths}, C]")
-        check_same_dtype(x=x, y=y, s=s)
-        self._check_xy(x, y, graph)
-        if s.shape[:2] != (graph.num_edges, coo.num_paths):
-            raise ValueError(f"s must be [E={graph.num_edges}, num_paths={coo.num_paths}, C], got {s.shape}")
-        if s.shape[2] != x.shape[2]:
-            raise ValueError(f"x has {x.shape[2]} channels but s has {s.shape[2]}")
+        self._check_operands(x, y, s, graph.num_nodes, graph.num_edges)
         leaves, tree = jax.tree.flatten(graph)
         spec = ConvSpec(coo, y_channels=y.ndim == 3, graph_tree=tree)
         out = CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": s}, leaves, ("m",), current_backend_request(backend))
         return out["m"]
 
-    def _check_xy(self, x, y, graph: Graph) -> None:
-        coo, n, e = self.coo, graph.num_nodes, graph.num_edges
+    def _check_operands(self, x, y, s, n: int, e: int) -> None:
+        """Shapes and dtypes of array operands (ranks checked) for a graph of ``n`` nodes and ``e`` edges."""
+        coo = self.coo
+        check_same_dtype(x=x, y=y, s=s)
+        self._check_xy(x, y, n, e)
+        if s.shape[:2] != (e, coo.num_paths):
+            raise ValueError(f"s must be [E={e}, num_paths={coo.num_paths}, C], got {s.shape}")
+        if s.shape[2] != x.shape[2]:
+            raise ValueError(f"x has {x.shape[2]} channels but s has {s.shape[2]}")
+
+    def _check_xy(self, x, y, n: int, e: int) -> None:
+        coo = self.coo
         if x.shape[:2] != (n, coo.dim_x):
             raise ValueError(
                 f"x must be [N={n}, Dx={coo.dim_x}, C] for irreps_x {coo.irreps_x} and this graph, got {x.shape}"
@@ -94,7 +99,7 @@ class Convolution(CooOp):
         check_weights("s", w, graph.num_edges, coo.num_paths * channels, f"num_paths={coo.num_paths} × C={channels}")
         parts = {"s.hidden": w.hidden, "s.kernel": w.kernel, "s.bias": w.bias}
         check_same_dtype(x=x, y=y, **{k: v for k, v in parts.items() if v is not None})
-        self._check_xy(x, y, graph)
+        self._check_xy(x, y, graph.num_nodes, graph.num_edges)
         leaves, tree = jax.tree.flatten(graph)
         request = current_backend_request(backend)
 

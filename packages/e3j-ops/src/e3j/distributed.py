@@ -239,6 +239,10 @@ def convolution_sharded(
     for name, a in (("y", y), ("s", s)):
         if a.shape[0] != pg.num_edges:
             raise ValueError(f"{name} has {a.shape[0]} edges but the partitioned graph has {pg.num_edges}")
+    # the caller's shapes, here: inside the sharded function conv would name each device's blocks
+    conv._check_operands(x, y, s, pg.num_nodes, pg.num_edges)
+    if pg.num_nodes == 0:  # nothing to gather (XLA refuses a zero-length all_gather)
+        return jnp.zeros((0, conv.coo.dim_out, x.shape[2]), x.dtype)
 
     n, n_pad = pg.nodes_per_device, pg.num_nodes_padded
     x_pad = jnp.pad(x, ((0, n_pad - pg.num_nodes), (0, 0), (0, 0)))
