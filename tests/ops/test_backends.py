@@ -480,6 +480,17 @@ def test_info_says_why_a_backend_is_passed_over(monkeypatch, capsys):
     assert "yields:" not in out.split("  test ", 1)[1].split("compatible:", 1)[0]
 
 
+def test_info_says_a_backend_that_fails_to_load_is_passed_over(capsys):
+    # the test plugin's load_fails (cpu, priority 200) outranks the chosen test (100): selection
+    # skips it for its failed load, as for a kernel package whose shared library is missing
+    assert main(["info"]) == 0
+    selected = capsys.readouterr().out.split("Selected backend", 1)[1]
+    assert (
+        "load_fails not used: backend 'load_fails' failed to load: RuntimeError: simulated kernel load failure"
+        in selected
+    )
+
+
 def test_yields_are_validated():
     base = {"name": "m", "version": "0", "platforms": ["cpu"], "load": backends._load_reference}
     b = backends.Backend.from_mapping({**base, "yields": {"convolution": (128, "pallas_gpu")}})

@@ -228,6 +228,38 @@ def test_plot_without_matplotlib_stops_before_the_sweep(tmp_path, monkeypatch):
         main(["bench", "--quick", "--plot", str(tmp_path / "fig.png")])
 
 
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--channels", "0"], "--channels must be >= 1, got 0"),
+        (["--sizes", "0"], "--sizes must be >= 1, got 0"),
+        (["--degree", "0"], "--degree must be >= 1, got 0"),
+        (["--runs", "0"], "--runs must be >= 1, got 0"),
+        (["--memory-budget", "0"], "--memory-budget must be >= 1, got 0"),
+        (["--jobs", "0"], "--jobs must be >= 1, got 0"),
+        (["--lmax", "-1"], "--lmax must be >= 0, got -1"),
+        (["--json", "{missing}/x.json"], "--json .*: not a file in a writable folder"),
+        (["--markdown", "{tmp}"], "--markdown .*: not a file in a writable folder"),
+        (
+            ["--elements", "4", "--channels", "16"],
+            r"--elements: 4 at lmax 1 is smaller than the channel count\(s\) \[16\]",
+        ),
+    ],
+)
+def test_bad_arguments_stop_before_the_sweep(tmp_path, monkeypatch, extra, message):
+    """A zero count was measured (nothing reaches a kernel) and reported as a throughput; a zero
+    --memory-budget became the machine's memory; a bad --json or --markdown path failed after the
+    sweep, with a traceback."""
+
+    def sweep(args):
+        raise AssertionError("the sweep ran")
+
+    monkeypatch.setattr(_sweep, "run", sweep)
+    extra = [a.format(missing=tmp_path / "missing", tmp=tmp_path) for a in extra]
+    with pytest.raises(SystemExit, match=message):
+        main(["bench", "--quick", *extra])
+
+
 def test_convolution_memory_and_max_nodes():
     from e3j._sweep import max_nodes, peak_bytes
 

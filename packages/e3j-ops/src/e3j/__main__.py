@@ -126,6 +126,11 @@ def _passed_over(req, chosen: str) -> list[tuple[str, str]]:
     for b in backends.available_backends():
         if b.auto and b.name != chosen and req.platform in b.platforms and b.priority > floor:
             reason = b.unsupported(req) or b.passed_over(req)
+            if not reason:  # e.g. a kernel package whose shared library is missing: selection skipped it
+                try:
+                    backends._check_loadable(b)
+                except backends.BackendError as err:
+                    reason = str(err)
             if reason:
                 passed.append((b.name, reason))
     return passed

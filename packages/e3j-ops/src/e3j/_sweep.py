@@ -209,7 +209,7 @@ def _memory_nodes(args, lmax: int, channels: int) -> int:
 
 
 def memory_rows(args, impls) -> list[dict]:
-    budget = args.memory_budget or device_memory(jax.devices()[0])
+    budget = device_memory(jax.devices()[0]) if args.memory_budget is None else args.memory_budget
     rows = []
     for lmax in args.lmax:
         for c in args.channels:
@@ -508,11 +508,31 @@ def table1(result: dict) -> str:
     return "\n".join(lines)
 
 
-def main(args) -> int:
+def _check_args(args) -> None:
+    """``SystemExit`` naming the first argument a sweep could not use, before anything is measured
+    (a zero count measured nothing and reported a throughput; a bad path failed after the sweep)."""
     if args.elements is not None and args.sizes is not None:
         raise SystemExit("e3j bench: give --sizes or --elements, not both")
-    if args.copy_bytes is not None and args.copy_bytes < 1:
-        raise SystemExit(f"e3j bench: --copy-bytes must be >= 1, got {args.copy_bytes}")
+    least = {"--channels": 1, "--sizes": 1, "--elements": 1, "--lmax": 0}
+    for flag, low in least.items():
+        values = getattr(args, flag[2:])
+        bad = [v for v in values or () if v < low]
+        if bad:
+            raise SystemExit(f"e3j bench: {flag} must be >= {low}, got {bad[0]}")
+    for flag in ("--copy-bytes", "--memory-budget", "--degree", "--runs", "--jobs"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and value < 1:
+            raise SystemExit(f"e3j bench: {flag} must be >= 1, got {value}")
+    for flag in ("--json", "--markdown", "--plot"):
+        path = getattr(args, flag[2:])
+        if path is not None:
+            folder = os.path.dirname(os.path.abspath(path))
+            if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+                raise SystemExit(f"e3j bench: {flag} {path}: not a file in a writable folder")
+
+
+def main(args) -> int:
+    _check_args(args)
     if args.quick:
         args.lmax = args.lmax or [1, 2]
         args.channels = args.channels or [16]
@@ -523,6 +543,11 @@ def main(args) -> int:
     args.lmax = args.lmax or [1, 2, 3]
     args.channels = args.channels or [32, 64, 128]
     args.sizes = args.sizes or [4096]
+    if not args.replot:
+        try:  # --elements smaller than a channel count, or not one per --lmax
+            list(cases(args.ops, args.directions, args.lmax, args.channels, args.sizes, args.degree, args.elements))
+        except ValueError as err:
+            raise SystemExit(f"e3j bench: {err}") from None
     if args.plot:
         from ._plot import require_matplotlib
 
