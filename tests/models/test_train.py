@@ -189,6 +189,13 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
     ]:
         with pytest.raises(SystemExit, match=match):
             main([*args, *extra])
+    # training data that fit refuses: refused before --out is touched too
+    unlabelled = read_dataset(args[2])
+    for atoms in unlabelled:
+        atoms.calc.results.pop("stress", None)
+    write_dataset(tmp_path / "no-stress.extxyz", unlabelled)
+    with pytest.raises(SystemExit, match=r"--data: weights\[2\] \(stress\) is 1.0 but no training structure"):
+        main([*args[:1], "--data", str(tmp_path / "no-stress.extxyz"), *args[3:], "--stress-weight", "1"])
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     (tmp_path / "a_file").write_text("")
     with pytest.raises(SystemExit, match=r"--out '.*a_file' exists and is not a directory"):
@@ -196,8 +203,9 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
 
 
 def test_stress_weight_with_an_open_structure_gives_finite_gradients():
-    """A batch holding a structure without a cell has no stress labels: its stress term is 0 and
-    so is its gradient (the NaN stress of an open structure once made every gradient NaN)."""
+    """A structure without a cell has no stress label: it adds 0 to the stress term and so does its
+    gradient (the NaN stress of an open structure once made every gradient NaN), while its
+    batch-mates' labels count."""
     import jax
     import jax.numpy as jnp
     from ase.build import bulk
@@ -224,22 +232,43 @@ def test_stress_weight_with_an_open_structure_gives_finite_gradients():
     cfg = nequip((29,), **{**TINY, "num_channels": 2})
     pot = Potential(cfg)
     ((batch, labels),) = _batches(structures, cfg, 2, None, np.float32)
-    assert not bool(labels.has_stress)
+    # per structure: the periodic one's label counts though its batch-mate has none (a whole batch
+    # once lost its stress term to one open structure, which batches depend on the seed)
+    assert labels.has_stress.tolist() == [True, False]
+    ((open_batch, open_labels),) = _batches(structures[1:], cfg, 1, None, np.float32)
+    assert labels.has_stress.shape == (2,) and open_labels.has_stress.tolist() == [False]
     params = pot.init(jax.random.key(0), batch)
-    grads = {}
-    for w in ((1.0, 1.0, 0.0), (1.0, 1.0, 1.0)):
-        (loss, parts), grads[w] = jax.value_and_grad(lambda p, w=w: loss_fn(pot, p, batch, labels, w), has_aux=True)(
-            params
-        )
-        assert np.isfinite(float(loss))
-        assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads[w]))
-    assert float(parts["stress"]) == 0.0
-    # no stress labels: the stress weight changes nothing
-    jax.tree.map(np.testing.assert_allclose, grads[(1.0, 1.0, 0.0)], grads[(1.0, 1.0, 1.0)])
+    grads, parts = {}, {}
+    for key, (b, lab) in {"mixed": (batch, labels), "open": (open_batch, open_labels)}.items():
+        for w in ((1.0, 1.0, 0.0), (1.0, 1.0, 1.0)):
+            (loss, parts[key, w]), grads[key, w] = jax.value_and_grad(
+                lambda p, w=w, b=b, lab=lab: loss_fn(pot, p, b, lab, w), has_aux=True
+            )(params)
+            assert np.isfinite(float(loss))
+            assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads[key, w]))
     # the stress of the open structure stays NaN in the potential's output (ASE: undefined)
     out = pot(params, batch, stress=True)
     assert bool(jnp.all(jnp.isnan(out["stress"][1]))) and bool(jnp.all(jnp.isfinite(out["stress"][0])))
+    want = float(jnp.mean((out["stress"][0] - labels.stress[0]) ** 2))
+    assert float(parts["mixed", (1.0, 1.0, 1.0)]["stress"]) == pytest.approx(want, rel=1e-5) and want > 0
+    # no stress label in the batch: the term is 0 and the stress weight changes nothing
+    assert float(parts["open", (1.0, 1.0, 1.0)]["stress"]) == 0.0
+    jax.tree.map(np.testing.assert_allclose, grads["open", (1.0, 1.0, 0.0)], grads["open", (1.0, 1.0, 1.0)])
     fit(cfg, structures, structures[:1], steps=2, batch_size=2, weights=(1.0, 1.0, 1.0), progress=False)
+    # a stress weight with no stress label anywhere in the training data would train without it
+    with pytest.raises(ValueError, match=r"weights\[2\] \(stress\) is 1.0 but no training structure has a stress"):
+        fit(cfg, structures[1:], structures[:1], steps=2, weights=(1.0, 1.0, 1.0), progress=False)
+
+
+def test_fit_refuses_float64_without_x64():
+    # JAX would train in float32 without a word (as the Calculator already refused)
+    import jax
+
+    structures = emt_structures(2)
+    with jax.enable_x64(False), pytest.raises(ValueError, match="jax_enable_x64"):
+        fit(nequip((28, 29), **TINY), structures, structures, steps=1, dtype=np.float64, progress=False)
+    with pytest.raises(ValueError, match="float32 or float64"):
+        fit(nequip((28, 29), **TINY), structures, structures, steps=1, dtype=np.int32, progress=False)
 
 
 @pytest.mark.parametrize("flag, factored", [([], True), (["--array-radial"], False)])

@@ -62,7 +62,7 @@ def _train(args) -> None:
     from . import config as cfgs
     from ._checks import check_int
     from .data import read_dataset
-    from .train import _check_weights, fit, plot_history, write_history
+    from .train import _check_weights, check_training_data, fit, plot_history, write_history
 
     # checked before anything is read or made, and named as the command line names them
     if not (math.isfinite(args.lr) and args.lr > 0):  # a negative rate climbs the loss
@@ -97,6 +97,10 @@ def _train(args) -> None:
         Potential(config, args.backend)  # the backend checked now, before --out is touched
     except ValueError as err:
         raise ValueError(f"--backend: {err}") from err
+    try:
+        check_training_data(config, train, weights)
+    except ValueError as err:
+        raise ValueError(f"--data: {err}") from err
     # history.json and loss.png of an earlier run are rewritten at the end
     _make_out(args.out, ("model.npz", "metrics.json", "history.json", "loss.png"))
     t0 = time.perf_counter()

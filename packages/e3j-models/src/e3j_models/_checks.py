@@ -18,6 +18,7 @@ __all__ = [
     "check_array",
     "check_bool",
     "check_int",
+    "check_model_dtype",
     "check_positive_int",
     "check_positive_real",
     "check_rank",
@@ -26,6 +27,28 @@ __all__ = [
     "index_array",
     "is_int",
 ]
+
+
+def check_model_dtype(dtype) -> type:
+    """A model's float dtype: ``None`` is JAX's default (float64 under ``jax_enable_x64``, else
+    float32); float64 needs ``jax_enable_x64`` (JAX would otherwise compute in float32 without a word)."""
+    import numpy as np
+
+    x64 = bool(jax.config.jax_enable_x64)
+    if dtype is None:
+        return np.float64 if x64 else np.float32
+    try:
+        kind = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
+    if kind == np.float64 and not x64:
+        raise ValueError(
+            "dtype=float64 needs JAX's 64-bit mode (jax.config.update('jax_enable_x64', True)); "
+            "without it JAX computes in float32. Enable it, or pass dtype=np.float32"
+        )
+    if kind not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {kind}")
+    return kind.type
 
 
 def check_real(name: str, value: object, minimum: float | None = None, what: str = "") -> float:

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import check_model_dtype
 from ._optional import missing
 
 try:
@@ -55,16 +56,7 @@ class Calculator(_AseCalculator):
         super().__init__(**kwargs)
         if not isinstance(potential, Potential):
             raise TypeError(f"potential must be an e3j_models.Potential, got {type(potential).__name__}")
-        x64 = bool(jax.config.jax_enable_x64)
-        if dtype is None:
-            dtype = np.float64 if x64 else np.float32
-        elif np.dtype(dtype) == np.float64 and not x64:
-            raise ValueError(
-                "dtype=float64 needs JAX's 64-bit mode (jax.config.update('jax_enable_x64', True)); "
-                "without it JAX computes in float32. Enable it, or pass dtype=np.float32"
-            )
-        elif np.dtype(dtype) not in (np.float32, np.float64):
-            raise ValueError(f"dtype must be float32 or float64, got {np.dtype(dtype)}")
+        dtype = check_model_dtype(dtype)
         bucket_size(1, headroom)  # checks headroom now, not at the first calculation
         self.potential, self.headroom, self.dtype = potential, headroom, dtype
         self.params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)

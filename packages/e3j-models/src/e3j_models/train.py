@@ -1,8 +1,10 @@
 """Training a :class:`~e3j_models.Potential` on energies, forces (and stress) with optax.
 
 The loss of a batch is ``w_E · mean_g ((E_g - E_g^ref) / n_g)² + w_F · mean_{atoms, xyz} (F - F^ref)²
-+ w_S · mean_g mean_ij (σ_g - σ_g^ref)²`` (energy per atom, eV² / (eV/Å)² / (eV/Å³)²; the stress term
-only when every structure carries a stress and ``stress_weight > 0``). Forces in the loss mean a
++ w_S · mean_g' mean_ij (σ_g' - σ_g'^ref)²`` (energy per atom, eV² / (eV/Å)² / (eV/Å³)²; the stress
+term when ``w_S > 0``, over the batch's structures ``g'`` that carry a stress label and are
+periodic in all three directions, 0 for a batch with none; ``fit`` refuses ``w_S > 0`` when no
+training structure has one). Forces in the loss mean a
 second derivative through every convolution: ``jax.grad`` of a loss built on ``jax.grad``.
 
 Batches: the training structures are split once (seeded) into batches of ``batch_size`` and every
@@ -36,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import check_int, check_real
+from ._checks import check_int, check_model_dtype, check_real
 from ._optional import require
 from .batch import GraphBatch
 from .config import MACEConfig, NequIPConfig
@@ -47,6 +49,7 @@ from .potential import Potential
 __all__ = [
     "FitResult",
     "Labels",
+    "check_training_data",
     "epoch_losses",
     "evaluate",
     "fit",
@@ -59,7 +62,8 @@ __all__ = [
 
 class Labels(NamedTuple):
     """Reference values padded like the batch: ``energy [G]``, ``num_atoms [G]``, ``forces [N, 3]``,
-    ``stress [G, 3, 3]`` (ASE sign, eV/Å³), ``has_stress`` (scalar bool)."""
+    ``stress [G, 3, 3]`` (ASE sign, eV/Å³), ``has_stress`` (bool ``[G]``: which structures' stress is a
+    label; a scalar applies to all)."""
 
     energy: jax.Array
     num_atoms: jax.Array
@@ -105,19 +109,35 @@ def prepare_config(config: MACEConfig | NequIPConfig, structures: Sequence) -> M
         energies[k] = _results(atoms, k)["energy"]
         neighbours += _num_edges(atoms, config.cutoff)
         atoms_total += len(atoms)
-    absent = [zi for i, zi in enumerate(z) if not counts[:, i].any()]
-    if absent:
-        raise ValueError(
-            f"atomic numbers {absent} of the config ({z}) occur in none of the {len(structures)} training "
-            "structures: their reference energies cannot be fitted; drop them from atomic_numbers or add "
-            "structures holding them"
-        )
+    _check_elements_present(z, structures)
     e0 = np.linalg.lstsq(counts, energies, rcond=None)[0]
     return dataclasses.replace(
         config,
         atomic_energies=tuple(float(x) for x in e0),
         avg_num_neighbors=max(float(neighbours / atoms_total), 1.0),
     )
+
+
+def _check_elements_present(atomic_numbers: Sequence[int], structures: Sequence) -> None:
+    present = {int(n) for atoms in structures for n in atoms.numbers}
+    absent = [z for z in atomic_numbers if z not in present]
+    if absent:
+        raise ValueError(
+            f"atomic numbers {absent} of the config ({list(atomic_numbers)}) occur in none of the "
+            f"{len(structures)} training structures: their reference energies cannot be fitted; drop them "
+            "from atomic_numbers or add structures holding them"
+        )
+
+
+def check_training_data(config: MACEConfig | NequIPConfig, train: Sequence, weights: tuple) -> None:
+    """What :func:`fit` refuses in its training data (``ValueError``), checked before anything is
+    trained: a config element in no structure, a stress weight with no stress label to use."""
+    _check_elements_present(config.atomic_numbers, train)
+    if weights[2] > 0 and not any(_has_stress(a, _results(a, k)) for k, a in enumerate(train)):
+        raise ValueError(
+            f"weights[2] (stress) is {weights[2]} but no training structure has a stress label on a fully "
+            "periodic cell (atoms.calc.results['stress']; virials are not read): the term would be 0"
+        )
 
 
 def _num_edges(atoms, cutoff: float) -> int:
@@ -143,17 +163,16 @@ def _batches(structures, config, batch_size, rng, dtype):
         )
         forces = np.zeros((n_pad, 3), dtype)
         stress = np.zeros((len(sts), 3, 3), dtype)
-        has_stress = True
+        has_stress = np.zeros(len(sts), bool)
         offset = 0
         for j, (k, atoms) in enumerate(zip(grp, sts, strict=True)):
             res = _results(atoms, int(k))
             forces[offset : offset + len(atoms)] = res["forces"]
             offset += len(atoms)
-            if "stress" in res and atoms.pbc.all():
+            if _has_stress(atoms, res):
                 s = np.asarray(res["stress"])
                 stress[j] = s if s.shape == (3, 3) else _voigt_to_full(s)
-            else:
-                has_stress = False
+                has_stress[j] = True
         labels = Labels(
             jnp.asarray([_results(a, 0)["energy"] for a in sts], dtype),
             jnp.asarray([len(a) for a in sts], dtype),
@@ -163,6 +182,11 @@ def _batches(structures, config, batch_size, rng, dtype):
         )
         out.append((batch, labels))
     return out
+
+
+def _has_stress(atoms, results) -> bool:
+    """Whether a structure's stress is a label: given, and the cell periodic in all directions."""
+    return "stress" in results and bool(np.all(atoms.pbc))
 
 
 def _voigt_to_full(s):
@@ -186,10 +210,12 @@ def loss_fn(
     parts = {"energy": e, "forces": f}
     loss = w_e * e + w_f * f
     if w_s > 0:
-        # without stress labels (an open structure in the batch: NaN stress) the term is 0, and so is
-        # its gradient: the NaN must not reach the square, whose gradient where() would still take
-        predicted = jnp.where(labels.has_stress, out["stress"], labels.stress)
-        s = jnp.where(labels.has_stress, jnp.mean((predicted - labels.stress) ** 2), 0.0)
+        # structures without a stress label add 0, and so does their gradient: an open structure's
+        # predicted stress is NaN, which must not reach the square (where()'s gradient still would)
+        has = jnp.broadcast_to(labels.has_stress, labels.energy.shape)[:, None, None]
+        predicted = jnp.where(has, out["stress"], labels.stress)
+        per_structure = jnp.mean((predicted - labels.stress) ** 2, axis=(1, 2))
+        s = jnp.sum(per_structure) / jnp.maximum(jnp.sum(has), 1)
         parts["stress"] = s
         loss = loss + w_s * s
     return loss, parts
@@ -251,7 +277,8 @@ def fit(
     ``backend`` ``"e3nn"`` trains the e3nn-jax twin (same parameter tree). ``eval_every > 0`` records
     validation MAEs every so many steps and, with ``checkpoint``, saves the best model there
     (atomically: a temp file renamed). ``factored_radial``: as :class:`Potential`'s (both routes'
-    training gradients measured in docs/models.md). Returns a :class:`FitResult`.
+    training gradients measured in docs/models.md). ``dtype``: of the parameters and batches,
+    float32 or float64 (which needs ``jax_enable_x64``). Returns a :class:`FitResult`.
     """
     optax = require("optax", "fit")
     if progress:
@@ -269,6 +296,8 @@ def fit(
     if not valid:
         raise ValueError("valid is empty: give at least one validation structure")
     weights = _check_weights(weights)
+    dtype = check_model_dtype(dtype)
+    check_training_data(config, train, weights)
     config = prepare_config(config, train)
     potential = Potential(config, backend, factored_radial=factored_radial)
     rng = np.random.default_rng(seed)
