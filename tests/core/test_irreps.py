@@ -123,7 +123,7 @@ def test_filter_like_e3nn():
         ours.filter(lmax=-1)
 
 
-def test_concatenation_repetition_and_membership():
+def test_concatenation_multiplication_and_membership():
     a = Irreps("0e + 1o")
     assert a + "2e" == Irreps("0e + 1o + 2e")
     assert "2e" + a == Irreps("2e + 0e + 1o")
@@ -135,6 +135,10 @@ def test_concatenation_repetition_and_membership():
         b * -1
     with pytest.raises(TypeError, match="an int n >= 0"):
         b * 1.5
+    with pytest.raises(ValueError, match="n > 0, got 0"):
+        b // 0
+    # numpy integers on the left defer to e3j (numpy multiplied the pairs as an array)
+    assert np.int64(2) * b == b * 2 and np.int64(3) * Irrep("1o") == Irreps("3x1o")
     assert not Irreps("").is_scalar() and Irreps("2x0e + 0e").is_scalar()
     assert Irreps("").is_scalar() == e3nn.Irreps("").is_scalar()
     assert "1o" in a and "2e" not in a

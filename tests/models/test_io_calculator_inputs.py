@@ -135,6 +135,9 @@ def test_calculator_keeps_no_results_of_another_structure_after_a_refusal(tiny):
         calc.calculate(slab, ["energy", "stress"], all_changes)
     fresh = em.Calculator(pot, params)
     assert calc.get_potential_energy(slab) == fresh.get_potential_energy(slab) != fresh.get_potential_energy(a)
+    with pytest.raises(PropertyNotImplementedError, match="periodic"):
+        calc.get_stress(slab)  # the same atoms: their energy stays (no recalculation needed)
+    assert calc.results.get("energy") == fresh.get_potential_energy(slab)
     unknown = a.copy()
     unknown.numbers[0] = 29  # not in Z
     with pytest.raises(ValueError, match="numbers"):

@@ -491,6 +491,16 @@ def test_info_says_a_backend_that_fails_to_load_is_passed_over(capsys):
     )
 
 
+def test_info_says_the_environment_chose_a_lower_backend(monkeypatch, capsys):
+    # E3J_BACKEND, not a failed load, is why the higher-priority backends were not used
+    monkeypatch.setenv("E3J_BACKEND", "reference")
+    assert main(["info"]) == 0
+    selected = capsys.readouterr().out.split("Selected backend", 1)[1]
+    assert "test not used: E3J_BACKEND=reference chose reference" in selected
+    assert "load_fails not used: E3J_BACKEND=reference chose reference" in selected
+    assert "failed to load" not in selected
+
+
 def test_yields_are_validated():
     base = {"name": "m", "version": "0", "platforms": ["cpu"], "load": backends._load_reference}
     b = backends.Backend.from_mapping({**base, "yields": {"convolution": (128, "pallas_gpu")}})

@@ -238,8 +238,8 @@ def test_plot_without_matplotlib_stops_before_the_sweep(tmp_path, monkeypatch):
         (["--memory-budget", "0"], "--memory-budget must be >= 1, got 0"),
         (["--jobs", "0"], "--jobs must be >= 1, got 0"),
         (["--lmax", "-1"], "--lmax must be >= 0, got -1"),
-        (["--json", "{missing}/x.json"], "--json .*: not a file in a writable folder"),
-        (["--markdown", "{tmp}"], "--markdown .*: not a file in a writable folder"),
+        (["--json", "{missing}/x.json"], "--json .*: not a writable file or a new file in a writable folder"),
+        (["--markdown", "{tmp}"], "--markdown .*: not a writable file or a new file in a writable folder"),
         (
             ["--elements", "4", "--channels", "16"],
             r"--elements: 4 at lmax 1 is smaller than the channel count\(s\) \[16\]",

@@ -215,9 +215,17 @@ def test_eager_calls_keep_a_bounded_number_of_programs():
     # one compiled program per static setting of an eager (un-jitted) call, least recently used
     # dropped past EAGER_PROGRAMS: unbounded, a loop over many irreps exhausted the memory maps
     from e3j._primitives import multilinear
+    from e3j._primitives.convolution import CONVOLUTION
 
     info = multilinear._jitted.cache_info()
     assert info.maxsize == multilinear.EAGER_PROGRAMS
+    # past the bound the least recently used goes (a jax.jit is made, not compiled, until called)
+    prim = CONVOLUTION.M
+    first = multilinear._jitted(prim, (("setting", -1),))
+    for i in range(multilinear.EAGER_PROGRAMS):
+        multilinear._jitted(prim, (("setting", i),))
+    assert multilinear._jitted.cache_info().currsize == multilinear.EAGER_PROGRAMS
+    assert multilinear._jitted(prim, (("setting", -1),)) is not first  # dropped, made again
     conv, graph, x, y, s = _conv_setup()
     conv(x, y, s, graph, backend="reference")
     size = multilinear._jitted.cache_info().currsize

@@ -225,6 +225,8 @@ def test_no_nodes(mesh, conv):
     assert m.shape == (0, conv.irreps_out.dim, 2) and m.dtype == x.dtype
     grads = jax.grad(lambda x, s: jnp.sum(e3j.convolution_sharded(conv, x, y, s, pg, mesh, "d")), (0, 1))(x, s)
     assert [g.shape for g in grads] == [x.shape, s.shape]
+    with pytest.raises(e3j.BackendError, match="unknown e3j backend 'typo'"):
+        e3j.convolution_sharded(conv, x, y, s, pg, mesh, "d", backend="typo")
 
 
 def test_tensor_product_under_shard_map_with_vma_checks():

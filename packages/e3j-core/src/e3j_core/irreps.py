@@ -60,6 +60,8 @@ class Irrep(tuple):
     """
 
     __slots__ = ()
+    # np.int64(3) * Irrep("1o") defers to __rmul__ instead of multiplying the pair as an array
+    __array_ufunc__ = None
     # namedtuple-like, so that code rebuilding tuples by type keeps an Irrep an Irrep: Flax's module
     # attributes (``type(t)(*fields)`` for namedtuples, a plain ``tuple`` otherwise) and JAX's pytrees
     _fields = ("l", "p")
@@ -243,6 +245,9 @@ class Irreps(tuple):
     >>> Irreps("2e + 1o + 0e").sort()
     _Sorted(irreps=1x0e+1x1o+1x2e, p=(2, 1, 0), inv=(2, 1, 0))
     """
+
+    # np.int64(2) * Irreps(...) defers to __rmul__ instead of multiplying the pairs as an array
+    __array_ufunc__ = None
 
     def __new__(cls, irreps: IntoIrreps = None) -> Irreps:
         if isinstance(irreps, Irreps):
@@ -437,8 +442,10 @@ class Irreps(tuple):
     def __floordiv__(self, n: int) -> Irreps:
         """Every multiplicity divided by ``n`` (rounded down), as in e3nn-jax: ``Irreps("12x0e +
         14x1e") // 2`` is ``6x0e+7x1e``."""
-        if isinstance(n, bool) or not is_int(n) or n <= 0:
+        if isinstance(n, bool) or not is_int(n):
             raise TypeError(f"Irreps // n divides the multiplicities by an int n > 0, got {n!r}")
+        if n <= 0:
+            raise ValueError(f"Irreps // n divides the multiplicities by an int n > 0, got {n}")
         return Irreps([MulIrrep(mul // int(n), ir) for mul, ir in self])
 
     def __eq__(self, other: object) -> bool:

@@ -68,7 +68,8 @@ class Calculator(_AseCalculator):
         super().calculate(atoms, properties, system_changes)
         # self.atoms is the new structure now: a check failing below must not leave the old one's
         # results standing for it (ASE serves self.results while the atoms compare equal)
-        self.results = {}
+        if system_changes:
+            self.results = {}
         atoms = self.atoms
         if "stress" in properties and not atoms.pbc.all():
             raise PropertyNotImplementedError("stress needs a fully periodic cell (atoms.pbc all True)")

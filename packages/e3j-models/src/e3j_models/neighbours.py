@@ -158,6 +158,11 @@ def batch_structures(
     counts (the nodes get one padding node at least so padding edges have somewhere to point).
     ``neighbours``: each structure's ``(senders, receivers, shifts)`` from :func:`neighbour_list` with
     this ``cutoff``, when the caller has them already (default: computed here).
+
+    The batch's ``positions`` and ``shifts`` are not the input's: each structure is moved near the
+    origin (atoms by whole lattice vectors along periodic axes, their edges' shifts compensating,
+    then all atoms by their mean), so that a float32 batch keeps the digits of coordinates far from
+    the origin. Every edge vector, and so every energy, force and stress, is the input's.
     """
     if isinstance(structures, (dict, str)) or hasattr(structures, "get_positions"):
         raise TypeError(

@@ -114,9 +114,15 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _passed_over(req, chosen: str) -> list[tuple[str, str]]:
-    """``(name, reason)`` of the automatic backends for ``req``'s platform that outrank ``chosen`` but
-    cannot run ``req`` (e.g. Mosaic GPU kernels on a GPU older than Hopper)."""
+    """``(name, reason)`` of the automatic backends for ``req``'s platform that outrank ``chosen``
+    and were not used: they cannot run ``req`` (e.g. Mosaic GPU kernels on a GPU older than Hopper),
+    they fail to load (a kernel package whose shared library is missing: loaded here, as selection
+    tried to), or ``E3J_BACKEND`` chose ``chosen``."""
+    import os
+
     from . import backends
+
+    env = os.environ.get(backends.ENV_VAR, "").strip()
 
     try:
         floor = backends.get_backend(chosen).priority
@@ -126,7 +132,9 @@ def _passed_over(req, chosen: str) -> list[tuple[str, str]]:
     for b in backends.available_backends():
         if b.auto and b.name != chosen and req.platform in b.platforms and b.priority > floor:
             reason = b.unsupported(req) or b.passed_over(req)
-            if not reason:  # e.g. a kernel package whose shared library is missing: selection skipped it
+            if not reason and env == chosen:
+                reason = f"{backends.ENV_VAR}={env} chose {chosen}"
+            elif not reason:
                 try:
                     backends._check_loadable(b)
                 except backends.BackendError as err:

@@ -527,8 +527,10 @@ def _check_args(args) -> None:
         path = getattr(args, flag[2:])
         if path is not None:
             folder = os.path.dirname(os.path.abspath(path))
-            if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-                raise SystemExit(f"e3j bench: {flag} {path}: not a file in a writable folder")
+            # an existing writable file (/dev/stdout) will do, else a writable folder for a new one
+            writable = os.access(path, os.W_OK) if os.path.exists(path) else os.access(folder, os.W_OK)
+            if os.path.isdir(path) or not os.path.isdir(folder) or not writable:
+                raise SystemExit(f"e3j bench: {flag} {path}: not a writable file or a new file in a writable folder")
 
 
 def main(args) -> int:

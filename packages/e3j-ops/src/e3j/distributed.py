@@ -43,6 +43,7 @@ from jax import shard_map
 from jax.sharding import Mesh, PartitionSpec
 
 from ._checks import STATIC, check_int, check_rank, edge_arrays
+from .backends import current_backend_request
 from .convolution import Convolution
 from .factored import FactoredWeights
 from .graph import Graph
@@ -242,6 +243,7 @@ def convolution_sharded(
     # the caller's shapes, here: inside the sharded function conv would name each device's blocks
     conv._check_operands(x, y, s, pg.num_nodes, pg.num_edges)
     if pg.num_nodes == 0:  # nothing to gather (XLA refuses a zero-length all_gather)
+        current_backend_request(backend)  # a bad name is an error here too
         return jnp.zeros((0, conv.coo.dim_out, x.shape[2]), x.dtype)
 
     n, n_pad = pg.nodes_per_device, pg.num_nodes_padded
