@@ -94,11 +94,18 @@ def test_load_refuses_other_formats(tmp_path):
             em.load(tmp_path / f"h{k}.npz")
 
 
+def _periodic_atoms():
+    """``structure(1)`` as periodic ``ase.Atoms`` (the calculator tests' system)."""
+    ase = pytest.importorskip("ase")
+    s = structure(1)
+    return ase.Atoms(numbers=s["numbers"], positions=s["positions"], cell=CELL, pbc=True)
+
+
 def test_calculator_compiles_once_per_bucket_and_matches_ase_numerics(tiny):
     ase = pytest.importorskip("ase")
     pot, _, params = tiny
     s = structure(1)
-    atoms = ase.Atoms(numbers=s["numbers"], positions=s["positions"], cell=CELL, pbc=True)
+    atoms = _periodic_atoms()
     calc = em.Calculator(pot, params)
     atoms.calc = calc
     e0 = atoms.get_potential_energy()
@@ -120,12 +127,11 @@ def test_calculator_compiles_once_per_bucket_and_matches_ase_numerics(tiny):
 def test_calculator_keeps_no_results_of_another_structure_after_a_refusal(tiny):
     # calculate() takes the new atoms first: a refusal after that must not leave the previous
     # structure's results standing as the new one's
-    ase = pytest.importorskip("ase")
+    pytest.importorskip("ase")
     from ase.calculators.calculator import PropertyNotImplementedError, all_changes
 
     pot, _, params = tiny
-    s = structure(1)
-    a = ase.Atoms(numbers=s["numbers"], positions=s["positions"], cell=CELL, pbc=True)
+    a = _periodic_atoms()
     calc = em.Calculator(pot, params)
     calc.calculate(a, ["energy", "forces"], all_changes)
     slab = a.copy()
