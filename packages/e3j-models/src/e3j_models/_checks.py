@@ -10,6 +10,7 @@ import numbers
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from e3j._checks import check_array, check_bool, check_int, check_positive_int, check_rank, float_dtype
 from e3j_core._checks import check_positive_real, is_int
@@ -32,8 +33,6 @@ __all__ = [
 def check_model_dtype(dtype) -> type:
     """A model's float dtype: ``None`` is JAX's default (float64 under ``jax_enable_x64``, else
     float32); float64 needs ``jax_enable_x64`` (JAX would otherwise compute in float32 without a word)."""
-    import numpy as np
-
     x64 = bool(jax.config.jax_enable_x64)
     if dtype is None:
         return np.float64 if x64 else np.float32
