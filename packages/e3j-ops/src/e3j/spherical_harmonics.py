@@ -79,19 +79,40 @@ def spherical_harmonics(
     return evaluate(x, rec.ls, rec.normalization, normalize)
 
 
+def _inverse_power_of_two(scale: jax.Array) -> jax.Array:
+    """``2**-k`` for ``2**k <= scale < 2**(k+1)``, clamped to normal numbers; 1 where ``scale`` is 0.
+
+    Built from the exponent's bits: a division by ``scale`` runs on XLA's CPU as a product with its
+    reciprocal, which is subnormal above ``2**126`` (float32) and flushed to zero; ``jnp.ldexp``'s
+    ``pow`` doubled the harmonics' backward on a CPU. Above ``2**127`` the clamp leaves the scaled
+    components below 4. NaN where ``scale`` is infinite or NaN.
+    """
+    info = jnp.finfo(scale.dtype)
+    as_int = {16: jnp.int16, 32: jnp.int32, 64: jnp.int64}[info.bits]
+    bias = info.maxexp - 1
+    field = (jax.lax.bitcast_convert_type(scale, as_int) >> info.nmant) & (2 * bias + 1)
+    inverse = jax.lax.bitcast_convert_type(jnp.maximum(2 * bias - field, 1) << info.nmant, scale.dtype)
+    # an infinite component makes the whole vector NaN, as a NaN one does (e3nn-jax's x / |x| keeps
+    # the finite components' zeros); the zero vector passes unscaled: its derivatives are those of
+    # the polynomials at the origin
+    inverse = jnp.where(field > 2 * bias, jnp.full_like(scale, jnp.nan), inverse)
+    return jnp.where(scale == 0, jnp.ones_like(scale), inverse)
+
+
 def _evaluate(x: jax.Array, ls: tuple[int, ...], normalization: str, normalize: bool) -> jax.Array:
     """The harmonics of checked operands."""
     rec = spherical_harmonic_recurrence(ls, normalization)  # cached: the caller's object
     if normalize:
-        # divide by the largest |component| first so that the squared norm neither underflows nor
-        # overflows (|x| ~ 1e-20 or 1e20 in float32); the direction does not depend on this scale,
-        # so it carries no gradient
+        # scale by a power of two near the largest |component| first, so that the squared norm
+        # neither underflows nor overflows (|x| ~ 1e-20 or 1e20 in float32); the direction does not
+        # depend on this scale, so it carries no gradient
         scale = jax.lax.stop_gradient(jnp.max(jnp.abs(x), axis=-1, keepdims=True))
-        # != rather than >: a NaN component makes the scale NaN, and the vector must then come out
-        # NaN (as in e3nn-jax), not pass unnormalized as the zero vector does
-        nonzero = scale != 0
-        x = x / jnp.where(nonzero, scale, 1)
-        r2 = jnp.sum(x * x, axis=-1, keepdims=True)
+        x = x * _inverse_power_of_two(scale)
+        r2 = jnp.sum(x * x, axis=-1, keepdims=True)  # in [1, 48), 0 or NaN
+        # != rather than >: a NaN component makes r2 NaN, and the vector must then come out NaN (as
+        # in e3nn-jax), not pass unnormalized as the zero vector does (a vector of subnormals
+        # too, which the CPU reads as zeros)
+        nonzero = r2 != 0
         # double where: the gradient of sqrt is never evaluated at 0. The zero vector stays itself,
         # as in e3nn-jax: the polynomials of x there give Y_0 and zeros, and e3nn-jax's derivatives
         # of every order
