@@ -26,7 +26,7 @@ PACKAGES = [
 JAX = "jax==0.11.2"  # the primary JAX (the GPU machine image's)
 # hatchling: tests/integration/test_wheels.py builds the pure wheels offline (--no-build-isolation)
 TEST_REQUIREMENTS = [
-    "pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", "flax>=0.10", "matplotlib>=3.8", "hatchling>=1.21",
+    "pytest>=8", "hypothesis>=6.100", "e3nn-jax==0.21.0", "flax>=0.12.7", "matplotlib>=3.8", "hatchling>=1.21",
     "ase>=3.25", "optax>=0.2", "tqdm>=4", JAX,
     # tests/integration/test_gpu_failure_log.py runs tests/gpu/conftest.py's hook under `-n 2`, as device.sh does;
     # the CPU sessions run their tests in WORKERS processes
