@@ -355,6 +355,43 @@ for command in (["train", "--data", "d.extxyz"], ["md", "--model", "m.npz"], ["d
     assert not os.path.exists(tmp_path / "out")
 
 
+def test_a_too_old_extra_is_named(tmp_path):
+    """ase < 3.25 has no ase.md.nose_hoover_chain, which md needs: the error said ase was missing."""
+    code = f"""
+import sys
+import ase
+sys.modules["ase.md.nose_hoover_chain"] = None  # as in ase 3.23 and 3.24
+from e3j_models.__main__ import main
+try:
+    main(["md", "--model", "m.npz", "--out", {str(tmp_path / "out")!r}])
+except SystemExit as err:
+    print(err)
+print(ase.__version__)
+"""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ, timeout=300)
+    assert out.returncode == 0, out.stderr
+    error, version = out.stdout.splitlines()
+    assert error == (
+        f"error: python -m e3j_models md needs ase.md.nose_hoover_chain, which the installed ase {version} "
+        "lacks: pip install --upgrade 'e3j-models[train]'"
+    )
+    assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("command", ["train", "md"])
+def test_command_help_names_no_none_default(command, capsys):
+    from e3j_models.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in text and "(default: e3j's choice)" in text
+
+
 def test_an_unrelated_e3j_is_named(tmp_path):
     """PyPI's unrelated 'e3j' satisfies e3j-models' requirement when this project's e3j is not installed
     first: the import names it instead of failing on a missing name."""

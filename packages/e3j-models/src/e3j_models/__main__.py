@@ -22,6 +22,13 @@ import numpy as np
 _PRESETS = ("mace_a", "mace_b", "nequip")
 
 
+class _DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default in its help, but for ``None`` (its help says what happens then)."""
+
+    def _get_help_string(self, action):
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
 def _requires(command: str) -> None:
     """The train extra's modules a command uses, checked before it does anything."""
     from ._optional import require
@@ -242,7 +249,7 @@ def main(argv=None) -> None:
     p = sub.add_parser(
         "train",
         help="train a MACE or NequIP preset on energies and forces",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsHelpFormatter,
     )
     p.add_argument("--data", required=True, help="extxyz with energy/forces (python -m e3j_models data)")
     p.add_argument(
@@ -265,7 +272,9 @@ def main(argv=None) -> None:
     p.add_argument("--stress-weight", type=float, default=0.0, help="loss weight of the stress")
     p.add_argument("--valid-fraction", type=float, default=0.1, help="share of --data held out (its last structures)")
     p.add_argument("--eval-every", type=int, default=100, help="validate every so many steps (0: never)")
-    p.add_argument("--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin")
+    p.add_argument(
+        "--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin (default: e3j's choice)"
+    )
     p.add_argument(
         "--array-radial",
         action="store_true",
@@ -277,7 +286,7 @@ def main(argv=None) -> None:
     p = sub.add_parser(
         "md",
         help="molecular dynamics (NVE, NVT Langevin, NPT MTK) with a checkpoint",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsHelpFormatter,
     )
     p.add_argument("--model", required=True, help="checkpoint written by train (model.npz)")
     p.add_argument("--structure", default=None, help="ASE-readable structure file (default: an fcc Cu-Ni supercell)")
@@ -288,7 +297,9 @@ def main(argv=None) -> None:
     p.add_argument("--temperature", type=float, default=300.0, help="K")
     p.add_argument("--pressure", type=float, default=0.0, help="GPa (npt)")
     p.add_argument("--log-every", type=int, default=1, help="log every so many steps")
-    p.add_argument("--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin")
+    p.add_argument(
+        "--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin (default: e3j's choice)"
+    )
     p.add_argument(
         "--array-radial",
         action="store_true",

@@ -7,6 +7,8 @@ A missing one is an ``ImportError`` naming what needed it and the extra that ins
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import importlib.util
 from types import ModuleType
 
 import e3j
@@ -32,6 +34,14 @@ def missing(module: str, what: str, extra: str | None = None) -> ImportError:
     top = module.split(".")[0]
     extra = extra or _EXTRAS.get(top)
     how = f"pip install 'e3j-models[{extra}]'" if extra else f"pip install {top}"
+    if module != top and importlib.util.find_spec(top) is not None:
+        # installed, but too old for the submodule (ase < 3.25 has no ase.md.nose_hoover_chain)
+        try:
+            version = f" {importlib.metadata.version(top)}"
+        except importlib.metadata.PackageNotFoundError:
+            version = ""
+        upgrade = how.replace("pip install ", "pip install --upgrade ", 1)
+        return ImportError(f"{what} needs {module}, which the installed {top}{version} lacks: {upgrade}")
     return ImportError(f"{what} needs {top}: {how}")
 
 
