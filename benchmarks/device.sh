@@ -104,7 +104,7 @@ for step in $STEPS; do
     # conv bwd >= 55 %. pallas_mosaic runs only on compute capability >= 9.0 (e3j info says why not).
     # C = 32: the Mosaic convolution's tiles of 4 nodes x 32 channels (issue 17; no padding to 128 lanes)
     timeout "$(limit 120)" python3 -m e3j bench --lmax 3 --channels ${E3J_MOSAIC_CHANNELS:-128 256 32} --sizes 16384 --degree 16 --runs 20 --jobs 12 \
-      --backends pallas_mosaic pallas_gpu cuda --no-e3nn \
+      --backends $(python3 -c "import e3j; names = {b.name for b in e3j.available_backends()}; print(*[n for n in ('pallas_mosaic', 'pallas_gpu', 'cuda') if n in names])") --no-e3nn \
       --json "benchmarks/results/$KIND-mosaic-vs-triton-vs-cuda.json" --markdown "benchmarks/results/$KIND-mosaic-vs-triton-vs-cuda.md" \
       2>&1 | tail -40 | tee -a "$OUT/log.txt"
     ;;

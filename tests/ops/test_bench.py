@@ -224,8 +224,33 @@ def test_plot_without_matplotlib_stops_before_the_sweep(tmp_path, monkeypatch):
         raise AssertionError("the sweep ran")
 
     monkeypatch.setattr(_sweep, "run", sweep)
-    with pytest.raises(RuntimeError, match=r"plotting needs matplotlib: pip install 'e3j\[bench\]'"):
+    with pytest.raises(SystemExit, match=r"^e3j bench: --plot: plotting needs matplotlib: pip install 'e3j\[bench\]'$"):
         main(["bench", "--quick", "--plot", str(tmp_path / "fig.png")])
+
+
+@pytest.mark.parametrize(
+    "names, message",
+    [
+        (["reference", "e3nn"], r"^e3j bench: --backends e3nn needs e3nn-jax: pip install 'e3j\[e3nn\]'$"),
+        (
+            ["reference", "nonesuch"],
+            r"^e3j bench: --backends nonesuch: not an installed backend \(installed: reference, ",
+        ),
+    ],
+)
+def test_backends_that_cannot_run_stop_before_the_sweep(names, message, monkeypatch):
+    """--backends e3nn without e3nn-jax was a traceback after the copy baseline; an unknown name an
+    error row per case."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "e3nn_jax", None)  # any import of it now fails
+
+    def sweep(args):
+        raise AssertionError("the sweep ran")
+
+    monkeypatch.setattr(_sweep, "run", sweep)
+    with pytest.raises(SystemExit, match=message):
+        main(["bench", "--quick", "--backends", *names])
 
 
 @pytest.mark.parametrize(

@@ -533,8 +533,25 @@ def _check_args(args) -> None:
                 raise SystemExit(f"e3j bench: {flag} {path}: not a writable file or a new file in a writable folder")
 
 
+def _check_implementations(names) -> None:
+    """``SystemExit`` for a ``--backends`` name that cannot be measured at all: not installed, or
+    ``e3nn`` without e3nn-jax (each was a traceback, or an error row per case)."""
+    installed = [b.name for b in _backends.available_backends()]
+    for name in names or ():
+        if name == "e3nn":
+            try:
+                import e3nn_jax  # noqa: F401
+            except ImportError:
+                raise SystemExit("e3j bench: --backends e3nn needs e3nn-jax: pip install 'e3j[e3nn]'") from None
+        elif name not in installed:
+            raise SystemExit(
+                f"e3j bench: --backends {name}: not an installed backend (installed: {', '.join(installed)}, or e3nn)"
+            )
+
+
 def main(args) -> int:
     _check_args(args)
+    _check_implementations(args.backends)
     if args.quick:
         args.lmax = args.lmax or [1, 2]
         args.channels = args.channels or [16]
@@ -553,7 +570,10 @@ def main(args) -> int:
     if args.plot:
         from ._plot import require_matplotlib
 
-        require_matplotlib()  # before the sweep, not after it
+        try:
+            require_matplotlib()  # before the sweep, not after it
+        except RuntimeError as err:
+            raise SystemExit(f"e3j bench: --plot: {err}") from None
     if args.replot:  # render a committed results file again, measuring nothing
         with open(args.replot) as fh:
             result = json.load(fh)
