@@ -200,6 +200,37 @@ def test_global_none_normalization_as_e3nn(explicit):
     np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("form", ["[E, W]", "[W]", "IrrepsArray", "[E, 1]", "[1]", "0-d", "float"])
+def test_global_none_normalization_scales_only_elementwise_weights(form):
+    """e3nn's ``m * w`` is its elementwise product (scaled by 1/sqrt(2l+1) under a global "none") only
+    for weights with one per copy or an IrrepsArray; ``[E, 1]``, ``[1]`` and scalars multiply plainly.
+    The drop-in scaled every form."""
+    irreps_x, irreps_y, filter_ = "3x0e + 2x1o", "0e + 1o + 2e", "0e + 1o + 2e"
+    x, y, _ = operands(irreps_x, irreps_y, 1, seed=21)
+    before = e3nn.config("irrep_normalization")
+    e3nn.config("irrep_normalization", "none")
+    try:
+        mp = interop.MessagePassing(irreps_x, irreps_y, filter_)
+        rng = np.random.default_rng(3)
+        w = {
+            "[E, W]": jnp.asarray(rng.normal(size=(E, mp.num_weights))),
+            "[W]": jnp.asarray(rng.normal(size=(mp.num_weights,))),
+            "IrrepsArray": e3nn.IrrepsArray(f"{mp.num_weights}x0e", jnp.asarray(rng.normal(size=(E, mp.num_weights)))),
+            "[E, 1]": jnp.asarray(rng.normal(size=(E, 1))),
+            "[1]": jnp.asarray([0.7]),
+            "0-d": jnp.asarray(0.7),
+            "float": 0.7,
+        }[form]
+        m = e3nn.tensor_product(x[SENDERS], y, filter_ir_out=filter_)
+        ref = e3nn.scatter_sum(m * w, dst=RECEIVERS, output_size=N)
+        out = mp(x, y, w, SENDERS, RECEIVERS)
+    finally:
+        e3nn.config("irrep_normalization", before)
+    assert out.irreps == ref.irreps
+    assert float(jnp.max(jnp.abs(ref.array[:, 3:]))) > 0.1  # l > 0 rows present: a test that can fail
+    np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
+
+
 def test_weights_split_into_blocks_split_the_output_as_e3nn():
     """Weights as an ``IrrepsArray`` of scalars in several blocks: e3nn's ``m * w`` splits the
     output's irreps alike (``10x0e + 6x0e + ...`` where the messages have ``16x0e``); so does the

@@ -64,7 +64,9 @@ class MessagePassing:
     Mixed multiplicities run natively (one convolution per multiplicity, ``mp.groups``);
     ``grouping="gcd"`` runs them as gcd copies instead (see :class:`e3j.MulIrConvolution`).
     As e3nn's ``m * w``, the call reads ``e3nn.config("irrep_normalization")``: under ``"none"``
-    each output copy of irrep ``l`` is scaled by ``1/sqrt(2l+1)``; with ``irrep_normalization=None``
+    each output copy of irrep ``l`` is scaled by ``1/sqrt(2l+1)`` (where ``m * w`` is e3nn's
+    elementwise product: weights with one per copy, an ``IrrepsArray`` or factored; not ``[E, 1]``,
+    ``[1]`` or a scalar, which e3nn multiplies plainly); with ``irrep_normalization=None``
     the product's normalization is read there too, at each call, as e3nn-jax reads it. As e3nn-jax,
     the call skips the products that read a block its inputs mark zero (``zero_flags``): it runs
     the product over the other blocks, taking their weights from e3nn's columns.
@@ -131,6 +133,11 @@ class MessagePassing:
     ) -> e3nn.IrrepsArray:
         # e3nn's ``m * w`` splits the messages' blocks where an IrrepsArray of weights has its own
         w_blocks = weights.irreps if isinstance(weights, e3nn.IrrepsArray) and len(weights.irreps) > 1 else None
+        # e3nn's ``m * w`` is an elementwise tensor product for an IrrepsArray, or an array whose last
+        # axis has one weight per copy; a plain multiply for [E, 1], [1] or a scalar
+        elementwise = isinstance(weights, (e3nn.IrrepsArray, FactoredWeights)) or (
+            jnp.ndim(weights) > 0 and jnp.shape(weights)[-1] == self.num_weights
+        )
         x, y, w, graph = message_passing_operands(
             node_feats, self.irreps_node, edge_attrs, self.irreps_edge, weights, self.num_weights,
             f"one per irrep copy of {self.irreps_out}, e3nn's order", senders, receivers, graph, simplify=True,
@@ -156,10 +163,10 @@ class MessagePassing:
                 out = maps.place(conv(maps.x(x), maps.y(y), w, graph, backend=backend))
         else:
             out = convolution(x, y, w, graph, backend=backend)
-        if e3nn.config("irrep_normalization") == "none":
-            # e3nn's ``m * w`` is an elementwise product 0e ⊗ l under the global setting, whose
-            # "none" Clebsch–Gordan coefficient is 1/sqrt(2l+1) (1 for "component" and "norm"):
-            # one static scale per output row, applied to the node-sized result
+        if elementwise and e3nn.config("irrep_normalization") == "none":
+            # that elementwise product 0e ⊗ l follows the global setting, whose "none"
+            # Clebsch–Gordan coefficient is 1/sqrt(2l+1) (1 for "component" and "norm"): one
+            # static scale per output row, applied to the node-sized result
             out = out * jnp.asarray(_none_normalization_rows(self.plan.irreps_out), out.dtype)
         irreps = self.irreps_out if w_blocks is None else e3nn.elementwise_tensor_product(self.irreps_out, w_blocks)
         return e3nn.IrrepsArray(irreps, out)
