@@ -13,6 +13,8 @@ import importlib
 import importlib.util
 import re
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -224,6 +226,24 @@ def test_cuda_module_is_built_where_nvcc_exists():
     cuda_module = importlib.import_module("e3j_cuda._cuda")
     assert cuda_module.PLATFORM == "CUDA"
     _check_build_record(cuda_module)
+
+
+def test_info_says_when_the_cuda_kernels_were_not_built():
+    """Installed without nvcc, e3j-cuda has no _cuda module: ``e3j info`` listed its cuda backend as
+    compatible with nothing to say it cannot load; it now carries a note."""
+    code = """
+import importlib.util, sys
+real = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name == "e3j_cuda._cuda" else real(name, *a)
+from e3j.__main__ import main
+main(["info"])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    block = out.stdout.split("\n  cuda ", 1)[1].split("\n  cuda_host ", 1)[0]
+    assert "note:          not built: e3j-cuda was installed without nvcc" in block, block
+    # where nvcc built it (this test environment), no such note
+    assert get_backend("cuda").notes == ()
 
 
 def test_compatibility_rules():

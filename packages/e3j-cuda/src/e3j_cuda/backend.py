@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 from typing import Any
 
 from e3j_core.dependencies import declared_range
@@ -31,13 +32,19 @@ _COMMON: dict[str, Any] = {
     "jax_requirement": JAX_REQUIREMENT,
 }
 
-#: The CUDA kernels (needs the ``_cuda`` module, built when nvcc was found at install time).
+_NOT_BUILT = (
+    "not built: e3j-cuda was installed without nvcc, its CUDA kernels cannot load (reinstall with nvcc on PATH)"
+)
+
+#: The CUDA kernels (needs the ``_cuda`` module, built when nvcc was found at install time; a file
+#: lookup says whether it was, so that ``python -m e3j info`` tells on any machine).
 backend: dict[str, Any] = {
     **_COMMON,
     "name": "cuda",
     "platforms": ("cuda",),
     "priority": 15,
     "load": functools.partial(_load, "_cuda"),
+    "notes": () if importlib.util.find_spec(f"{__package__}._cuda") is not None else (_NOT_BUILT,),
 }
 
 #: The same algorithm compiled for the host: runs on the CPU, for tests; only used when asked for by name.
