@@ -96,6 +96,55 @@ def test_partitioned_graph_is_a_jit_argument_and_capacities_are_respected(mesh, 
     assert out.sharding.spec == jax.sharding.PartitionSpec("d")  # divisible: stays node-sharded
 
 
+def test_explicit_mesh_axes(conv):
+    """jax.make_mesh's axes are Explicit by default: shard_map refused the padded and gathered
+    blocks, which come out replicated, for every call on such a mesh."""
+    from jax.sharding import AxisType
+
+    explicit = jax.make_mesh((NDEV,), ("d",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:NDEV])
+    senders, receivers, mask, x, y, s = random_problem(conv, seed=4)
+    graph = e3j.Graph.from_edges(senders, receivers, 23, edge_mask=mask)
+    pg = e3j.partition_graph(senders, receivers, 23, NDEV, edge_mask=mask)
+
+    def sharded(x, y, s):
+        return e3j.convolution_sharded(conv, x, y, s, pg, explicit, "d")
+
+    ref = conv(x, y, s, graph)
+    assert max_err(sharded(x, y, s), ref) <= TOL
+    assert max_err(jax.jit(sharded)(x, y, s), ref) <= TOL
+    g_ref = jax.grad(lambda *a: loss(conv(*a, graph)), argnums=(0, 1, 2))(x, y, s)
+    g_out = jax.jit(jax.grad(lambda *a: loss(sharded(*a)), argnums=(0, 1, 2)))(x, y, s)
+    for name, a, b in zip("xys", g_out, g_ref):
+        assert max_err(a, b) <= TOL, name
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint32, np.uint64, np.int8, np.int16])
+def test_any_integer_index_dtype(mesh, conv, dtype):
+    """The index dtypes Graph.from_edges takes: unsigned ones overflowed on partition_graph's -1
+    marks, and int8 on node offsets beyond its range (NumPy 2's promotion)."""
+    senders, receivers, mask, *_ = random_problem(conv, seed=5)
+    senders[~mask] = 0
+    want = e3j.partition_graph(senders, receivers, 23, NDEV, edge_mask=mask)
+    got = e3j.partition_graph(senders.astype(dtype), receivers.astype(dtype), 23, NDEV, edge_mask=mask)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(a, b)
+    # node offsets past int8's range: 300 nodes on one device
+    small = np.array([0, 100, 5], np.int8), np.array([100, 0, 127], np.int8)
+    pg = e3j.partition_graph(*small, 300, 1)
+    assert pg.num_nodes_padded == 300 and int(pg.graph.edge_mask.sum()) == 3
+
+
+def test_numpy_operands_with_a_traced_partition(mesh, conv):
+    """y and s as NumPy arrays (precomputed on the host) with the partitioned graph a jit argument:
+    indexing NumPy by the traced edge ids raised TracerArrayConversionError."""
+    senders, receivers, mask, x, y, s = random_problem(conv, seed=6)
+    graph = e3j.Graph.from_edges(senders, receivers, 23, edge_mask=mask)
+    pg = e3j.partition_graph(senders, receivers, 23, NDEV, edge_mask=mask)
+    y_np, s_np = np.asarray(y), np.asarray(s)
+    out = jax.jit(lambda pg: e3j.convolution_sharded(conv, x, y_np, s_np, pg, mesh, "d"))(pg)
+    assert max_err(out, conv(x, y, s, graph)) <= TOL
+
+
 def test_other_mesh_axes_replicate(conv):
     mesh2 = jax.sharding.Mesh(np.array(jax.devices()[:NDEV]).reshape(2, 2), ("d", "r"))
     senders, receivers, mask, x, y, s = random_problem(conv, num_nodes=9, num_edges=30, seed=2)
@@ -197,8 +246,14 @@ def test_errors(mesh, conv):
     with pytest.raises(ValueError, match="partitioned for 4 devices but mesh axis 'd' has 2"):
         mesh2 = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("d",))
         e3j.convolution_sharded(conv, x, y, s, pg, mesh2, "d")
-    with pytest.raises(ValueError, match="mesh has no axis 'q'"):
+    with pytest.raises(ValueError, match=r"axis_name must name one axis of the mesh, \('d',\); got 'q'"):
         e3j.convolution_sharded(conv, x, y, s, pg, mesh, "q")
+    for bad in (["d"], ("d",)):  # a TypeError (unhashable) and a message that read as a contradiction
+        with pytest.raises(ValueError, match=r"axis_name must name one axis of the mesh"):
+            e3j.convolution_sharded(conv, x, y, s, pg, mesh, bad)
+    for bad in (None, jax.devices()[:NDEV]):  # AttributeErrors
+        with pytest.raises(TypeError, match=r"mesh must be a jax.sharding.Mesh"):
+            e3j.convolution_sharded(conv, x, y, s, pg, bad, "d")
     with pytest.raises(ValueError, match="x has 4 nodes but the graph was partitioned with num_nodes=3"):
         e3j.convolution_sharded(conv, jnp.zeros((4, conv.coo.dim_x, 2)), y, s, pg, mesh, "d")
     with pytest.raises(ValueError, match="s has 2 edges but the partitioned graph has 3"):

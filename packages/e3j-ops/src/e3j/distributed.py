@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import shard_map
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ._checks import STATIC, check_int, check_rank, edge_arrays
 from .backends import current_backend_request
@@ -128,6 +128,8 @@ def partition_graph(
         if bad.size:
             e = int(bad[0])
             raise ValueError(f"{name}[{e}] = {int(a[e])} is out of range for num_nodes={num_nodes}")
+    # any integer dtype, as Graph.from_edges: the arithmetic below (-1 marks, node offsets) in int64
+    senders, receivers = senders.astype(np.int64), receivers.astype(np.int64)
 
     n = -(-num_nodes // num_devices)  # nodes per device
     device = np.where(mask, receivers // max(n, 1), -1)
@@ -183,6 +185,7 @@ def partition_graph(
 
 def _edge_blocks(a: jax.Array, pg: PartitionedGraph) -> jax.Array:
     """``[E, ...]`` in the caller's order -> ``[D·edge_capacity, ...]`` device blocks, padding zeroed."""
+    a = jnp.asarray(a)  # a numpy operand indexed by traced ids (the graph a jit argument)
     ids = pg.edge_ids.reshape(-1)
     mask = pg.graph.edge_mask.reshape((-1,) + (1,) * (a.ndim - 1))
     if a.shape[0] == 0:
@@ -213,15 +216,22 @@ def convolution_sharded(
             any, replicate the computation).
 
     Returns ``[N, Dout, C]``, sharded by node blocks over ``axis_name`` (before slicing off the
-    padding nodes), equal to the single-device convolution up to summation order.
+    padding nodes; on an Explicit axis, replicated when ``N`` does not split evenly), equal to the
+    single-device convolution up to summation order. Meshes of Auto and Explicit axes (as
+    ``jax.make_mesh`` makes them) both work.
     """
     pg = partitioned
     if not isinstance(conv, Convolution):
         raise TypeError(f"conv must be an e3j.Convolution, got {type(conv).__name__}")
     if not isinstance(pg, PartitionedGraph):
         raise TypeError(f"partitioned must come from e3j.partition_graph, got {type(pg).__name__}")
-    if axis_name not in mesh.shape:
-        raise ValueError(f"mesh has no axis {axis_name!r}; its axes are {tuple(mesh.shape)}")
+    if not isinstance(mesh, (Mesh, AbstractMesh)):
+        raise TypeError(
+            f"mesh must be a jax.sharding.Mesh (or, inside shard_map, jax.sharding.get_abstract_mesh()), "
+            f"got {type(mesh).__name__}"
+        )
+    if not isinstance(axis_name, str) or axis_name not in mesh.shape:
+        raise ValueError(f"axis_name must name one axis of the mesh, {tuple(mesh.shape)}; got {axis_name!r}")
     if mesh.shape[axis_name] != pg.num_devices:
         raise ValueError(
             f"the graph was partitioned for {pg.num_devices} devices but mesh axis {axis_name!r} "
@@ -258,10 +268,20 @@ def convolution_sharded(
         return m[:n]
 
     spec = PartitionSpec(axis_name)
+    operands = (x_pad, y_blocks, s_blocks, pg.graph, pg.node_ids)
+    explicit = mesh.axis_types[mesh.axis_names.index(axis_name)] == AxisType.Explicit
+    if explicit:
+        # on an Explicit axis (jax.make_mesh's default) shard_map takes its inputs only as laid out
+        # as its in_specs say; the padded and gathered blocks come out replicated
+        operands = jax.tree.map(lambda a: jax.sharding.reshard(a, NamedSharding(mesh, spec)), operands)
     m = shard_map(
         local,
         mesh=mesh,
         in_specs=(spec, spec, spec, spec, spec),
         out_specs=spec,
-    )(x_pad, y_blocks, s_blocks, pg.graph, pg.node_ids)
-    return m if n_pad == pg.num_nodes else m[: pg.num_nodes]
+    )(*operands)
+    if n_pad == pg.num_nodes:
+        return m
+    if explicit:  # N rows do not split evenly over the axis: an Explicit layout must say so
+        m = jax.sharding.reshard(m, NamedSharding(mesh, PartitionSpec()))
+    return m[: pg.num_nodes]
