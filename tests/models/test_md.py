@@ -145,10 +145,26 @@ def test_cli_md_outputs_and_bad_input(model, tmp_path):
                 str(out),
             ]
         )
+    # atoms the calculator refuses at its first call: refused before the files go too
+    for k, change in enumerate(
+        [lambda a: a.positions.__setitem__(5, a.positions[0]), lambda a: a.positions.__setitem__((1, 2), np.nan)]
+    ):
+        bad = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2)
+        change(bad)
+        bad.write(tmp_path / f"bad{k}.extxyz")
+        with pytest.raises(SystemExit, match=r"--structure: (atoms 5 and 0 coincide|positions must be finite)"):
+            main(["md", "--model", str(ckpt), "--structure", str(tmp_path / f"bad{k}.extxyz"), "--out", str(out)])
+        with pytest.raises(SystemExit, match=r"--structure: "):
+            main(["md", "--model", str(ckpt), "--structure", str(tmp_path / f"bad{k}.extxyz"), "--out", str(bad_out)])
+    assert not os.path.exists(bad_out)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     (tmp_path / "a_file").write_text("")
     with pytest.raises(SystemExit, match=r"--out '.*a_file' exists and is not a directory"):
         main(["md", "--model", str(ckpt), "--supercell", "1", "--out", str(tmp_path / "a_file")])
+    # an open structure's volume is null in md.json (a bare NaN is not JSON: jq refuses it)
+    main(["md", "--model", str(ckpt), "--structure", str(tmp_path / "mol.extxyz"), "--steps", "1", "--out", str(out)])
+    text = (out / "md.json").read_text()
+    assert "NaN" not in text and json.loads(text)["log"]["volume"] == [None, None]
 
 
 @pytest.mark.parametrize("ensemble", ["nve", "nvt", "npt"])

@@ -14,7 +14,7 @@ from ase.calculators.emt import EMT
 from e3j_models import load, nequip
 from e3j_models.__main__ import main
 from e3j_models.data import emt_structures, read_dataset, write_dataset
-from e3j_models.train import epoch_losses, fit, prepare_config
+from e3j_models.train import check_training_data, epoch_losses, fit, prepare_config
 
 TINY = dict(num_layers=1, num_channels=4, node_irreps="0e + 1o", l_max=1, cutoff=3.0, radial_mlp=(8,))
 
@@ -196,10 +196,44 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
     write_dataset(tmp_path / "no-stress.extxyz", unlabelled)
     with pytest.raises(SystemExit, match=r"--data: weights\[2\] \(stress\) is 1.0 but no training structure"):
         main([*args[:1], "--data", str(tmp_path / "no-stress.extxyz"), *args[3:], "--stress-weight", "1"])
+    # labels fit cannot use and atoms the model cannot read, named by their place in the file (a
+    # coincident pair was named by its place in a shuffled batch, after --out was emptied; a NaN
+    # force in the validation part gave a "completed" run without a model)
+    for k, (change, match) in enumerate(
+        [
+            (lambda a: a.positions.__setitem__(2, a.positions[0]), r"--data: structure 1: atoms 2 and 0 coincide"),
+            (lambda a: a.positions.__setitem__((0, 1), np.nan), r"--data: structure 1: positions must be finite"),
+            (
+                lambda a: a.calc.results["forces"].__setitem__((0, 0), np.inf),
+                r"structure 1 has non-finite reference forces",
+            ),
+            (
+                lambda a: a.calc.results.__setitem__("energy", np.nan),
+                r"structure 1 has a reference energy that is not one",
+            ),
+        ]
+    ):
+        for which in (1, 2):  # a training structure, the validation one
+            bad = read_dataset(args[2])
+            change(bad[which])
+            write_dataset(tmp_path / f"bad{k}.extxyz", bad)
+            with pytest.raises(SystemExit, match=match.replace("structure 1", f"structure {which}")):
+                main([*args[:1], "--data", str(tmp_path / f"bad{k}.extxyz"), *args[3:], "--valid-fraction", "0.34"])
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     (tmp_path / "a_file").write_text("")
     with pytest.raises(SystemExit, match=r"--out '.*a_file' exists and is not a directory"):
         main([*args[:5], "--out", str(tmp_path / "a_file")])
+    # forces of another shape (extxyz cannot hold them: given in memory, to fit)
+    bad = read_dataset(args[2])
+    bad[0].calc.results["forces"] = np.zeros((1, 3))
+    with pytest.raises(ValueError, match=r"structure 0 has reference forces of shape \(1, 3\), expected \[30, 3\]"):
+        check_training_data(nequip((28, 29), num_layers=1), bad[:2], (1.0, 1.0, 0.0), bad[2:])
+    # data writes one file: a directory as --out was a traceback and a stray .partial file
+    with pytest.raises(SystemExit, match=r"--out '.*run' is a directory: name the extxyz file to write"):
+        main(["data", "--num", "1", "--out", str(out)])
+    assert not os.path.exists(str(out) + ".partial")
+    with pytest.raises(SystemExit, match=r"--out '.*nowhere/d.extxyz': its folder '.*nowhere' does not exist"):
+        main(["data", "--num", "1", "--out", str(tmp_path / "nowhere" / "d.extxyz")])
 
 
 def test_stress_weight_with_an_open_structure_gives_finite_gradients():

@@ -45,9 +45,31 @@ def _requires(command: str) -> None:
 def _data(args) -> None:
     from .data import emt_structures, write_dataset
 
+    if os.path.isdir(args.out):  # the dataset is one file
+        raise ValueError(f"--out {args.out!r} is a directory: name the extxyz file to write")
+    folder = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"--out {args.out!r}: its folder {folder!r} does not exist")
     structures = emt_structures(args.num, seed=args.seed)
     write_dataset(args.out, structures)
     print(f"wrote {len(structures)} structures ({sum(len(a) for a in structures)} atoms) to {args.out}")
+
+
+def _write_json(obj, path: str, indent: int | None = None) -> None:
+    """``obj`` as strict JSON (``null`` for a NaN or infinite number: a bare ``NaN``, as Python's
+    ``json`` writes it, is refused by jq and JavaScript's ``JSON.parse``)."""
+
+    def strict(o):
+        if isinstance(o, float) and not math.isfinite(o):
+            return None
+        if isinstance(o, dict):
+            return {k: strict(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [strict(v) for v in o]
+        return o
+
+    with open(path, "w") as f:
+        json.dump(strict(obj), f, indent=indent, allow_nan=False)
 
 
 def _check_out(path: str) -> None:
@@ -104,8 +126,8 @@ def _train(args) -> None:
         Potential(config, args.backend)  # the backend checked now, before --out is touched
     except ValueError as err:
         raise ValueError(f"--backend: {err}") from err
-    try:
-        check_training_data(config, train, weights)
+    try:  # structures numbered as in the file: train is its first part, valid the rest
+        check_training_data(config, train, weights, valid)
     except ValueError as err:
         raise ValueError(f"--data: {err}") from err
     # history.json and loss.png of an earlier run are rewritten at the end
@@ -140,8 +162,7 @@ def _train(args) -> None:
         "parameters": int(sum(x.size for x in __import__("jax").tree.leaves(result.params))),
     }
     # metrics.json last: its presence says the run completed
-    with open(os.path.join(args.out, "metrics.json"), "w") as f:
-        json.dump(metrics, f, indent=1)
+    _write_json(metrics, os.path.join(args.out, "metrics.json"), indent=1)
     print(json.dumps(metrics, indent=1))
 
 
@@ -161,7 +182,7 @@ def _structure(args):
 
 
 def _md(args) -> None:
-    from . import Calculator, Potential, load
+    from . import Calculator, Potential, batch_structures, load
     from ._checks import check_positive_real, check_real
     from .md import check_ensemble, plot_md, run_md
 
@@ -201,7 +222,12 @@ def _md(args) -> None:
         pot = Potential(config, args.backend, factored_radial=not args.array_radial)
     except ValueError as err:
         raise ValueError(f"--backend: {err}") from err
-    calc = Calculator(pot, params, dtype=np.float32 if args.float32 else np.float64)
+    dtype = np.float32 if args.float32 else np.float64
+    try:  # what the calculator would refuse at its first call, before the previous run's files go
+        batch_structures([atoms], config.atomic_numbers, config.cutoff, dtype=dtype)
+    except ValueError as err:
+        raise ValueError(f"{'--structure' if args.structure is not None else 'the structure'}: {err}") from err
+    calc = Calculator(pot, params, dtype=dtype)
     _make_out(args.out, ("md.json", "trajectory.extxyz", "md.png"))
     log = run_md(
         atoms,
@@ -231,8 +257,7 @@ def _md(args) -> None:
         "total_energy_max_deviation_eV_per_atom": float(np.max(np.abs(etot - etot[0])) / len(atoms)),
         "log": {k: v.tolist() for k, v in log.items() if isinstance(v, np.ndarray)},
     }
-    with open(os.path.join(args.out, "md.json"), "w") as f:
-        json.dump(summary, f)
+    _write_json(summary, os.path.join(args.out, "md.json"))  # the volume of an open structure is null
     print(json.dumps({k: v for k, v in summary.items() if k != "log"}, indent=1))
 
 
@@ -316,7 +341,7 @@ def main(argv=None) -> None:
     try:
         _requires(args.command)
         args.func(args)
-    except (FileNotFoundError, ValueError, ImportError) as err:
+    except (OSError, ValueError, ImportError, FloatingPointError) as err:  # OSError: files, FileNotFoundError
         raise SystemExit(f"error: {err}") from err
 
 

@@ -23,15 +23,17 @@ A file of another ``format`` or a newer ``format_version`` is refused with a cle
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import zipfile
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ._version import __version__
-from .config import MACEConfig, NequIPConfig, config_from_dict, config_to_dict
+from .config import _KINDS, MACEConfig, NequIPConfig, config_from_dict, config_to_dict
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "load", "save"]
 
@@ -95,7 +97,7 @@ def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, 
         data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise
-    except (ValueError, OSError, EOFError) as err:  # not a zip of .npy arrays (numpy says "pickled data")
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:  # not a zip of .npy arrays, or cut short
         raise ValueError(f"{where!r} is not an e3j-models file (an .npz written by save): {err}") from err
     if not isinstance(data, np.lib.npyio.NpzFile):  # a lone .npy array
         raise ValueError(f"{where!r} is not an e3j-models file (an .npz written by save): a single array")
@@ -123,10 +125,17 @@ def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, 
             *parents, leaf = name.split("/")
             for p in parents:
                 node = node.setdefault(p, {})
-            node[leaf] = data[name]
+            try:
+                node[leaf] = data[name]
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:  # e.g. a CRC error: a damaged file
+                raise ValueError(f"{where!r} is damaged: its parameter {name!r} cannot be read: {err}") from err
     config = header.get("config")
     if not isinstance(config, dict):
         raise ValueError(f"{where!r} has a malformed __header__: no 'config' object")
+    kind = _KINDS.get(config.get("model"))
+    missing = [] if kind is None else [f.name for f in dataclasses.fields(kind) if f.name not in config]
+    if missing:  # save writes every field; a default in its place would be another model, silently
+        raise ValueError(f"{where!r} holds a config without the fields {missing} (save writes every field)")
     try:
         return config_from_dict(config), params
     except (TypeError, ValueError) as err:  # a config its dataclass refuses (missing or bad fields)

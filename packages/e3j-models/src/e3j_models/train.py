@@ -129,15 +129,54 @@ def _check_elements_present(atomic_numbers: Sequence[int], structures: Sequence)
         )
 
 
-def check_training_data(config: MACEConfig | NequIPConfig, train: Sequence, weights: tuple) -> None:
-    """What :func:`fit` refuses in its training data (``ValueError``), checked before anything is
-    trained: a config element in no structure, a stress weight with no stress label to use."""
+def check_training_data(
+    config: MACEConfig | NequIPConfig,
+    train: Sequence,
+    weights: tuple,
+    valid: Sequence = (),
+    *,
+    dtype=np.float32,
+) -> None:
+    """What :func:`fit` refuses in its data (``ValueError``), checked before anything is trained:
+    in any structure of ``train`` or ``valid``, missing or non-finite labels (energy, forces
+    ``[N, 3]``, stress where given) and what the model cannot read (an element not in the config,
+    no atoms, non-finite positions, atoms that coincide in ``dtype``); a config element in no
+    training structure; a stress weight with no stress label to use. Structures are numbered as
+    in ``train`` followed by ``valid`` (a data file's order when both are its parts, in order)."""
+    for k, atoms in enumerate([*train, *valid]):
+        _check_structure_data(config, atoms, k, dtype)
     _check_elements_present(config.atomic_numbers, train)
     if weights[2] > 0 and not any(_has_stress(a, _results(a, k)) for k, a in enumerate(train)):
         raise ValueError(
             f"weights[2] (stress) is {weights[2]} but no training structure has a stress label on a fully "
             "periodic cell (atoms.calc.results['stress']; virials are not read): the term would be 0"
         )
+
+
+def _check_structure_data(config, atoms, k: int, dtype) -> None:
+    """``ValueError`` naming structure ``k`` for labels fit cannot use or atoms the model cannot read
+    (a NaN force passed to a validation MAE of NaN and no checkpoint; coincident atoms were named
+    by their place in a shuffled batch)."""
+    res = _results(atoms, k)
+    n = len(atoms)
+    energy = np.asarray(res["energy"], np.float64)
+    if energy.size != 1 or not np.isfinite(energy).all():
+        raise ValueError(f"structure {k} has a reference energy that is not one finite number: {res['energy']}")
+    forces = np.asarray(res["forces"], np.float64)
+    if forces.shape != (n, 3):
+        raise ValueError(f"structure {k} has reference forces of shape {forces.shape}, expected [{n}, 3]")
+    if not np.isfinite(forces).all():
+        raise ValueError(
+            f"structure {k} has non-finite reference forces (atom {int(np.argwhere(~np.isfinite(forces))[0, 0])})"
+        )
+    if "stress" in res:
+        stress = np.asarray(res["stress"], np.float64)
+        if stress.shape not in ((6,), (3, 3)) or not np.isfinite(stress).all():
+            raise ValueError(f"structure {k} has a reference stress that is not 6 or 3×3 finite numbers: {stress!r}")
+    try:
+        batch_structures([atoms], config.atomic_numbers, config.cutoff, dtype=dtype)
+    except ValueError as err:
+        raise ValueError(f"structure {k}: {err}") from err
 
 
 def _num_edges(atoms, cutoff: float) -> int:
@@ -297,7 +336,7 @@ def fit(
         raise ValueError("valid is empty: give at least one validation structure")
     weights = _check_weights(weights)
     dtype = check_model_dtype(dtype)
-    check_training_data(config, train, weights)
+    check_training_data(config, train, weights, valid, dtype=dtype)
     config = prepare_config(config, train)
     potential = Potential(config, backend, factored_radial=factored_radial)
     rng = np.random.default_rng(seed)
@@ -336,6 +375,10 @@ def fit(
         params, opt_state, loss, _ = step(params, opt_state, batch, labels)
         loss = float(loss)
         if not np.isfinite(loss):
+            if i == 0:  # computed before the first update: not the learning rate's doing
+                raise FloatingPointError(
+                    f"training loss is {loss} at step 0, before any update: not finite on the initial parameters"
+                )
             raise FloatingPointError(f"training loss is {loss} at step {i}: lower learning_rate")
         elapsed = time.perf_counter() - t0
         throughput.add((batch, labels), batch.num_graphs, elapsed - (t_step - t0))
@@ -344,6 +387,8 @@ def fit(
         history["time"].append(elapsed)
         if eval_every and ((i + 1) % eval_every == 0 or i + 1 == steps):
             val = evaluate(potential, params, valid_batches)
+            if not all(np.isfinite(v) for v in val.values()):  # never "best": no checkpoint would be written
+                raise FloatingPointError(f"validation MAEs are {val} at step {i + 1}: the model is not finite there")
             history["eval_step"].append(i + 1)
             history["valid"].append(val)
             if checkpoint is not None and val["force_mae"] < best:
