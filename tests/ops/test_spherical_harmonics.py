@@ -292,3 +292,14 @@ def test_an_eager_call_compiles_one_program():
     # the same numbers as the operations traced into a caller's program
     np.testing.assert_allclose(out, jax.jit(lambda a: e3j.spherical_harmonics(list(range(7)), a, True, "norm"))(v),
                                rtol=1e-6, atol=1e-6)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype, tol", [(jnp.float8_e4m3fn, 0.2), (jnp.float8_e5m2, 0.4), (jnp.float16, 2e-3)])
+def test_normalize_in_narrow_float_dtypes(dtype, tol):
+    """float8 operands normalize as wider ones do (the exponent-bit scaling raised KeyError for
+    8-bit floats), to their precision."""
+    v = jnp.asarray([[1.0, 2.0, 0.5], [-0.3, 0.1, 0.2], [0.0, 0.0, 0.0]])
+    ref = np.asarray(e3j.spherical_harmonics(2, v, True))
+    out = e3j.spherical_harmonics(2, v.astype(dtype), True)
+    assert out.dtype == dtype
+    np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=0, atol=tol * np.abs(ref).max())

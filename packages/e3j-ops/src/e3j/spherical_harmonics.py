@@ -88,7 +88,9 @@ def _inverse_power_of_two(scale: jax.Array) -> jax.Array:
     components below 4. NaN where ``scale`` is infinite or NaN.
     """
     info = jnp.finfo(scale.dtype)
-    as_int = {16: jnp.int16, 32: jnp.int32, 64: jnp.int64}[info.bits]
+    as_int = {16: jnp.int16, 32: jnp.int32, 64: jnp.int64}.get(info.bits)
+    if as_int is None:  # float8 (whose formats need not keep an exponent for inf): float32's
+        return _inverse_power_of_two(scale.astype(jnp.float32)).astype(scale.dtype)
     bias = info.maxexp - 1
     field = (jax.lax.bitcast_convert_type(scale, as_int) >> info.nmant) & (2 * bias + 1)
     inverse = jax.lax.bitcast_convert_type(jnp.maximum(2 * bias - field, 1) << info.nmant, scale.dtype)
