@@ -257,6 +257,11 @@ def convolution_sharded(
         return jnp.zeros((0, conv.coo.dim_out, x.shape[2]), x.dtype)
 
     n, n_pad = pg.nodes_per_device, pg.num_nodes_padded
+    explicit = mesh.axis_types[mesh.axis_names.index(axis_name)] == AxisType.Explicit
+    if explicit:
+        # on an Explicit axis (jax.make_mesh's default) the gathers into device blocks need their
+        # operands' layout resolved: edge operands sharded in the caller's order are gathered whole
+        y, s = (jax.sharding.reshard(a, NamedSharding(mesh, PartitionSpec())) for a in (y, s))
     x_pad = jnp.pad(x, ((0, n_pad - pg.num_nodes), (0, 0), (0, 0)))
     y_blocks, s_blocks = _edge_blocks(y, pg), _edge_blocks(s, pg)
 
@@ -269,10 +274,9 @@ def convolution_sharded(
 
     spec = PartitionSpec(axis_name)
     operands = (x_pad, y_blocks, s_blocks, pg.graph, pg.node_ids)
-    explicit = mesh.axis_types[mesh.axis_names.index(axis_name)] == AxisType.Explicit
     if explicit:
-        # on an Explicit axis (jax.make_mesh's default) shard_map takes its inputs only as laid out
-        # as its in_specs say; the padded and gathered blocks come out replicated
+        # and shard_map takes its inputs only as laid out as its in_specs say; the padded and
+        # gathered blocks come out replicated
         operands = jax.tree.map(lambda a: jax.sharding.reshard(a, NamedSharding(mesh, spec)), operands)
     m = shard_map(
         local,
