@@ -65,11 +65,12 @@ class MessagePassing:
     ``grouping="gcd"`` runs them as gcd copies instead (see :class:`e3j.MulIrConvolution`).
     As e3nn's ``m * w``, the call reads ``e3nn.config("irrep_normalization")``: under ``"none"``
     each output copy of irrep ``l`` is scaled by ``1/sqrt(2l+1)`` (where ``m * w`` is e3nn's
-    elementwise product: weights with one per copy, an ``IrrepsArray`` or factored; not ``[E, 1]``,
-    ``[1]`` or a scalar, which e3nn multiplies plainly); with ``irrep_normalization=None``
-    the product's normalization is read there too, at each call, as e3nn-jax reads it. As e3nn-jax,
-    the call skips the products that read a block its inputs mark zero (``zero_flags``): it runs
-    the product over the other blocks, taking their weights from e3nn's columns.
+    elementwise product: weights with one per copy, an ``IrrepsArray`` or factored; not a scalar,
+    nor ``[E, 1]`` or ``[1]`` where there are several copies, which e3nn multiplies plainly); with
+    ``irrep_normalization=None`` the product's normalization is read there too, at each call, as
+    e3nn-jax reads it. As e3nn-jax, the call skips the products that read a block its inputs mark
+    zero (``zero_flags``): it runs the product over the other blocks, taking their weights from
+    e3nn's columns.
 
     >>> import numpy as np, jax.numpy as jnp
     >>> mp = MessagePassing("8x0e + 8x1o", "1o + 2e", "0e + 1o", self_connection="0e + 1o")
@@ -134,7 +135,7 @@ class MessagePassing:
         # e3nn's ``m * w`` splits the messages' blocks where an IrrepsArray of weights has its own
         w_blocks = weights.irreps if isinstance(weights, e3nn.IrrepsArray) and len(weights.irreps) > 1 else None
         # e3nn's ``m * w`` is an elementwise tensor product for an IrrepsArray, or an array whose last
-        # axis has one weight per copy; a plain multiply for [E, 1], [1] or a scalar
+        # axis has one weight per copy (with one copy, [E, 1] and [1] too); else a plain multiply
         elementwise = isinstance(weights, (e3nn.IrrepsArray, FactoredWeights)) or (
             jnp.ndim(weights) > 0 and jnp.shape(weights)[-1] == self.num_weights
         )
