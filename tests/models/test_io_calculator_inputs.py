@@ -111,13 +111,14 @@ def test_load_refuses_damaged_files_and_partial_configs(tmp_path, tiny):
         em.load(tmp_path / "cut.npz")
     with np.load(good, allow_pickle=False) as data:
         name = next(n for n in data.files if n != "__header__")
-    with zipfile.ZipFile(good) as z:  # one bit of a parameter's stored bytes flipped: its CRC fails
-        info = z.getinfo(f"{name}.npy")
-    flipped = bytearray(raw)
-    flipped[info.header_offset + 30 + len(info.filename) + info.compress_size // 2] ^= 1
-    (tmp_path / "flip.npz").write_bytes(bytes(flipped))
-    with pytest.raises(ValueError, match=rf"flip.npz' is damaged: its parameter '{name}' cannot be read"):
-        em.load(tmp_path / "flip.npz")
+    for member, match in ((name, f"its parameter '{name}'"), ("__header__", "its __header__")):
+        with zipfile.ZipFile(good) as z:  # one bit of a member's stored bytes flipped: its CRC fails
+            info = z.getinfo(f"{member}.npy")
+        flipped = bytearray(raw)
+        flipped[info.header_offset + 30 + len(info.filename) + info.compress_size // 2] ^= 1
+        (tmp_path / "flip.npz").write_bytes(bytes(flipped))
+        with pytest.raises(ValueError, match=rf"flip.npz' is damaged: {match} cannot be read"):
+            em.load(tmp_path / "flip.npz")
     header = json.loads(bytes(np.load(good)["__header__"]).decode())
     del header["config"]["cutoff"]
     arrays = dict(np.load(good, allow_pickle=False))

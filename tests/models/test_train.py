@@ -201,15 +201,15 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
     # force in the validation part gave a "completed" run without a model)
     for k, (change, match) in enumerate(
         [
-            (lambda a: a.positions.__setitem__(2, a.positions[0]), r"--data: structure 1: atoms 2 and 0 coincide"),
-            (lambda a: a.positions.__setitem__((0, 1), np.nan), r"--data: structure 1: positions must be finite"),
+            (lambda a: a.positions.__setitem__(2, a.positions[0]), r"--data: atoms 2 and 0 \(train\[1\]\) coincide"),
+            (lambda a: a.positions.__setitem__((0, 1), np.nan), r"--data: positions \(train\[1\]\) must be finite"),
             (
                 lambda a: a.calc.results["forces"].__setitem__((0, 0), np.inf),
-                r"structure 1 has non-finite reference forces",
+                r"--data: train\[1\] has non-finite reference forces",
             ),
             (
                 lambda a: a.calc.results.__setitem__("energy", np.nan),
-                r"structure 1 has a reference energy that is not one",
+                r"--data: train\[1\] has a reference energy that is not one",
             ),
         ]
     ):
@@ -217,7 +217,10 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
             bad = read_dataset(args[2])
             change(bad[which])
             write_dataset(tmp_path / f"bad{k}.extxyz", bad)
-            with pytest.raises(SystemExit, match=match.replace("structure 1", f"structure {which}")):
+            # the file's structures 0, 1 train, 2 validates
+            name = "train\\[1\\]" if which == 1 else "valid\\[0\\]"
+            where = r" \(train\[k\] is the file's structure k, valid\[k\] its structure 2 \+ k\)$"
+            with pytest.raises(SystemExit, match=match.replace("train\\[1\\]", name) + ".*" + where):
                 main([*args[:1], "--data", str(tmp_path / f"bad{k}.extxyz"), *args[3:], "--valid-fraction", "0.34"])
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     (tmp_path / "a_file").write_text("")
@@ -226,8 +229,14 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
     # forces of another shape (extxyz cannot hold them: given in memory, to fit)
     bad = read_dataset(args[2])
     bad[0].calc.results["forces"] = np.zeros((1, 3))
-    with pytest.raises(ValueError, match=r"structure 0 has reference forces of shape \(1, 3\), expected \[30, 3\]"):
+    with pytest.raises(ValueError, match=r"train\[0\] has reference forces of shape \(1, 3\), expected \[30, 3\]"):
         check_training_data(nequip((28, 29), num_layers=1), bad[:2], (1.0, 1.0, 0.0), bad[2:])
+    # a stress the loss does not read is not checked: with no stress weight, data that trained still does
+    bad = read_dataset(args[2])
+    bad[1].calc.results["stress"] = np.full(6, np.nan)
+    check_training_data(nequip((28, 29), num_layers=1), bad[:2], (1.0, 1.0, 0.0), bad[2:])
+    with pytest.raises(ValueError, match=r"train\[1\] has a reference stress that is not 6 or 3×3 finite numbers"):
+        check_training_data(nequip((28, 29), num_layers=1), bad[:2], (1.0, 1.0, 1.0), bad[2:])
     # data writes one file: a directory as --out was a traceback and a stray .partial file
     with pytest.raises(SystemExit, match=r"--out '.*run' is a directory: name the extxyz file to write"):
         main(["data", "--num", "1", "--out", str(out)])

@@ -126,10 +126,11 @@ def _train(args) -> None:
         Potential(config, args.backend)  # the backend checked now, before --out is touched
     except ValueError as err:
         raise ValueError(f"--backend: {err}") from err
-    try:  # structures numbered as in the file: train is its first part, valid the rest
+    try:
         check_training_data(config, train, weights, valid)
     except ValueError as err:
-        raise ValueError(f"--data: {err}") from err
+        where = f"train[k] is the file's structure k, valid[k] its structure {len(train)} + k"
+        raise ValueError(f"--data: {err} ({where})") from err
     # history.json and loss.png of an earlier run are rewritten at the end
     _make_out(args.out, ("model.npz", "metrics.json", "history.json", "loss.png"))
     t0 = time.perf_counter()
@@ -182,9 +183,10 @@ def _structure(args):
 
 
 def _md(args) -> None:
-    from . import Calculator, Potential, batch_structures, load
+    from . import Calculator, Potential, load
     from ._checks import check_positive_real, check_real
     from .md import check_ensemble, plot_md, run_md
+    from .neighbours import check_structure
 
     if not args.float32:
         import jax
@@ -224,7 +226,7 @@ def _md(args) -> None:
         raise ValueError(f"--backend: {err}") from err
     dtype = np.float32 if args.float32 else np.float64
     try:  # what the calculator would refuse at its first call, before the previous run's files go
-        batch_structures([atoms], config.atomic_numbers, config.cutoff, dtype=dtype)
+        check_structure(atoms, config.atomic_numbers, config.cutoff, dtype=dtype)
     except ValueError as err:
         raise ValueError(f"{'--structure' if args.structure is not None else 'the structure'}: {err}") from err
     calc = Calculator(pot, params, dtype=dtype)

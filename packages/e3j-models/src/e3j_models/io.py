@@ -105,7 +105,11 @@ def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, 
         if "__header__" not in data.files:
             raise ValueError(f"{where!r} is not an e3j-models file (no __header__)")
         try:
-            header = json.loads(bytes(data["__header__"]).decode())
+            raw = data["__header__"]
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:  # e.g. a CRC error
+            raise ValueError(f"{where!r} is damaged: its __header__ cannot be read: {err}") from err
+        try:
+            header = json.loads(bytes(raw).decode())
         except ValueError as err:  # not UTF-8 or not JSON
             raise ValueError(f"{where!r} has an unreadable __header__ (not UTF-8 JSON): {err}") from err
         if not isinstance(header, dict):

@@ -139,6 +139,61 @@ def bucket_size(n: int, headroom: float = 0.1, multiple: int = 8) -> int:
     return int(multiple * math.ceil((1.0 + headroom) ** k))
 
 
+def _structure_graph(st, index: dict, cutoff: float, dtype, where: str, given=None, g: int = 0):
+    """One structure's checked ``(positions, numbers, cell, pbc, senders, receivers, shifts)``,
+    positions moved near the origin: what :func:`batch_structures` refuses in it (``where`` names
+    it), the one place those checks live. ``index`` maps the model's atomic numbers to species;
+    ``given``: the structure's neighbour list, when the caller has it."""
+    if isinstance(st, dict):
+        if "positions" not in st or "numbers" not in st:
+            raise ValueError(f"a structure given as a dict needs 'positions' and 'numbers', got keys {sorted(st)}")
+        positions, numbers = st["positions"], st["numbers"]
+        cell, pbc = st.get("cell"), st.get("pbc", False)
+    else:  # ase.Atoms
+        positions, numbers, cell, pbc = st.get_positions(), st.numbers, np.asarray(st.cell), st.pbc
+    positions, cell, pbc = _check_structure(positions, cell, pbc, where)
+    numbers = np.asarray(numbers)
+    if not np.issubdtype(numbers.dtype, np.integer):  # a cast would truncate 1.7 to hydrogen
+        raise TypeError(f"numbers{where} must be integer atomic numbers, got dtype {numbers.dtype}")
+    if numbers.shape != (positions.shape[0],):
+        raise ValueError(f"numbers{where} must be [N={positions.shape[0]}], got {numbers.shape}")
+    unknown = sorted({int(z) for z in numbers} - set(index))
+    if unknown:
+        raise ValueError(
+            f"numbers{where} holds atomic numbers {unknown} unknown to the model (atomic_numbers={list(index)})"
+        )
+    if given is None:
+        s, r, shifts = neighbour_list(positions, cutoff, cell, pbc)
+    else:
+        s, r, shifts = _given_neighbours(given, positions.shape[0], where or f" (structure {g})")
+    positions, shifts = _near_origin(positions, cell, pbc, s, r, shifts)
+    if len(s):
+        # a zero-length edge has no direction: the model would drop it (two coincident atoms
+        # not interacting), which no real structure means; checked in the model's dtype too,
+        # where atoms distinct in float64 may coincide
+        lattice = cell if pbc.any() else np.zeros((3, 3))
+        zero = np.zeros(len(s), bool)
+        for dt in {np.dtype(np.float64), np.dtype(dtype)}:
+            p = positions.astype(dt)
+            vectors = p[s] - p[r] + np.asarray(shifts, dt) @ lattice.astype(dt)
+            zero |= np.einsum("ei,ei->e", vectors, vectors) == 0
+        zero = np.flatnonzero(zero)
+        if zero.size:
+            k = zero[0]
+            raise ValueError(f"atoms {s[k]} and {r[k]}{where} coincide (distance 0): positions must be distinct")
+    return positions, numbers, cell, pbc, s, r, shifts
+
+
+def check_structure(
+    structure, atomic_numbers: Sequence[int], cutoff: float, *, dtype=np.float64, where: str = ""
+) -> None:
+    """``structure`` (as :func:`batch_structures` takes it) checked as :func:`batch_structures`
+    checks each of its structures, without building a batch: ``ValueError`` (or ``TypeError``)
+    naming ``where`` for what a model cannot read."""
+    index = {z: k for k, z in enumerate(check_atomic_numbers(atomic_numbers))}
+    _structure_graph(structure, index, check_positive_real("cutoff", cutoff), dtype, where)
+
+
 def batch_structures(
     structures: Sequence[Any],
     atomic_numbers: Sequence[int],
@@ -179,45 +234,9 @@ def batch_structures(
     pos_all, spec_all, graph_all, s_all, r_all, sh_all, cells = [], [], [], [], [], [], []
     offset = 0
     for g, st in enumerate(structures):
-        if isinstance(st, dict):
-            if "positions" not in st or "numbers" not in st:
-                raise ValueError(f"a structure given as a dict needs 'positions' and 'numbers', got keys {sorted(st)}")
-            positions, numbers = st["positions"], st["numbers"]
-            cell, pbc = st.get("cell"), st.get("pbc", False)
-        else:  # ase.Atoms
-            positions, numbers, cell, pbc = st.get_positions(), st.numbers, np.asarray(st.cell), st.pbc
         where = f" (structure {g})" if len(structures) > 1 else ""
-        positions, cell, pbc = _check_structure(positions, cell, pbc, where)
-        numbers = np.asarray(numbers)
-        if not np.issubdtype(numbers.dtype, np.integer):  # a cast would truncate 1.7 to hydrogen
-            raise TypeError(f"numbers{where} must be integer atomic numbers, got dtype {numbers.dtype}")
-        if numbers.shape != (positions.shape[0],):
-            raise ValueError(f"numbers{where} must be [N={positions.shape[0]}], got {numbers.shape}")
-        unknown = sorted({int(z) for z in numbers} - set(index))
-        if unknown:
-            raise ValueError(
-                f"numbers{where} holds atomic numbers {unknown} unknown to the model "
-                f"(atomic_numbers={list(atomic_numbers)})"
-            )
-        if neighbours is None:
-            s, r, shifts = neighbour_list(positions, cutoff, cell, pbc)
-        else:
-            s, r, shifts = _given_neighbours(neighbours[g], positions.shape[0], where or f" (structure {g})")
-        positions, shifts = _near_origin(positions, cell, pbc, s, r, shifts)
-        if len(s):
-            # a zero-length edge has no direction: the model would drop it (two coincident atoms
-            # not interacting), which no real structure means; checked in the model's dtype too,
-            # where atoms distinct in float64 may coincide
-            lattice = cell if pbc.any() else np.zeros((3, 3))
-            zero = np.zeros(len(s), bool)
-            for dt in {np.dtype(np.float64), np.dtype(dtype)}:
-                p = positions.astype(dt)
-                vectors = p[s] - p[r] + np.asarray(shifts, dt) @ lattice.astype(dt)
-                zero |= np.einsum("ei,ei->e", vectors, vectors) == 0
-            zero = np.flatnonzero(zero)
-            if zero.size:
-                k = zero[0]
-                raise ValueError(f"atoms {s[k]} and {r[k]}{where} coincide (distance 0): positions must be distinct")
+        given = None if neighbours is None else neighbours[g]
+        positions, numbers, cell, pbc, s, r, shifts = _structure_graph(st, index, cutoff, dtype, where, given, g)
         pos_all.append(positions)
         spec_all.append(np.array([index[int(z)] for z in numbers]))
         graph_all.append(np.full(positions.shape[0], g))

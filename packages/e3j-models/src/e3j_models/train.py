@@ -43,7 +43,7 @@ from ._optional import require
 from .batch import GraphBatch
 from .config import MACEConfig, NequIPConfig
 from .io import save
-from .neighbours import batch_structures, bucket_size, neighbour_list
+from .neighbours import batch_structures, bucket_size, check_structure, neighbour_list
 from .potential import Potential
 
 __all__ = [
@@ -82,10 +82,12 @@ class FitResult(NamedTuple):
     validation: dict[str, float]
 
 
-def _results(atoms, k: int):
+def _results(atoms, k: int | str):
+    """The structure's labels (``atoms.calc.results``); ``k`` names it (an index: ``structure k``)."""
     res = atoms.calc.results if atoms.calc is not None else {}
     if "energy" not in res or "forces" not in res:
-        raise ValueError(f"structure {k} has no reference energy and forces (atoms.calc.results)")
+        name = k if isinstance(k, str) else f"structure {k}"
+        raise ValueError(f"{name} has no reference energy and forces (atoms.calc.results)")
     return res
 
 
@@ -138,13 +140,14 @@ def check_training_data(
     dtype=np.float32,
 ) -> None:
     """What :func:`fit` refuses in its data (``ValueError``), checked before anything is trained:
-    in any structure of ``train`` or ``valid``, missing or non-finite labels (energy, forces
-    ``[N, 3]``, stress where given) and what the model cannot read (an element not in the config,
-    no atoms, non-finite positions, atoms that coincide in ``dtype``); a config element in no
-    training structure; a stress weight with no stress label to use. Structures are numbered as
-    in ``train`` followed by ``valid`` (a data file's order when both are its parts, in order)."""
-    for k, atoms in enumerate([*train, *valid]):
-        _check_structure_data(config, atoms, k, dtype)
+    in any structure of ``train`` or ``valid`` (named ``train[k]``, ``valid[k]``), missing or
+    non-finite labels (energy; forces ``[N, 3]``; stress where the loss reads it) and what the
+    model cannot read (an element not in the config, no atoms, non-finite positions, atoms that
+    coincide in ``dtype``); a config element in no training structure; a stress weight with no
+    stress label to use."""
+    for part, structures in (("train", train), ("valid", valid)):
+        for k, atoms in enumerate(structures):
+            _check_structure_data(config, atoms, f"{part}[{k}]", weights, dtype)
     _check_elements_present(config.atomic_numbers, train)
     if weights[2] > 0 and not any(_has_stress(a, _results(a, k)) for k, a in enumerate(train)):
         raise ValueError(
@@ -153,30 +156,27 @@ def check_training_data(
         )
 
 
-def _check_structure_data(config, atoms, k: int, dtype) -> None:
-    """``ValueError`` naming structure ``k`` for labels fit cannot use or atoms the model cannot read
-    (a NaN force passed to a validation MAE of NaN and no checkpoint; coincident atoms were named
-    by their place in a shuffled batch)."""
-    res = _results(atoms, k)
+def _check_structure_data(config, atoms, name: str, weights: tuple, dtype) -> None:
+    """``ValueError`` naming structure ``name`` for labels the loss would read and cannot use, or
+    atoms the model cannot read (a NaN force passed to a validation MAE of NaN and no checkpoint;
+    coincident atoms were named by their place in a shuffled batch)."""
+    res = _results(atoms, name)
     n = len(atoms)
     energy = np.asarray(res["energy"], np.float64)
     if energy.size != 1 or not np.isfinite(energy).all():
-        raise ValueError(f"structure {k} has a reference energy that is not one finite number: {res['energy']}")
+        raise ValueError(f"{name} has a reference energy that is not one finite number: {res['energy']}")
     forces = np.asarray(res["forces"], np.float64)
     if forces.shape != (n, 3):
-        raise ValueError(f"structure {k} has reference forces of shape {forces.shape}, expected [{n}, 3]")
+        raise ValueError(f"{name} has reference forces of shape {forces.shape}, expected [{n}, 3]")
     if not np.isfinite(forces).all():
         raise ValueError(
-            f"structure {k} has non-finite reference forces (atom {int(np.argwhere(~np.isfinite(forces))[0, 0])})"
+            f"{name} has non-finite reference forces (atom {int(np.argwhere(~np.isfinite(forces))[0, 0])})"
         )
-    if "stress" in res:
+    if weights[2] > 0 and _has_stress(atoms, res):  # a label the loss reads
         stress = np.asarray(res["stress"], np.float64)
         if stress.shape not in ((6,), (3, 3)) or not np.isfinite(stress).all():
-            raise ValueError(f"structure {k} has a reference stress that is not 6 or 3×3 finite numbers: {stress!r}")
-    try:
-        batch_structures([atoms], config.atomic_numbers, config.cutoff, dtype=dtype)
-    except ValueError as err:
-        raise ValueError(f"structure {k}: {err}") from err
+            raise ValueError(f"{name} has a reference stress that is not 6 or 3×3 finite numbers: {stress!r}")
+    check_structure(atoms, config.atomic_numbers, config.cutoff, dtype=dtype, where=f" ({name})")
 
 
 def _num_edges(atoms, cutoff: float) -> int:
