@@ -126,6 +126,12 @@ def test_load_refuses_damaged_files_and_partial_configs(tmp_path, tiny):
     np.savez(tmp_path / "partial.npz", **arrays)
     with pytest.raises(ValueError, match=r"partial.npz' holds a config without the fields \['cutoff'\]"):
         em.load(tmp_path / "partial.npz")
+    # a parameter save would not write: text loaded, and failed in the Calculator naming no parameter
+    arrays = dict(np.load(good, allow_pickle=False))
+    arrays[name] = np.array(["text"] * arrays[name].size)
+    np.savez(tmp_path / "text.npz", **arrays)
+    with pytest.raises(ValueError, match=rf"text.npz': parameter '{name}' has dtype <U4, not a bool, int or float"):
+        em.load(tmp_path / "text.npz")
 
 
 def _periodic_atoms():

@@ -133,6 +133,10 @@ def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, 
                 node[leaf] = data[name]
             except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:  # e.g. a CRC error: a damaged file
                 raise ValueError(f"{where!r} is damaged: its parameter {name!r} cannot be read: {err}") from err
+            if node[leaf].dtype.kind not in "biuf":  # what save writes; text failed later, unnamed
+                raise ValueError(
+                    f"{where!r}: parameter {name!r} has dtype {node[leaf].dtype}, not a bool, int or float array"
+                )
     config = header.get("config")
     if not isinstance(config, dict):
         raise ValueError(f"{where!r} has a malformed __header__: no 'config' object")
