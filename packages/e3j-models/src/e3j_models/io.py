@@ -40,6 +40,8 @@ __all__ = ["FORMAT", "FORMAT_VERSION", "load", "save"]
 FORMAT = "e3j-models"
 #: bumped when the file layout or the meaning of a parameter changes
 FORMAT_VERSION = 1
+#: what numpy raises for a file that is not a zip of .npy arrays, or one cut short or damaged
+_UNREADABLE = (ValueError, OSError, EOFError, zipfile.BadZipFile)
 
 
 def _flatten(tree: Any, prefix: str, out: dict[str, np.ndarray]) -> None:
@@ -97,7 +99,7 @@ def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, 
         data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:  # not a zip of .npy arrays, or cut short
+    except _UNREADABLE as err:  # numpy says "pickled data" for a file that is no zip
         raise ValueError(f"{where!r} is not an e3j-models file (an .npz written by save): {err}") from err
     if not isinstance(data, np.lib.npyio.NpzFile):  # a lone .npy array
         raise ValueError(f"{where!r} is not an e3j-models file (an .npz written by save): a single array")
@@ -106,7 +108,7 @@ def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, 
             raise ValueError(f"{where!r} is not an e3j-models file (no __header__)")
         try:
             raw = data["__header__"]
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:  # e.g. a CRC error
+        except _UNREADABLE as err:  # e.g. a CRC error
             raise ValueError(f"{where!r} is damaged: its __header__ cannot be read: {err}") from err
         try:
             header = json.loads(bytes(raw).decode())
@@ -131,7 +133,7 @@ def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, 
                 node = node.setdefault(p, {})
             try:
                 node[leaf] = data[name]
-            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:  # e.g. a CRC error: a damaged file
+            except _UNREADABLE as err:  # e.g. a CRC error
                 raise ValueError(f"{where!r} is damaged: its parameter {name!r} cannot be read: {err}") from err
             if node[leaf].dtype.kind not in "biuf":  # what save writes; text failed later, unnamed
                 raise ValueError(
