@@ -44,6 +44,19 @@ def test_dataset_roundtrip_and_bad_files(tmp_path):
     back = read_dataset(path)
     np.testing.assert_allclose(back[1].get_forces(), structures[1].get_forces(), atol=1e-7)  # extxyz: 8 decimals
     np.testing.assert_allclose(back[1].get_stress(), structures[1].get_stress(), atol=1e-7)
+    # the suffix names the format: .traj is an ASE trajectory, which keeps the labels exactly (extxyz
+    # text under a .traj name was written, and could not be read back)
+    write_dataset(tmp_path / "d.traj", structures)
+    for x, y in zip(read_dataset(tmp_path / "d.traj"), structures, strict=True):
+        np.testing.assert_array_equal(x.positions, y.positions)
+        assert x.get_potential_energy() == y.get_potential_energy()
+        np.testing.assert_array_equal(x.get_forces(), y.get_forces())
+        np.testing.assert_array_equal(x.get_stress(), y.get_stress())
+    write_dataset(tmp_path / "no-suffix", structures)  # ASE reads it by content: extxyz
+    back = read_dataset(tmp_path / "no-suffix")
+    np.testing.assert_allclose(back[1].get_forces(), structures[1].get_forces(), atol=1e-7)
+    with pytest.raises(ValueError, match=r"dataset path '.*d.json': ASE reads that name as 'json'; name an extxyz"):
+        write_dataset(tmp_path / "d.json", structures)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_dataset(tmp_path / "missing.extxyz")
     bad = tmp_path / "bad.extxyz"
@@ -243,6 +256,11 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
     assert not os.path.exists(str(out) + ".partial")
     with pytest.raises(SystemExit, match=r"--out '.*nowhere/d.extxyz': its folder '.*nowhere' does not exist"):
         main(["data", "--num", "1", "--out", str(tmp_path / "nowhere" / "d.extxyz")])
+    # a name ASE reads as another format: refused before the structures are computed (extxyz text
+    # under a .cif name was written, and read back as CIF)
+    with pytest.raises(SystemExit, match=r"--out: dataset path '.*d.cif': ASE reads that name as 'cif'"):
+        main(["data", "--num", "1", "--out", str(tmp_path / "d.cif")])
+    assert not os.path.exists(tmp_path / "d.cif") and not os.path.exists(tmp_path / "d.cif.partial")
 
 
 def test_stress_weight_with_an_open_structure_gives_finite_gradients():

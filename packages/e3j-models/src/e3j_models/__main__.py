@@ -43,10 +43,14 @@ def _requires(command: str) -> None:
 
 
 def _data(args) -> None:
-    from .data import emt_structures, write_dataset
+    from .data import dataset_format, emt_structures, write_dataset
 
     if os.path.isdir(args.out):  # the dataset is one file
         raise ValueError(f"--out {args.out!r} is a directory: name the extxyz file to write")
+    try:
+        dataset_format(args.out)  # before the structures are computed
+    except ValueError as err:
+        raise ValueError(f"--out: {err}") from None
     folder = os.path.dirname(os.path.abspath(args.out))
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"--out {args.out!r}: its folder {folder!r} does not exist")
@@ -270,7 +274,7 @@ def main(argv=None) -> None:
     p = sub.add_parser("data", help="generate the EMT Cu-Ni dataset (extxyz)")
     p.add_argument("--num", type=int, default=200, help="number of structures")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True, help="output .extxyz path")
+    p.add_argument("--out", required=True, help="output .extxyz path (.traj: an ASE trajectory)")
     p.set_defaults(func=_data)
 
     p = sub.add_parser(

@@ -10,7 +10,8 @@ which ships parameters for Al, Cu, Ag, Au, Ni, Pd, Pt; Cu–Ni is a textbook fcc
 
 Structure ``i`` of seed ``s`` depends only on ``(s, i)`` (``numpy.random.SeedSequence([s, i])``), so
 a set is reproducible and a larger set extends a smaller one. :func:`write_dataset` writes extxyz
-(``energy``, ``forces``, ``stress`` fields, read back by :func:`read_dataset` or ``ase.io.read``).
+(``energy``, ``forces``, ``stress`` fields; or an ASE trajectory, by the file's suffix), read back by
+:func:`read_dataset` or ``ase.io.read``.
 
 >>> atoms = emt_structures(2, seed=0)
 >>> [len(a) for a in atoms], sorted(atoms[0].calc.results)  # 32 and 48 sites, 2 vacancies each
@@ -29,7 +30,7 @@ import numpy as np
 from ._checks import check_int
 from ._optional import require
 
-__all__ = ["LATTICE_CONSTANTS", "emt_structures", "read_dataset", "write_dataset"]
+__all__ = ["LATTICE_CONSTANTS", "dataset_format", "emt_structures", "read_dataset", "write_dataset"]
 
 LATTICE_CONSTANTS = {"Cu": 3.61, "Ni": 3.52}
 """fcc lattice constants (Å) mixed by Vegard's law."""
@@ -90,14 +91,46 @@ def emt_structures(
     return out
 
 
+# the formats that keep every structure's energy, forces and stress, by the name ASE reads them as
+_DATASET_FORMATS = ("extxyz", "traj")
+
+
+def dataset_format(path: str | os.PathLike) -> str:
+    """The format :func:`write_dataset` writes ``path`` in: the one ``ase.io.read`` will read it as.
+
+    ``.extxyz`` or ``.xyz`` (or a name without a suffix, which ASE reads by content): extxyz;
+    ``.traj``: an ASE trajectory. A name ASE reads as another format (``.cif``, ``.json``, ...) is
+    refused: those formats do not keep the energies and forces, or would be read as something else.
+
+    >>> dataset_format("set.xyz"), dataset_format("set.traj"), dataset_format("set")
+    ('extxyz', 'traj', 'extxyz')
+    """
+    require("ase", "e3j_models.data.dataset_format")
+    from ase.io.formats import UnknownFileTypeError, filetype
+
+    path = os.fspath(path)
+    try:
+        fmt = filetype(path, read=False)
+    except UnknownFileTypeError:
+        return "extxyz"
+    if fmt not in _DATASET_FORMATS:
+        raise ValueError(
+            f"dataset path {path!r}: ASE reads that name as {fmt!r}; name an extxyz file (.extxyz, .xyz) "
+            "or an ASE trajectory (.traj), the formats that keep each structure's energy and forces"
+        )
+    return fmt
+
+
 def write_dataset(path: str | os.PathLike, structures: Sequence) -> None:
-    """Write ``structures`` (with energies/forces attached) to extxyz; atomically (temp file, rename)."""
+    """Write ``structures`` (with energies/forces attached) in the format ``path``'s suffix names
+    (:func:`dataset_format`: extxyz or an ASE trajectory); atomically (temp file, rename)."""
     require("ase", "e3j_models.data.write_dataset")
     from ase.io import write
 
+    fmt = dataset_format(path)
     path = os.fspath(path)
     tmp = path + ".partial"
-    write(tmp, list(structures), format="extxyz")
+    write(tmp, list(structures), format=fmt)
     os.replace(tmp, path)
 
 
