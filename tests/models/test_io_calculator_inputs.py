@@ -192,6 +192,28 @@ def test_calculator_keeps_no_results_of_another_structure_after_a_refusal(tiny):
         calc.get_forces(unknown)
 
 
+def test_calculator_pickles_and_its_copy_computes_the_same(tiny):
+    # for multiprocessing and workflow tools: the jitted function could not be pickled
+    import pickle
+
+    pytest.importorskip("ase")
+    pot, _, params = tiny
+    atoms = _periodic_atoms()
+    calc = em.Calculator(pot, params)
+    atoms.calc = calc
+    forces = atoms.get_forces()
+    copy = pickle.loads(pickle.dumps(calc))
+    assert copy.buckets == calc.buckets and copy.headroom == calc.headroom
+    moved = atoms.copy()
+    moved.positions[0] += 0.05
+    moved.calc = copy
+    fresh = moved.copy()
+    fresh.calc = em.Calculator(pot, params)
+    np.testing.assert_array_equal(moved.get_forces(), fresh.get_forces())
+    assert not np.array_equal(moved.get_forces(), forces)
+    np.testing.assert_array_equal(atoms.get_forces(), forces)  # the original still works
+
+
 @pytest.mark.parametrize("periodic", [True, False])
 def test_neighbour_list_is_brute_force(periodic):
     s = structure(7, n=10, periodic=periodic)

@@ -47,7 +47,8 @@ class Calculator(_AseCalculator):
     ``stress`` (Voigt, ASE's sign: ``(1/V) ∂E/∂ε``) needs a fully periodic cell. ``buckets`` lists the
     ``(num_nodes, num_edges)`` shapes compiled so far. ``dtype``: the computation's float type,
     ``None`` for JAX's default (float64 under ``jax_enable_x64``, else float32); ``np.float64``
-    needs ``jax_enable_x64`` (JAX would otherwise compute in float32 without a word).
+    needs ``jax_enable_x64`` (JAX would otherwise compute in float32 without a word). It can be
+    pickled (for ``multiprocessing`` and workflow tools); the copy compiles again at its first call.
     """
 
     implemented_properties = ("energy", "free_energy", "forces", "stress")
@@ -60,9 +61,24 @@ class Calculator(_AseCalculator):
         bucket_size(1, headroom)  # checks headroom now, not at the first calculation
         self.potential, self.headroom, self.dtype = potential, headroom, dtype
         self.params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
-        self._run = jax.jit(functools.partial(potential.__call__, stress=True))
+        self._run = self._compiled(potential)
         self._size: tuple[int, int] | None = None
         self.buckets: list[tuple[int, int]] = []
+
+    @staticmethod
+    def _compiled(potential: Potential):
+        return jax.jit(functools.partial(potential.__call__, stress=True))
+
+    def __getstate__(self) -> dict:
+        # a jitted function cannot be pickled (multiprocessing, workflow tools): it is rebuilt on
+        # unpickling, and compiles again at its first call
+        state = self.__dict__.copy()
+        del state["_run"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._run = self._compiled(self.potential)
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:
         super().calculate(atoms, properties, system_changes)
