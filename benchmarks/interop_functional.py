@@ -35,7 +35,7 @@ from interop_message_passing import interleaved, paired_share
 
 import e3j
 from e3j import interop
-from e3j._bench import host_info
+from e3j._bench import provenance
 from e3j.layout import from_mul_ir
 
 
@@ -153,7 +153,8 @@ def main(argv=None) -> int:
         rows = [measure(n, args) for n in args.nodes]
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"platform": jax.default_backend(), "host": host_info(), "unit": "ms", "rows": rows}, f, indent=1)
+            record = provenance("benchmarks/interop_functional.py", argv)
+            json.dump({**record, "platform": jax.default_backend(), "unit": "ms", "rows": rows}, f, indent=1)
     return 0
 
 

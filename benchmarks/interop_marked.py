@@ -36,7 +36,7 @@ from interop_message_passing import case, interleaved
 
 import e3j
 from e3j import interop
-from e3j._bench import host_info
+from e3j._bench import provenance
 
 
 def programs(n: int, neighbours: int, irreps: str, lmax: int, filter_ir_out: str, backend: str | None,
@@ -110,7 +110,8 @@ def main(argv=None) -> int:
         print(json.dumps(row), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": jax.devices()[0].device_kind, "host": host_info(), "rows": rows}, f, indent=1)
+            record = provenance("benchmarks/interop_marked.py", argv)
+            json.dump({**record, "device": jax.devices()[0].device_kind, "rows": rows}, f, indent=1)
     return 0
 
 

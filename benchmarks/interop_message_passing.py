@@ -55,7 +55,7 @@ import numpy as np
 
 import e3j
 from e3j import interop
-from e3j._bench import host_info, time_call
+from e3j._bench import provenance, time_call
 
 
 def case(num_nodes, neighbours, irreps_x, lmax, filter_ir_out, dtype, seed=0):
@@ -132,7 +132,13 @@ def main(argv=None) -> int:
             # the allocator's settings matter to fresh buffers' costs
             env = {k: os.environ[k] for k in ("GLIBC_TUNABLES",) if k in os.environ}
             json.dump(
-                {"backend": jax.default_backend(), "host": host_info(), "unit": "ms", "env": env, "rows": rows},
+                {
+                    **provenance("benchmarks/interop_message_passing.py", argv),
+                    "backend": jax.default_backend(),
+                    "unit": "ms",
+                    "env": env,
+                    "rows": rows,
+                },
                 f,
                 indent=1,
             )

@@ -86,7 +86,8 @@ def machine_info() -> dict:
         "memory_bytes": machine_memory(),
         "jax": jax.__version__,
         "device": str(jax.devices()[0]),
-        "note": f"{os.cpu_count()} cores shared with other jobs: timings are noisy"
+        # what the script knows: the load (beside it in the results) says how busy the machine was
+        "note": f"{os.cpu_count()} CPU cores: timings vary with the machine's load"
         if jax.devices()[0].platform == "cpu"
         else "",
     }

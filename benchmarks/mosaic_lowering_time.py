@@ -1,6 +1,6 @@
 """Lowering time of the Mosaic GPU kernels for an abstract H200, without a GPU, each case in a fresh interpreter.
 
-    JAX_PLATFORMS=cpu python benchmarks/mosaic_lowering_time.py [--lmax 3] [--channels 128] [--ab]
+    JAX_PLATFORMS=cpu python benchmarks/mosaic_lowering_time.py [--lmax 3] [--channels 128] [--ab] [--json F]
 
 Needs JAX's Mosaic GPU bindings (``pip install "jax[cuda13]"``; no GPU needed). Lowers e3j's
 tensor product (batch 16384) and convolution (1024 nodes, 16 neighbours) forward and backward (VJP)
@@ -12,8 +12,11 @@ within one run, the timings depend on the machine's load.
 """
 
 import argparse
+import json
 import subprocess
 import sys
+
+from e3j._bench import provenance
 
 CHILD = """
 import functools, sys, time
@@ -40,12 +43,15 @@ print(f"{time.perf_counter() - t:.2f}")
 """
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lmax", type=int, default=3)
     parser.add_argument("--channels", type=int, default=128)
     parser.add_argument("--ab", action="store_true", help="also each kernel with the other choice of pin")
-    args = parser.parse_args()
+    parser.add_argument("--json", help="also write the rows here, with the command, date and host")
+    args = parser.parse_args(argv)
+    record = provenance("benchmarks/mosaic_lowering_time.py", argv)  # the load average at the start
+    rows = []
     print(f"{'op':16s} {'dir':4s} {'row loads':10s} {'lower [s]':>10s}")
     for op in ("tensor_product", "convolution"):
         for direction in ("fwd", "bwd"):
@@ -55,7 +61,16 @@ def main() -> None:
                 out = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True, check=True)
                 pinned = (op == "tensor_product") == (variant == "current")
                 label = "pinned" if pinned else "unpinned"
-                print(f"{op:16s} {direction:4s} {label:10s} {float(out.stdout.split()[-1]):10.1f}", flush=True)
+                seconds = float(out.stdout.split()[-1])
+                rows.append({"op": op, "direction": direction, "row_loads": label, "seconds": seconds})
+                print(f"{op:16s} {direction:4s} {label:10s} {seconds:10.1f}", flush=True)
+    if args.json:
+        import jax
+
+        record["versions"] = {"jax": jax.__version__}
+        record.update(lmax=args.lmax, channels=args.channels, device_kind="NVIDIA H200 (abstract)", rows=rows)
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
 
 
 if __name__ == "__main__":

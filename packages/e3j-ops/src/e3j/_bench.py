@@ -109,6 +109,27 @@ def copy_bandwidth(num_bytes: int, *, runs: int = 100, dtype=jnp.float32, device
     return seconds, throughput(2 * n * jnp.dtype(dtype).itemsize, seconds)
 
 
+def provenance(script: str, argv: list[str] | None = None) -> dict:
+    """What a results file records of its run: the ``command`` that reruns it (``python script`` and
+    ``argv``, by default this process's arguments), the UTC ``date`` and the ``host``
+    (:func:`host_info`).
+
+    >>> record = provenance("benchmarks/x.py", ["--nodes", "1000"])
+    >>> record["command"], sorted(record)
+    ('python benchmarks/x.py --nodes 1000', ['command', 'date', 'host'])
+    """
+    import datetime
+    import shlex
+    import sys
+
+    words = sys.argv[1:] if argv is None else list(argv)
+    return {
+        "command": shlex.join(["python", script, *words]),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": host_info(),
+    }
+
+
 def host_info() -> dict:
     """The machine a CPU timing was taken on, for a results file: the CPU's model name (Linux's
     ``/proc/cpuinfo``, else ``platform.processor()``), its core count and the load average when the
