@@ -10,6 +10,8 @@ of ``hidden``: a loop), with padding edges holding NaN, and with an empty graph.
 
 from __future__ import annotations
 
+import functools
+
 import e3nn_jax as e3nn
 import jax
 import jax.numpy as jnp
@@ -225,6 +227,30 @@ def test_many_chunks_equal_one(monkeypatch):
     assert ref_conv.chunk_size(E, CONV.coo.dim_out * C, 8) == 8
     for a, b in zip(jax.tree.leaves(many), jax.tree.leaves(one), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_kernel_cotangent_summed_over_many_chunks_keeps_low_precision_digits(monkeypatch, dtype):
+    """The kernel's cotangent sums every edge's ``h^T ds``, one chunk per loop trip: carried in
+    bfloat16 the running sum stopped growing (20,000 positive terms: 2,048 against 11,244).
+    Kept in float32, it is as close as one dot over all the edges in that dtype."""
+    import e3j.reference.convolution as ref_conv
+
+    conv = e3j.Convolution("0e", "0e", filter="0e")
+    e, n = 20_000, 50
+    rng = np.random.default_rng(3)
+    graph = e3j.Graph.from_edges(rng.integers(0, n, e), rng.integers(0, n, e), n)
+    h, y = rng.uniform(0.5, 1.0, (e, 1)), rng.uniform(0.5, 1.0, (e, 1))
+    truth = np.sum(h[:, 0] * y[:, 0])  # x = 1, k = 1: dk = sum_e h_e y_e (float64)
+    monkeypatch.setattr(ref_conv, "_CHUNK_BYTES", 16)  # 8 edges per trip: 2,500 trips
+    cast = functools.partial(jnp.asarray, dtype=dtype)
+    x = cast(np.ones((n, 1, 1)))
+    dk = jax.jit(jax.grad(lambda k: jnp.sum(conv(x, cast(y), FactoredWeights(cast(h), k), graph, backend="reference"))))
+    got = dk(cast(np.ones((1, 1))))
+    assert got.dtype == jnp.dtype(dtype)
+    one_dot = float(jnp.dot(cast(h[:, 0]), cast(y[:, 0]), preferred_element_type=jnp.float32))
+    assert abs(float(got[0, 0]) - truth) / truth < 1e-2
+    assert abs(float(got[0, 0]) - one_dot) / truth < 1e-2
 
 
 def test_factored_kernels_come_in_pairs():
