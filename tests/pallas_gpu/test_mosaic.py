@@ -194,6 +194,15 @@ def test_shared_convolution_cases(kernels, no_races, case):
     check_convolution(kernels, case)
 
 
+def test_kernels_with_row_groups_on_cuda_x(kernels, no_races, monkeypatch):
+    """Above 65,535 row groups (CUDA's grid y limit) the kernels launch with rows on x, lanes on y:
+    here for every grid, so both orders run (two 128-lane blocks: the order matters)."""
+    monkeypatch.setattr(_mosaic, "MAX_GRID_YZ", 1)
+    assert mosaic_convolution.launch_grid(2, 3, ("node", "lanes")) == {"grid": (3, 2), "grid_names": ("lanes", "node")}
+    check_convolution(kernels, Case(1, 256, 3, False))
+    check_tensor_product(kernels, Case(1, 256, 2, True))
+
+
 @pytest.mark.parametrize(
     ("channels", "expected"),
     [(1, (4, 32, 4)), (3, (4, 32, 4)), (8, (8, 16, 8)), (20, (32, 4, 32)), (64, (64, 2, 64)), (128, (128, 1, 128)),

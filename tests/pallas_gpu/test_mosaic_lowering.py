@@ -100,6 +100,44 @@ def test_convolution_lowers_to_mosaic_gpu(kind, case):
         assert MOSAIC_CALL in _lower_cuda(kind, bwd, x, y, s, dm, graph)
 
 
+def test_launch_grids_fit_cuda_above_65535_row_groups(monkeypatch):
+    """70,000 nodes (batch rows) of 128 channels: one row group each. CUDA's grid y and z stop at
+    65,535 and JAX does not check them when lowering: the row groups must go on x."""
+    from jax.experimental.mosaic.gpu import core
+
+    grids = []
+    lower = core._lower_as_gpu_kernel
+
+    def spy(*args, grid, **kwargs):
+        grids.append(tuple(grid))
+        return lower(*args, grid=grid, **kwargs)
+
+    monkeypatch.setattr(core, "_lower_as_gpu_kernel", spy)
+    n, c = 70_000, 128
+    coo = e3j.TensorProduct("0e + 1o", "0e + 1o", filter="0e + 1o").coo
+    ring = np.arange(n, dtype=np.int32)
+    graph = jax.tree.map(
+        lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), e3j.Graph.from_edges(ring, np.roll(ring, 1), num_nodes=n)
+    )
+    f32 = functools.partial(jax.ShapeDtypeStruct, dtype=np.float32)
+    x, y, dz = f32((n, coo.dim_x, c)), f32((n, coo.dim_y)), f32((n, coo.dim_out, c))
+    s = f32((n, coo.num_paths, c))
+    h200 = AbstractDevice(device_kind="NVIDIA H200", num_cores=None, platform="cuda")
+    tp, conv = mosaic_tensor_product, mosaic_convolution
+    calls = [
+        (functools.partial(tp.tensor_product, coo, y_channels=False), (x, y)),
+        (functools.partial(tp.tensor_product_bwd, coo, outs=("x", "y"), y_channels=False), (x, y, dz)),
+        (functools.partial(conv.convolution, coo, y_channels=False), (x, y, s, graph)),
+        (functools.partial(conv.convolution_bwd, coo, outs=("x", "y", "s"), y_channels=False), (x, y, s, dz, graph)),
+    ]
+    with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=h200)):
+        for fn, args in calls:
+            assert MOSAIC_CALL in jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert len(grids) == len(calls)
+    for grid in grids:  # CUDA's (x, y, z)
+        assert grid[0] >= n and max(grid[1:]) <= 65535, grid
+
+
 def test_a_store_past_an_axis_fails_to_lower():
     """The check of :func:`stores_in_bounds` sees a ``[32, 4]`` block stored into a ``[16, 4]`` row."""
     import jax.numpy as jnp

@@ -117,6 +117,29 @@ def flush(copies) -> None:
     plgpu.wait_smem_to_gmem(0)
 
 
+#: CUDA's limit on a launch grid's y and z extents (x's is 2**31 - 1).
+MAX_GRID_YZ = 65535
+
+
+def launch_grid(rows: int, lanes: int, names: tuple[str, str]) -> dict:
+    """``plgpu.kernel``'s ``grid`` and ``grid_names`` for ``rows`` row groups (nodes, batch rows)
+    by ``lanes`` channel blocks, named ``names`` (the kernels read their place by name).
+
+    Pallas's Mosaic GPU lowering reverses the grid: its last axis is CUDA's x. The row groups go first
+    (CUDA's y: one group's channel blocks are neighbouring blocks, reading its indices and ``y`` rows
+    while they are in L2, the order the H200 timings ran) while they fit y's 65,535 blocks; beyond,
+    last (x). JAX does not check the limit: a 65,536-node grid lowered, and would fail at launch.
+
+    >>> launch_grid(1000, 2, ("node", "lanes"))
+    {'grid': (1000, 2), 'grid_names': ('node', 'lanes')}
+    >>> launch_grid(100_000, 2, ("node", "lanes"))
+    {'grid': (2, 100000), 'grid_names': ('lanes', 'node')}
+    """
+    if rows <= MAX_GRID_YZ:
+        return {"grid": (rows, lanes), "grid_names": names}
+    return {"grid": (lanes, rows), "grid_names": names[::-1]}
+
+
 def interpret_params(interpret) -> plgpu.InterpretGPUParams | None:
     """``False`` → compiled; ``True`` → Mosaic's GPU interpreter; an ``InterpretGPUParams`` as given."""
     if interpret is False or interpret is None:

@@ -58,7 +58,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from e3j_core import TensorProductCoo
 
-from ._mosaic import Lanes, check_dtype, interpret_params, pad_channels, zeros
+from ._mosaic import Lanes, check_dtype, interpret_params, launch_grid, pad_channels, zeros
 
 __all__ = ["convolution", "convolution_bwd", "grouped_convolution", "grouped_convolution_bwd", "reads_in_place"]
 
@@ -280,8 +280,7 @@ def _forward(coo, x, y, s, graph, *, y_channels: bool, s_columns, interpret) -> 
     m = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((num_nodes, coo.dim_out, lanes.channels), dtype),
-        grid=(-(-num_nodes // lanes.rows), lanes.blocks),
-        grid_names=("node", "lanes"),
+        **launch_grid(-(-num_nodes // lanes.rows), lanes.blocks, ("node", "lanes")),
         scratch_types={k: v for k, v in scratch.items() if v is not None},
         interpret=interpret_params(interpret),
         kernel_name="e3j_mosaic_convolution",
@@ -570,8 +569,7 @@ def _backward(
     results = plgpu.kernel(
         body,
         out_type=tuple(jax.ShapeDtypeStruct(shapes[o], dtype) for o in returned),
-        grid=(groups + (1 if (want_y or want_s) else 0), nc),
-        grid_names=("node", "lanes"),
+        **launch_grid(groups + (1 if (want_y or want_s) else 0), nc, ("node", "lanes")),
         scratch_types={k: v for k, v in scratch.items() if v is not None},
         interpret=interpret_params(interpret),
         kernel_name="e3j_mosaic_convolution_bwd",

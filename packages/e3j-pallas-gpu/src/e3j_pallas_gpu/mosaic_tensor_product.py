@@ -40,7 +40,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 from e3j_core import CooTable, TensorProductCoo
 
 from ._blocks import pad_rows
-from ._mosaic import Lanes, check_dtype, flush, interpret_params, pad_channels, stage, strided, zeros
+from ._mosaic import Lanes, check_dtype, flush, interpret_params, launch_grid, pad_channels, stage, strided, zeros
 
 __all__ = ["tensor_product", "tensor_product_bwd"]
 
@@ -139,8 +139,7 @@ def tensor_product(
     z = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((tile.batch, coo.dim_out, tile.channels), dtype),
-        grid=tile.grid,
-        grid_names=("batch", "lanes"),
+        **launch_grid(*tile.grid, ("batch", "lanes")),
         scratch_types=scratch,
         interpret=interpret_params(interpret),
         kernel_name="e3j_mosaic_tensor_product",
@@ -249,8 +248,7 @@ def tensor_product_bwd(
         plgpu.kernel(
             body,
             out_type=tuple(out_type),
-            grid=tile.grid,
-            grid_names=("batch", "lanes"),
+            **launch_grid(*tile.grid, ("batch", "lanes")),
             scratch_types=scratch,
             interpret=interpret_params(interpret),
             kernel_name="e3j_mosaic_tensor_product_bwd",
