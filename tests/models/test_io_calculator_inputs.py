@@ -146,14 +146,23 @@ def test_calculator_compiles_once_per_bucket_and_matches_ase_numerics(tiny):
     pot, _, params = tiny
     s = structure(1)
     atoms = _periodic_atoms()
+    from e3j_models.calculator import _energy_forces_stress as run
+
     calc = em.Calculator(pot, params)
     atoms.calc = calc
     e0 = atoms.get_potential_energy()
+    compiled = run._cache_size()  # shared by every calculator: other tests' buckets too
     rng = np.random.default_rng(0)
     for _ in range(3):  # small MD-like moves keep the bucket
         atoms.positions += rng.normal(scale=0.01, size=atoms.positions.shape)
         atoms.get_forces()
-    assert len(calc.buckets) == 1 and calc._run._cache_size() == 1
+    assert len(calc.buckets) == 1 and run._cache_size() == compiled
+    # a new calculator of an equal potential (one per structure, as ASE scripts often make them)
+    # reuses the compilation: each used to jit its own function
+    other = atoms.copy()
+    other.calc = em.Calculator(em.Potential(pot.config), params)
+    np.testing.assert_array_equal(other.get_forces(), atoms.get_forces())
+    assert run._cache_size() == compiled
     assert e0 != atoms.get_potential_energy()
     np.testing.assert_allclose(atoms.get_stress(), calc.calculate_numerical_stress(atoms, d=1e-5), atol=1e-7)
     np.testing.assert_allclose(atoms.get_forces(), calc.calculate_numerical_forces(atoms, d=1e-5), atol=1e-7)

@@ -41,14 +41,23 @@ from .potential import Potential
 __all__ = ["Calculator"]
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _energy_forces_stress(potential: Potential, params, batch):
+    # one jitted function for every calculator: keyed by the potential (equal potentials are equal
+    # keys) and the batch's shapes, so a new calculator of the same model (one per structure, a
+    # pickled copy) reuses the compiled buckets instead of compiling its own
+    return potential(params, batch, stress=True)
+
+
 class Calculator(_AseCalculator):
     """``Calculator(potential, params, headroom=0.1, dtype=None)``: ASE ``energy``, ``forces``, ``stress``.
 
     ``stress`` (Voigt, ASE's sign: ``(1/V) ∂E/∂ε``) needs a fully periodic cell. ``buckets`` lists the
     ``(num_nodes, num_edges)`` shapes compiled so far. ``dtype``: the computation's float type,
     ``None`` for JAX's default (float64 under ``jax_enable_x64``, else float32); ``np.float64``
-    needs ``jax_enable_x64`` (JAX would otherwise compute in float32 without a word). It can be
-    pickled (for ``multiprocessing`` and workflow tools); the copy compiles again at its first call.
+    needs ``jax_enable_x64`` (JAX would otherwise compute in float32 without a word). Calculators of
+    equal potentials share their compilations (one per bucket). A calculator can be pickled (for
+    ``multiprocessing`` and workflow tools).
     """
 
     implemented_properties = ("energy", "free_energy", "forces", "stress")
@@ -61,24 +70,8 @@ class Calculator(_AseCalculator):
         bucket_size(1, headroom)  # checks headroom now, not at the first calculation
         self.potential, self.headroom, self.dtype = potential, headroom, dtype
         self.params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
-        self._run = self._compiled(potential)
         self._size: tuple[int, int] | None = None
         self.buckets: list[tuple[int, int]] = []
-
-    @staticmethod
-    def _compiled(potential: Potential):
-        return jax.jit(functools.partial(potential.__call__, stress=True))
-
-    def __getstate__(self) -> dict:
-        # a jitted function cannot be pickled (multiprocessing, workflow tools): it is rebuilt on
-        # unpickling, and compiles again at its first call
-        state = self.__dict__.copy()
-        del state["_run"]
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        self._run = self._compiled(self.potential)
 
     def calculate(self, atoms=None, properties=("energy",), system_changes=all_changes) -> None:
         super().calculate(atoms, properties, system_changes)
@@ -108,7 +101,7 @@ class Calculator(_AseCalculator):
             dtype=self.dtype,
             neighbours=[edges],
         )
-        out = self._run(self.params, batch)
+        out = _energy_forces_stress(self.potential, self.params, batch)
         energy = float(out["energy"][0])
         self.results = {"energy": energy, "free_energy": energy, "forces": np.asarray(out["forces"][:n])}
         if atoms.pbc.all():
