@@ -110,9 +110,12 @@ class Convolution(CooOp):
             return CONVOLUTION_FACTORED.bind_M(spec, operands, leaves, ("m",), request)["m"]
 
         def array(x, y, w, leaves):  # multiplied out once, kept for the backward by AD
+            w = w.masked(jax.tree.unflatten(tree, leaves).edge_mask)
             s = w.materialize().reshape(w.hidden.shape[0], coo.num_paths, channels)
             spec = ConvSpec(coo, y_channels=y.ndim == 3, graph_tree=tree)
             return CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": s}, leaves, ("m",), request)["m"]
 
         fusing = convolution_fusing(coo, x.dtype, channels, request)
-        return by_platform(fusing, factored, array, x, y, w.masked(graph.edge_mask), tuple(leaves))
+        # the fused kernels zero padding edges' rows of hidden chunk by chunk; only the array route
+        # masks hidden, a copy of [E, H]
+        return by_platform(fusing, factored, array, x, y, w, tuple(leaves))

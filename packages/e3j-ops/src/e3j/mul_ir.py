@@ -163,8 +163,6 @@ class MulIrConvolution:
             raise ValueError(
                 f"y must be [E={e}, {self.irreps_y.dim}] for {self.irreps_y} and this graph, got {y.shape}"
             )
-        if isinstance(w, FactoredWeights):
-            w = w.masked(graph.edge_mask)
         if not p.in_place:
             return self.join_out(self.grouped(self.split_x(x), y, self.split_weights(w), graph, backend=backend))
         # one primitive for all groups, reading the weights where e3nn puts them (an array), or
@@ -182,6 +180,7 @@ class MulIrConvolution:
                 return GROUPED_CONVOLUTION_FACTORED.bind_M(spec, operands, leaves, ("m",), request)["m"]
 
             def array(x, y, w, leaves):  # multiplied out once, kept for the backward by AD
+                w = w.masked(jax.tree.unflatten(tree, leaves).edge_mask)
                 operands = {"x": x, "y": y, "s": w.materialize()}
                 return GROUPED_CONVOLUTION.bind_M(spec, operands, leaves, ("m",), request)["m"]
 
