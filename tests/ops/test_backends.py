@@ -514,6 +514,70 @@ def test_yields_are_validated():
             backends.Backend.from_mapping({**base, "yields": bad})
 
 
+def test_declared_kernels_are_validated_and_answer_without_loading():
+    def never():
+        raise AssertionError("routing on declared kernels must not load them")
+
+    base = {"name": "m", "version": "0", "platforms": ["cpu"], "load": never}
+    b = backends.Backend.from_mapping({**base, "kernels": ["convolution", "convolution_bwd"]})
+    assert b.kernels == ("convolution", "convolution_bwd")
+    assert backends.provides(b, "convolution") and not backends.provides(b, "convolution_factored")
+    with pytest.raises(TypeError, match=r"kernels names unknown kernel\(s\) \['conv'\]"):
+        backends.Backend.from_mapping({**base, "kernels": ["conv"]})
+    # load() must provide what the descriptor declares
+    ref = backends.get_backend("reference")
+    assert backends.provides(ref, "grouped_convolution_factored")
+    wrong = dataclasses.replace(ref, name="declares_too_little", kernels=("convolution", "convolution_bwd"))
+    found, errors = backends._discovered()
+    backends._kernels.cache_clear()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(backends, "_discovered", lambda: ((*found, wrong), errors))
+            with pytest.raises(BackendError, match="its descriptor declares kernels="):
+                backends.kernels_of(wrong)
+    finally:
+        backends._kernels.cache_clear()
+
+
+def test_shipped_descriptors_declare_what_they_load(monkeypatch):
+    monkeypatch.setattr(backends, "_discovered", _REAL_DISCOVERED)
+    for b in _REAL_DISCOVERED()[0]:
+        if b.name in PLUGIN_BACKENDS - {"reference"} or "cpu" not in b.platforms:
+            continue  # the plugin's test doubles; accelerator kernels need their platform's libraries
+        if b.name in ("cuda_host", "cuda_simt") and b.notes:
+            continue  # not built
+        assert b.kernels is not None, b.name
+        loaded = backends._kernels(b.name)
+        assert {f.name for f in dataclasses.fields(loaded) if getattr(loaded, f.name)} == set(b.kernels), b.name
+
+
+def test_routing_a_trace_imports_no_accelerator_kernels():
+    """An op's trace asks which kernels each platform's backend has. Answered by importing them, a
+    CPU-only process imported Pallas's GPU and TPU modules mid-program, whose JAX options join every
+    jit cache key: a function compiled before compiled again (a MACE Calculator's second call took
+    6-11 s). Fresh process: the modules must not be imported yet."""
+    code = """
+import sys, jax, jax.numpy as jnp, numpy as np
+import e3j
+f = jax.jit(lambda a: a * 2)
+f(jnp.ones(3))
+conv = e3j.Convolution("0e + 1o", "0e + 1o", filter="0e + 1o")
+mul = e3j.MulIrConvolution("2x0e + 1x1o", "0e + 1o", "0e + 1o")
+g = e3j.Graph.from_edges(np.array([0, 1]), np.array([1, 0]), num_nodes=2)
+x, y, h = jnp.ones((2, 4, 2)), jnp.ones((2, 4)), jnp.ones((2, 3))
+jax.jit(lambda k: conv(x, y, e3j.FactoredWeights(h, k), g))(jnp.ones((3, conv.num_paths * 2)))
+xm = jnp.ones((2, mul.irreps_x.dim))
+jax.jit(lambda k: mul(xm, y, e3j.FactoredWeights(h, k), g))(jnp.ones((3, mul.num_weights)))
+f(jnp.ones(3))
+kernels = ("e3j_pallas_gpu.convolution", "e3j_pallas_tpu.convolution", "e3j_cuda.kernels", "jax._src.pallas.fuser")
+print(f._cache_size(), sorted(m for m in sys.modules if m.startswith(kernels)))
+"""
+    env = {k: v for k, v in os.environ.items() if k != ENV}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[-2] == "1 []", proc.stdout
+
+
 def test_a_split_plan_runs_on_one_grouped_backend(monkeypatch):
     """A mixed-multiplicity plan that per-group selection splits across backends runs every group
     on the chosen kernel backend with grouped kernels that can run them all, the one chosen for the

@@ -17,16 +17,22 @@ __all__ = ["backend", "host_backend", "simt_backend"]
 JAX_REQUIREMENT = str(declared_range("e3j-cuda", "jax") or "")
 
 
+#: The kernels ``load()`` returns (``kernels.__all__``), declared in the descriptors: e3j routes an
+#: op's trace on them without loading the compiled module.
+KERNELS = tuple(op + kind for op in ("tensor_product", "convolution", "grouped_convolution") for kind in ("", "_bwd"))
+
+
 def _load(module: str) -> dict[str, Any]:
     from . import _ffi, kernels
 
     prefix = _ffi.load_target(module)
-    return {name: functools.partial(getattr(kernels, name), target=prefix) for name in kernels.__all__}
+    return {name: functools.partial(getattr(kernels, name), target=prefix) for name in KERNELS}
 
 
 _COMMON: dict[str, Any] = {
     "version": __version__,
     "ops": ("tensor_product", "convolution"),
+    "kernels": KERNELS,
     "dtypes": ("float32", "float64"),
     "deterministic": True,
     "jax_requirement": JAX_REQUIREMENT,

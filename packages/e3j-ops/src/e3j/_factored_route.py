@@ -21,14 +21,20 @@ from collections.abc import Callable
 
 import jax
 
-from ._primitives.grouped_convolution import _factored_kernels
+from ._primitives.grouped_convolution import _plan_backends
 from ._primitives.multilinear import PLATFORMS, coo_lmax
-from .backends import Backend, BackendError, OpRequest, kernels_of, select_backend
+from .backends import Backend, BackendError, OpRequest, provides, select_backend
 
 
 def selected(req: OpRequest, requested: str | None) -> Backend:
-    """The backend lowering will select for ``req`` (without the selection's warnings)."""
-    return select_backend(req, requested, warn=False)
+    """The backend lowering will select for ``req``, if its kernels load (without the selection's
+    warnings, and without importing any kernels: on a CPU-only host the GPU and TPU backends'
+    modules would add Pallas's JAX options mid-program, and every function jitted before would
+    compile again; lowering imports them, for its platform only)."""
+    backend = select_backend(req, requested, warn=False, load=False)
+    if backend.kernels is None:  # its kernels are known only once imported: then loading decides
+        backend = select_backend(req, requested, warn=False)
+    return backend
 
 
 def _fusing(fuses: Callable[[str], bool]) -> tuple[str, ...]:
@@ -48,7 +54,7 @@ def convolution_fusing(coo, dtype, channels: int, requested: str | None) -> tupl
 
     def fuses(platform: str) -> bool:
         req = OpRequest("convolution", platform, name, int(channels), coo_lmax(coo))
-        return kernels_of(selected(req, requested)).provides("convolution_factored")
+        return provides(selected(req, requested), "convolution_factored")
 
     return _fusing(fuses)
 
@@ -56,8 +62,13 @@ def convolution_fusing(coo, dtype, channels: int, requested: str | None) -> tupl
 def grouped_fusing(plan, dtype, requested: str | None) -> tuple[str, ...]:
     """The platforms on which one selected backend runs every group of ``plan`` with factored
     grouped kernels (as the grouped primitive's lowering decides)."""
-    dtype = jax.numpy.dtype(dtype)
-    return _fusing(lambda platform: _factored_kernels(plan, platform, requested, dtype, selected) is not None)
+    name = jax.numpy.dtype(dtype).name
+
+    def fuses(platform: str) -> bool:
+        backends = _plan_backends(plan, platform, name, requested, selected)
+        return len({b.name for b in backends}) == 1 and provides(backends[0], "grouped_convolution_factored")
+
+    return _fusing(fuses)
 
 
 def by_platform(fusing: tuple[str, ...], factored: Callable, array: Callable, *operands):

@@ -120,6 +120,12 @@ class Backend:
             ``{op: (channels, backend)}`` is accepted too.
         notes: facts about the kernels that ``python -m e3j info`` prints (e.g. where they switch
             algorithm); they do not affect selection.
+        kernels: the :class:`Kernels` fields ``load()`` provides, when declared (``None``: not
+            declared). An op's trace asks which kernels each platform's backend has (e.g. whether
+            it fuses factored weights); declared, it is answered without importing the kernels,
+            which on a CPU-only host would import Pallas's GPU and TPU modules mid-program (their
+            JAX options join every ``jax.jit`` cache key: each function compiled before is
+            compiled again). ``load()`` must then provide exactly these.
     """
 
     name: str
@@ -139,6 +145,7 @@ class Backend:
     auto: bool = True
     yields: tuple[tuple[str, int, str], ...] = ()
     notes: tuple[str, ...] = ()
+    kernels: tuple[str, ...] | None = None
 
     @classmethod
     def from_mapping(cls, fields: Mapping[str, Any]) -> Backend:
@@ -151,6 +158,8 @@ class Backend:
         for name in ("platforms", "ops", "dtypes", "notes"):
             if name in values:
                 values[name] = tuple(values[name])
+        if values.get("kernels") is not None:
+            values["kernels"] = tuple(values["kernels"])
         return cls(**values)
 
     def __post_init__(self) -> None:
@@ -175,6 +184,11 @@ class Backend:
                 f"{OPS}, got {bad}"
             )
         object.__setattr__(self, "yields", triples)
+        if self.kernels is not None:
+            known = [f.name for f in dataclasses.fields(Kernels)]
+            unknown = sorted(set(self.kernels) - set(known))
+            if unknown:
+                raise TypeError(f"backend {self.name!r}: kernels names unknown kernel(s) {unknown}; known: {known}")
 
     def incompatibility(self) -> str | None:
         """Why this backend cannot be used with the installed JAX and e3j-core, or ``None``."""
@@ -208,10 +222,11 @@ class Backend:
             return self.check(req)
         return None
 
-    def yielded_to(self, req: OpRequest) -> Backend | None:
+    def yielded_to(self, req: OpRequest, *, load: bool = True) -> Backend | None:
         """The backend this one ``yields`` ``req`` to (below a channel count), when that one can run
-        it: installed, automatic, supporting it and loadable (and not yielding it back); else ``None``."""
-        found = self._yield(req)
+        it: installed, automatic, supporting it and loadable (and not yielding it back); else ``None``.
+        ``load=False``: loadability is not checked (nothing imported)."""
+        found = self._yield(req, load)
         return found[0] if found else None
 
     def passed_over(self, req: OpRequest) -> str | None:
@@ -223,7 +238,7 @@ class Backend:
         target, channels = found
         return f"below {channels} channels {target.name} runs {req.op} (faster there), got {req.channels}"
 
-    def _yield(self, req: OpRequest) -> tuple[Backend, int] | None:
+    def _yield(self, req: OpRequest, load: bool = True) -> tuple[Backend, int] | None:
         for op, channels, other in self.yields:
             if op != req.op or req.channels >= channels:
                 continue
@@ -231,7 +246,8 @@ class Backend:
                 target = get_backend(other)
                 back = any(o == op and req.channels < c and n == self.name for o, c, n in target.yields)
                 if target.auto and not back and target.unsupported(req) is None:
-                    _check_loadable(target)
+                    if load:
+                        _check_loadable(target)
                     return target, channels
             except BackendError:
                 continue
@@ -275,6 +291,7 @@ def _reference() -> Backend:
         dtypes=("bfloat16", "float16", "float32", "float64"),
         load=_load_reference,
         priority=0,
+        kernels=tuple(f.name for f in dataclasses.fields(Kernels)),  # every one
     )
 
 
@@ -324,11 +341,26 @@ def _kernels(name: str) -> Kernels:
         kernels = Kernels(**kernels)
     if not isinstance(kernels, Kernels):
         raise BackendError(f"backend {name!r}: load() returned {type(kernels).__name__}, not Kernels")
+    if backend.kernels is not None:
+        loaded = {f.name for f in dataclasses.fields(Kernels) if getattr(kernels, f.name) is not None}
+        if loaded != set(backend.kernels):
+            raise BackendError(
+                f"backend {name!r}: load() provides {sorted(loaded)}, but its descriptor declares "
+                f"kernels={sorted(backend.kernels)}"
+            )
     return kernels
 
 
 def kernels_of(backend: Backend) -> Kernels:
     return _kernels(backend.name)
+
+
+def provides(backend: Backend, kernel: str) -> bool:
+    """Whether ``backend`` has ``kernel`` and its ``_bwd`` (:meth:`Kernels.provides`): from its
+    descriptor's ``kernels`` when declared (nothing imported), else from its loaded kernels."""
+    if backend.kernels is not None:
+        return kernel in backend.kernels and kernel + "_bwd" in backend.kernels
+    return kernels_of(backend).provides(kernel)
 
 
 _REQUEST: contextvars.ContextVar[str | None] = contextvars.ContextVar("e3j_backend", default=None)
@@ -366,15 +398,18 @@ def _warn_once(key: tuple, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def select_backend(req: OpRequest, requested: str | None, *, warn: bool = True) -> Backend:
+def select_backend(req: OpRequest, requested: str | None, *, warn: bool = True, load: bool = True) -> Backend:
     """The backend that will run ``req`` (see the module docstring for the policy); ``warn=False``:
-    without the warnings (an op deciding ahead of lowering, which gives them)."""
+    without the warnings (an op deciding ahead of lowering, which gives them); ``load=False``:
+    without importing the candidates' kernels to check that they load (an op routing its trace on
+    their descriptors, :func:`provides`; lowering selects with the check)."""
+    check_loadable = _check_loadable if load else lambda backend: None
     if requested is not None:
         backend = get_backend(requested)
         reason = backend.unsupported(req)
         if reason:
             raise BackendError(f"backend {requested!r} cannot run {req.op} on {req.platform}: {reason}")
-        _check_loadable(backend)
+        check_loadable(backend)
         return backend
     env = os.environ.get(ENV_VAR, "").strip()
     if env:
@@ -382,7 +417,7 @@ def select_backend(req: OpRequest, requested: str | None, *, warn: bool = True) 
             backend = get_backend(env)
             reason = backend.unsupported(req)
             if not reason:
-                _check_loadable(backend)
+                check_loadable(backend)
                 return backend
         except BackendError as err:
             reason = str(err)
@@ -395,11 +430,11 @@ def select_backend(req: OpRequest, requested: str | None, *, warn: bool = True) 
             continue
         reason = backend.unsupported(req)
         if reason is None:
-            target = backend.yielded_to(req)
+            target = backend.yielded_to(req, load=load)
             if target is not None:
                 return target
             try:
-                _check_loadable(backend)
+                check_loadable(backend)
                 return backend
             except BackendError as err:
                 reason = str(err)

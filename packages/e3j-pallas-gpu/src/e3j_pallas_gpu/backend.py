@@ -17,6 +17,11 @@ JAX_REQUIREMENT = str(declared_range("e3j-pallas-gpu", "jax") or "")
 #: Tables with at most this many COO records are unrolled into the kernels, larger ones walked
 #: (lmax 3 filtered: 353 records, unrolled; lmax 4: 1158, walked). Why here: see ``_records``.
 UNROLL_RECORDS = 400
+#: The kernels ``load()`` returns, declared in the descriptors: e3j routes an op's trace on them
+#: without importing the kernels (and with them Pallas, whose JAX options would change every jit
+#: cache key mid-program). grouped_convolution: mixed multiplicities, each group's launch reading
+#: its windows of e3nn's weights.
+KERNELS = tuple(op + kind for op in ("tensor_product", "convolution", "grouped_convolution") for kind in ("", "_bwd"))
 
 
 def _load(interpret: bool) -> dict[str, Any]:
@@ -25,14 +30,14 @@ def _load(interpret: bool) -> dict[str, Any]:
     def bind(fn):
         return functools.partial(fn, interpret=interpret)
 
-    # grouped_convolution: mixed multiplicities, each group's launch reading its columns of e3nn's weights
     modules = {"tensor_product": tensor_product, "convolution": convolution, "grouped_convolution": convolution}
-    return {f"{op}{kind}": bind(getattr(modules[op], op + kind)) for op in modules for kind in ("", "_bwd")}
+    return {k: bind(getattr(modules[k.removesuffix("_bwd")], k)) for k in KERNELS}
 
 
 _COMMON: dict[str, Any] = {
     "version": __version__,
     "ops": ("tensor_product", "convolution"),
+    "kernels": KERNELS,
     "dtypes": ("float32", "float64"),
     # no l limit: tables above the unroll limit are walked (see _records)
     "notes": (
@@ -178,14 +183,13 @@ def _load_mosaic(interpret: bool) -> dict[str, Any]:
 
         return _behind_callback(functools.partial(fn, interpret=plgpu.InterpretGPUParams()))
 
-    # grouped_convolution: mixed multiplicities, each group's launch reading its columns of e3nn's
-    # weights in place where the TMA can (mosaic_convolution.reads_in_place)
+    # grouped_convolution reads e3nn's weights in place where the TMA can (mosaic_convolution.reads_in_place)
     modules = {
         "tensor_product": mosaic_tensor_product,
         "convolution": mosaic_convolution,
         "grouped_convolution": mosaic_convolution,
     }
-    return {f"{op}{kind}": bind(getattr(modules[op], op + kind)) for op in modules for kind in ("", "_bwd")}
+    return {k: bind(getattr(modules[k.removesuffix("_bwd")], k)) for k in KERNELS}
 
 
 _MOSAIC: dict[str, Any] = {

@@ -17,6 +17,11 @@ JAX_REQUIREMENT = str(declared_range("e3j-pallas-tpu", "jax") or "")
 #: Tables with at most this many COO records are unrolled into the kernels, larger ones walked from
 #: SMEM (lmax 3 filtered: 353 records, unrolled; lmax 4: 1158, walked). Why here: see ``_records``.
 UNROLL_RECORDS = 400
+#: The kernels ``load()`` returns, declared in the descriptors: e3j routes an op's trace on them
+#: without importing the kernels (and with them Pallas, whose JAX options would change every jit
+#: cache key mid-program). grouped_convolution: mixed multiplicities, each group's launch reading
+#: its windows of e3nn's weights.
+KERNELS = tuple(op + kind for op in ("tensor_product", "convolution", "grouped_convolution") for kind in ("", "_bwd"))
 
 
 # Twin of e3j_pallas_gpu.backend._behind_callback, on purpose: kernel packages depend on e3j-core and
@@ -52,14 +57,14 @@ def _load(interpret: bool) -> dict[str, Any]:
         def bind(fn):
             return functools.partial(fn, interpret=None)
 
-    # grouped_convolution: mixed multiplicities, each group's launch reading its windows of e3nn's weights
     modules = {"tensor_product": tensor_product, "convolution": convolution, "grouped_convolution": convolution}
-    return {f"{op}{kind}": bind(getattr(modules[op], op + kind)) for op in modules for kind in ("", "_bwd")}
+    return {k: bind(getattr(modules[k.removesuffix("_bwd")], k)) for k in KERNELS}
 
 
 _COMMON: dict[str, Any] = {
     "version": __version__,
     "ops": ("tensor_product", "convolution"),
+    "kernels": KERNELS,
     # Mosaic has no float64 vector unit
     "dtypes": ("float32",),
     # no l limit: tables above the unroll limit are walked (see _records)

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 from .. import contract
 from .._mul_ir_plan import Plan
-from ..backends import Backend, OpRequest, kernels_of, select_backend
+from ..backends import Backend, OpRequest, kernels_of, provides, select_backend
 from .convolution import ConvSpec
 from .multilinear import Multilinear, Primitives, coo_lmax, factored_evaluations, multiplied_out, out_aval, slot_of
 
@@ -81,7 +81,7 @@ def _plan_backends(
     for name in sorted(columns, key=lambda n: -columns[n]):
         b = by_name[name]
         if name != "reference" and all(b.unsupported(r) is None for r in reqs):
-            if kernels_of(b).provides("grouped_convolution"):
+            if provides(b, "grouped_convolution"):
                 return [b] * len(reqs)
     return chosen
 
@@ -188,10 +188,10 @@ def _factored_out_aval(spec: GroupedConvSpec, slot: str, avals: dict, aux) -> ja
     return out_aval((edges, hidden if slot == "h" else spec.dim(slot)), dtype, operands)
 
 
-def _factored_kernels(plan: Plan, platform: str, requested: str | None, dtype, select=select_backend) -> tuple:
+def _factored_kernels(plan: Plan, platform: str, requested: str | None, dtype) -> tuple:
     """The groups' backend and its kernels when one backend runs every group with factored grouped
     kernels (:func:`_plan_backends`), else ``None``."""
-    backends = _plan_backends(plan, platform, dtype.name, requested, select)
+    backends = _plan_backends(plan, platform, dtype.name, requested)
     kernels = kernels_of(backends[0])
     if len({b.name for b in backends}) == 1 and kernels.provides("grouped_convolution_factored"):
         return backends[0], kernels
