@@ -303,3 +303,27 @@ def test_normalize_in_narrow_float_dtypes(dtype, tol):
     out = e3j.spherical_harmonics(2, v.astype(dtype), True)
     assert out.dtype == dtype
     np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=0, atol=tol * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_float16_high_degrees_stay_finite(normalize):
+    """float16's range (65,504) was exceeded inside the recurrences from l = 6-8 for vectors of
+    length 1.5-2 (and any length with normalize=True): infinities and NaN where the harmonics are
+    below 50. Evaluated in float32 and rounded once, they are float16's rounding of the float32
+    values, and so are their gradients (e3nn-jax refuses float16 from l = 9)."""
+    rng = np.random.default_rng(5)
+    v32 = rng.normal(size=(200, 3)).astype(np.float32)
+    v32 *= (rng.uniform(0.5, 2.0, (200, 1)) / np.linalg.norm(v32, axis=1, keepdims=True)).astype(np.float32)
+    v16 = jnp.asarray(v32, jnp.float16)
+    for l in (6, 8, 11):
+        want = e3j.spherical_harmonics(l, v16.astype(jnp.float32), normalize)
+        got = e3j.spherical_harmonics(l, v16, normalize)
+        assert got.dtype == jnp.float16 and bool(jnp.all(jnp.isfinite(got))), l
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want.astype(jnp.float16)))
+
+        def loss(a, l=l):  # the gradient's scale kept inside float16's range (|Y| reaches ~10^4)
+            return 1e-3 * jnp.sum(e3j.spherical_harmonics(l, a, normalize).astype(jnp.float32))
+
+        grad, want_grad = jax.grad(loss)(v16), jax.grad(loss)(v16.astype(jnp.float32))
+        assert grad.dtype == jnp.float16 and bool(jnp.all(jnp.isfinite(grad))), l
+        np.testing.assert_allclose(np.asarray(grad, np.float32), want_grad, rtol=0, atol=2e-3 * np.abs(want_grad).max())

@@ -88,9 +88,7 @@ def _inverse_power_of_two(scale: jax.Array) -> jax.Array:
     components below 4. NaN where ``scale`` is infinite or NaN.
     """
     info = jnp.finfo(scale.dtype)
-    as_int = {16: jnp.int16, 32: jnp.int32, 64: jnp.int64}.get(info.bits)
-    if as_int is None:  # float8 (whose formats need not keep an exponent for inf): float32's
-        return _inverse_power_of_two(scale.astype(jnp.float32)).astype(scale.dtype)
+    as_int = {32: jnp.int32, 64: jnp.int64}[info.bits]  # narrower floats are evaluated in float32
     bias = info.maxexp - 1
     field = (jax.lax.bitcast_convert_type(scale, as_int) >> info.nmant) & (2 * bias + 1)
     inverse = jax.lax.bitcast_convert_type(jnp.maximum(2 * bias - field, 1) << info.nmant, scale.dtype)
@@ -103,6 +101,11 @@ def _inverse_power_of_two(scale: jax.Array) -> jax.Array:
 
 def _evaluate(x: jax.Array, ls: tuple[int, ...], normalization: str, normalize: bool) -> jax.Array:
     """The harmonics of checked operands."""
+    if x.dtype.itemsize < 4:
+        # float16 (max 65,504) overflowed in the recurrences' intermediates from l = 6-8 for
+        # vectors of length 1-2 (infinities and NaN where the harmonics are ~50), bfloat16 and
+        # float8 lose digits there: evaluated in float32, rounded once
+        return _evaluate(x.astype(jnp.float32), ls, normalization, normalize).astype(x.dtype)
     rec = spherical_harmonic_recurrence(ls, normalization)  # cached: the caller's object
     if normalize:
         # scale by a power of two near the largest |component| first, so that the squared norm
