@@ -312,3 +312,34 @@ def test_message_passing_drop_ins_promote_integer_operands_as_e3nn():
     got = fmp(x2, y0, w2, senders, receivers)
     assert got.dtype == jnp.float32
     np.testing.assert_array_equal(got.array, want.array)
+
+
+def test_message_passing_keeps_float32_with_weakly_typed_weights():
+    """Under x64 (this suite's setting), a Python number as the weights (or an array made from one)
+    is weakly typed: e3nn's ``m * 2.0`` stays float32, as ``jnp.result_type`` says. The drop-ins
+    built its broadcast form in float64 and computed in float64."""
+    from e3j import flax as e3j_flax
+    from e3j import interop
+
+    rng = np.random.default_rng(6)
+    n, e = 3, 5
+    senders, receivers = rng.integers(0, n, e), rng.integers(0, n, e)
+    x = e3nn.IrrepsArray("4x0e + 2x1o", jnp.asarray(rng.normal(size=(n, 10)), jnp.float32))
+    y = e3nn.IrrepsArray("0e + 1o", jnp.asarray(rng.normal(size=(e, 4)), jnp.float32))
+    mp = interop.MessagePassing(x.irreps, y.irreps, "0e + 1o")
+
+    def e3nn_pattern(w):
+        m = e3nn.tensor_product(x[senders], y, filter_ir_out="0e + 1o") * w
+        return e3nn.scatter_sum(m, dst=receivers, output_size=n)
+
+    for w in (2.0, jnp.asarray(0.5), jnp.full((e, 1), 0.5)):
+        assert jnp.result_type(jnp.float32, w) == jnp.float32
+        got = mp(x, y, w, senders, receivers)
+        assert got.dtype == jnp.float32, type(w)
+        np.testing.assert_allclose(got.array, e3nn_pattern(w).array, rtol=1e-5, atol=1e-6)
+    out, _ = e3j_flax.MessagePassing(filter_ir_out="0e + 1o").init_with_output(
+        jax.random.key(0), x, y, 2.0, senders, receivers
+    )
+    assert out.dtype == jnp.float32
+    # a strongly typed float64 weight still promotes, as in e3nn-jax
+    assert mp(x, y, jnp.asarray(2.0, jnp.float64), senders, receivers).dtype == jnp.float64

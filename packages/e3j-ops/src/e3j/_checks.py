@@ -82,7 +82,9 @@ def promoted_real_dtype(operands: dict, what: str = "a real array") -> jnp.dtype
         if not (real or dtype == jnp.bool_):  # never drop an imaginary part
             raise TypeError(f"{name} must be {what}, got dtype {dtype}")
         dtypes.append(dtype)
-    dtype = jnp.result_type(*dtypes)
+    # the operands themselves, not their dtypes: a weakly typed one (a Python number, an array made
+    # from one) takes the others' dtype, as in JAX's arithmetic (float32 stays float32 under x64)
+    dtype = jnp.result_type(*operands.values())
     return dtype if jnp.issubdtype(dtype, jnp.floating) else jnp.result_type(dtype, float)
 
 

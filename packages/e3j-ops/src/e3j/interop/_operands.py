@@ -102,6 +102,9 @@ def message_passing_operands(
                 f"weights given as an IrrepsArray must be scalars ({num_weights}x0e), got {weights.irreps}"
             )
         weights = marks_zeroed(weights)
+    # the weights as given, for the dtype: broadcast forms are built in its dtype, which would lose
+    # the weak type of a Python number (float64 under x64, where e3nn's m * 2.0 stays float32)
+    given = weights.dtype if isinstance(weights, FactoredWeights) else getattr(weights, "array", weights)
     if broadcast:
         weights = broadcast_weights(weights, num_edges, num_weights)
     # arrays only (a list is check_weights' TypeError); the edge count is edge_attrs'
@@ -111,7 +114,7 @@ def message_passing_operands(
         raise ValueError(f"{part} has {shape[0]} rows and edge_attrs {num_edges}: both take one row per edge")
     check_weights("weights", weights, num_edges, num_weights, weights_layout)
     # each operand's dtype checked under its own name, then promoted to one as e3nn-jax's arithmetic does
-    operands = {"node_feats": node_feats.array, "edge_attrs": edge_attrs, "weights": weights.dtype}
+    operands = {"node_feats": node_feats.array, "edge_attrs": edge_attrs, "weights": given}
     dtype = promoted_real_dtype(operands, REAL)
     if graph is not None and not isinstance(graph, Graph):
         raise TypeError(
