@@ -18,9 +18,12 @@ the graph), and :func:`convolution_sharded` runs it; it is differentiable in ``x
 
 Memory per device: the gathered features ``N_pad·Dx·C``, the local features and output
 ``(n + halo_capacity)·(Dx + Dout)·C`` (never ``N·Dout·C``: halo nodes have no incoming edges but
-only they, not all ``N`` nodes, get output rows) and the edge operands
-``edge_capacity·(Dy + P·C)``. Edge operands ``y``, ``s`` are given in the caller's edge order and
-gathered into per-device blocks by ``partitioned.edge_ids`` before the ``shard_map``.
+only they, not all ``N`` nodes, get output rows), and the edge operands. Given in the caller's edge
+order (the default), ``y`` and ``s`` are gathered into per-device blocks by ``partitioned.edge_ids``
+before the ``shard_map``: a gather of the whole arrays, which on an Explicit mesh axis each device
+holds whole (and their cotangents; on an Auto axis XLA decides, and has returned ``ds``
+replicated). Given as device blocks (``edge_layout="blocks"``), each device holds its
+``edge_capacity·(Dy + P·C)`` and its block of their cotangents only.
 
 >>> import numpy as np, jax, jax.numpy as jnp, e3j
 >>> mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
@@ -84,6 +87,19 @@ class PartitionedGraph:
     @property
     def num_local_nodes(self) -> int:
         return self.nodes_per_device + self.halo_capacity
+
+    def edge_blocks(self, a) -> jax.Array:
+        """``[E, ...]`` in the caller's edge order -> ``[D·edge_capacity, ...]`` device blocks (the
+        layout :func:`convolution_sharded` takes with ``edge_layout="blocks"``), padding rows zero.
+
+        A gather of the whole ``a``: to keep per-device memory at one block, compute edge features
+        in the blocks' order instead, from ``edge_ids`` (each local edge's caller id)."""
+        a = jnp.asarray(a)  # a numpy operand indexed by traced ids (the graph a jit argument)
+        ids = self.edge_ids.reshape(-1)
+        mask = self.graph.edge_mask.reshape((-1,) + (1,) * (a.ndim - 1))
+        if a.shape[0] == 0:
+            return jnp.zeros((ids.shape[0], *a.shape[1:]), a.dtype)
+        return jnp.where(mask, a[ids], 0)
 
 
 jax.tree_util.register_dataclass(
@@ -183,16 +199,6 @@ def partition_graph(
     )
 
 
-def _edge_blocks(a: jax.Array, pg: PartitionedGraph) -> jax.Array:
-    """``[E, ...]`` in the caller's order -> ``[D·edge_capacity, ...]`` device blocks, padding zeroed."""
-    a = jnp.asarray(a)  # a numpy operand indexed by traced ids (the graph a jit argument)
-    ids = pg.edge_ids.reshape(-1)
-    mask = pg.graph.edge_mask.reshape((-1,) + (1,) * (a.ndim - 1))
-    if a.shape[0] == 0:
-        return jnp.zeros((ids.shape[0], *a.shape[1:]), a.dtype)
-    return jnp.where(mask, a[ids], 0)
-
-
 def convolution_sharded(
     conv: Convolution,
     x: jax.Array,
@@ -203,17 +209,24 @@ def convolution_sharded(
     axis_name: str,
     *,
     backend: str | None = None,
+    edge_layout: str = "caller",
 ) -> jax.Array:
     """``conv(x, y, s, graph)`` computed with receivers sharded over ``mesh`` axis ``axis_name``.
 
     Args:
         conv: the :class:`e3j.Convolution`.
-        x: ``[N, Dx, C]`` node features; y: ``[E, Dy]`` or ``[E, Dy, C]``; s: ``[E, P, C]``, all in
+        x: ``[N, Dx, C]`` node features; y: ``[E, Dy]`` or ``[E, Dy, C]``; s: ``[E, P, C]``, in
             the caller's node and edge order (the order given to :func:`partition_graph`).
         partitioned: :func:`partition_graph` of the graph, with ``num_devices`` equal to the size of
             the mesh axis.
         mesh, axis_name: the device mesh and the axis to shard receivers over (other mesh axes, if
             any, replicate the computation).
+        edge_layout: ``"caller"``: ``y`` and ``s`` in the caller's edge order, gathered into device
+            blocks here (a gather of the whole arrays: on an Explicit axis each device holds them
+            whole, and so their cotangents); ``"blocks"``: already in the device blocks,
+            ``[D·edge_capacity, ...]`` (:meth:`PartitionedGraph.edge_blocks`, or edge features
+            computed in that order from ``partitioned.edge_ids``), sharded over ``axis_name``:
+            each device then holds one block of edge operands and cotangents, which scales.
 
     Returns ``[N, Dout, C]``, sharded by node blocks over ``axis_name`` (before slicing off the
     padding nodes; on an Explicit axis, replicated when ``N`` does not split evenly), equal to the
@@ -247,23 +260,31 @@ def convolution_sharded(
     check_rank("s", s, (3,), f"[E, num_paths={conv.num_paths}, C]")
     if x.shape[0] != pg.num_nodes:
         raise ValueError(f"x has {x.shape[0]} nodes but the graph was partitioned with num_nodes={pg.num_nodes}")
+    if edge_layout not in ("caller", "blocks"):
+        raise ValueError(f'edge_layout must be "caller" or "blocks", got {edge_layout!r}')
+    blocks = edge_layout == "blocks"
+    num_edges = pg.num_devices * pg.edge_capacity if blocks else pg.num_edges
     for name, a in (("y", y), ("s", s)):
-        if a.shape[0] != pg.num_edges:
-            raise ValueError(f"{name} has {a.shape[0]} edges but the partitioned graph has {pg.num_edges}")
+        if a.shape[0] != num_edges:
+            if blocks:
+                raise ValueError(
+                    f"{name} has {a.shape[0]} rows but edge_layout='blocks' takes D·edge_capacity = {num_edges}"
+                )
+            raise ValueError(f"{name} has {a.shape[0]} edges but the partitioned graph has {num_edges}")
     # the caller's shapes, here: inside the sharded function conv would name each device's blocks
-    conv._check_operands(x, y, s, pg.num_nodes, pg.num_edges)
+    conv._check_operands(x, y, s, pg.num_nodes, num_edges)
     if pg.num_nodes == 0:  # nothing to gather (XLA refuses a zero-length all_gather)
         current_backend_request(backend)  # a bad name is an error here too
         return jnp.zeros((0, conv.coo.dim_out, x.shape[2]), x.dtype)
 
     n, n_pad = pg.nodes_per_device, pg.num_nodes_padded
     explicit = mesh.axis_types[mesh.axis_names.index(axis_name)] == AxisType.Explicit
-    if explicit:
+    if explicit and not blocks:
         # on an Explicit axis (jax.make_mesh's default) the gathers into device blocks need their
         # operands' layout resolved: edge operands sharded in the caller's order are gathered whole
         y, s = (jax.sharding.reshard(a, NamedSharding(mesh, PartitionSpec())) for a in (y, s))
     x_pad = jnp.pad(x, ((0, n_pad - pg.num_nodes), (0, 0), (0, 0)))
-    y_blocks, s_blocks = _edge_blocks(y, pg), _edge_blocks(s, pg)
+    y_blocks, s_blocks = (y, s) if blocks else (pg.edge_blocks(y), pg.edge_blocks(s))
 
     def local(x_block, y_block, s_block, graph_block, node_ids_block):
         x_all = jax.lax.all_gather(x_block, axis_name, tiled=True)  # [N_pad, Dx, C]
