@@ -277,6 +277,35 @@ def test_the_fused_route_makes_no_copy_of_hidden():
         assert temp < e * hidden * 4 / 2, (name, temp)
 
 
+@pytest.mark.parametrize("irreps_y", ["0e + 1o", "2x0e + 1o"], ids=["in place", "split into groups"])
+def test_mixed_multiplicities_ignore_padding_rows_of_hidden(irreps_y):
+    """Padding edges' rows of hidden may hold anything: the gradients equal those with zeros there.
+    A plan that splits its weights into the groups (a y multiplicity above 1) multiplies them out;
+    it once read the NaN rows in dk = hidden^T ds."""
+    mul = e3j.MulIrConvolution("2x0e + 1x1o", irreps_y, "0e + 1o")
+    assert mul.plan.in_place == (irreps_y == "0e + 1o")
+    rng = np.random.default_rng(8)
+    n, e, hidden = 4, 7, 3
+    mask = np.array([1, 1, 0, 1, 1, 0, 1], bool)
+    graph = e3j.Graph.from_edges(rng.integers(0, n, e), rng.integers(0, n, e), n, edge_mask=mask)
+    x = jnp.asarray(rng.normal(size=(n, mul.irreps_x.dim)))
+    y = jnp.asarray(rng.normal(size=(e, mul.irreps_y.dim)))
+    k = jnp.asarray(rng.normal(size=(hidden, mul.num_weights)))
+    h = rng.normal(size=(e, hidden))
+
+    def grads(h):
+        def loss(k, h):
+            return jnp.sum(jnp.sin(mul(x, y, FactoredWeights(h, k), graph, backend="reference")))
+
+        return jax.grad(loss, argnums=(0, 1))(k, jnp.asarray(h))
+
+    dk, dh = grads(np.where(mask[:, None], h, np.nan))
+    want_dk, want_dh = grads(np.where(mask[:, None], h, 0.0))
+    assert float(jnp.max(jnp.abs(want_dk))) > 1e-3
+    np.testing.assert_allclose(dk, want_dk, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(dh, want_dh, rtol=1e-12, atol=1e-14)
+
+
 def test_factored_kernels_come_in_pairs():
     ref = e3j.backends.kernels_of(e3j.backends.get_backend("reference"))
     assert ref.provides("convolution_factored")

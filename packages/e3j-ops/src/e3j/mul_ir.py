@@ -164,6 +164,8 @@ class MulIrConvolution:
                 f"y must be [E={e}, {self.irreps_y.dim}] for {self.irreps_y} and this graph, got {y.shape}"
             )
         if not p.in_place:
+            if isinstance(w, FactoredWeights):  # split_weights multiplies them out: every row is read
+                w = w.masked(graph.edge_mask)
             return self.join_out(self.grouped(self.split_x(x), y, self.split_weights(w), graph, backend=backend))
         # one primitive for all groups, reading the weights where e3nn puts them (an array), or
         # computing them from the factors (FactoredWeights: the per-edge array need never exist)

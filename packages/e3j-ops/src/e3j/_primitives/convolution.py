@@ -180,7 +180,8 @@ def _dispatch_factored(form, platform: str, requested: str | None, spec: Factore
             "convolution_factored", kernels, backend.name, spec.coo, A, graph, outs, y_channels=spec.y_channels,
             result_type=lambda slot: form.out_aval(spec, slot, avals, aux_avals),
         )  # fmt: skip
-    return multiplied_out(A, None, outs, dtype, _tail(spec, A), _array_run(spec, backend, kernels, aux))
+    mask = jax.tree.unflatten(spec.graph_tree, aux).edge_mask
+    return multiplied_out(A, None, outs, dtype, _tail(spec, A), _array_run(spec, backend, kernels, aux), mask)
 
 
 def _dispatch_factored_L(form, platform: str, requested: str | None, spec: FactoredConvSpec, Q, T, aux, outs):
@@ -193,7 +194,8 @@ def _dispatch_factored_L(form, platform: str, requested: str | None, spec: Facto
     if kernels.provides("convolution_factored"):
         return None
     dtype = jnp.dtype(next(iter(operands.values())).dtype)
-    return multiplied_out(Q, T, outs, dtype, _tail(spec, operands), _array_run(spec, backend, kernels, aux))
+    mask = jax.tree.unflatten(spec.graph_tree, aux).edge_mask
+    return multiplied_out(Q, T, outs, dtype, _tail(spec, operands), _array_run(spec, backend, kernels, aux), mask)
 
 
 CONVOLUTION_FACTORED = Primitives(

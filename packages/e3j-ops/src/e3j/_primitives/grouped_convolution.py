@@ -216,7 +216,9 @@ def _dispatch_factored(form, platform: str, requested: str | None, spec: Grouped
         for part in _parts(outs, ("x", "y", "h", "k")):
             results.update(_native("grouped_convolution_factored", kernels, backend.name, plan, A, graph, part, types))
         return results
-    return multiplied_out(A, None, outs, dtype, (plan.num_weights,), _array_run(form, platform, requested, spec, aux))
+    run = _array_run(form, platform, requested, spec, aux)
+    mask = jax.tree.unflatten(spec.graph_tree, aux).edge_mask
+    return multiplied_out(A, None, outs, dtype, (plan.num_weights,), run, mask)
 
 
 def _dispatch_factored_L(form, platform: str, requested: str | None, spec: GroupedConvSpec, Q, T, aux, outs):
@@ -226,7 +228,8 @@ def _dispatch_factored_L(form, platform: str, requested: str | None, spec: Group
     if _factored_kernels(spec.plan, platform, requested, dtype) is not None:
         return None
     run = _array_run(form, platform, requested, spec, aux)
-    return multiplied_out(Q, T, outs, dtype, (spec.plan.num_weights,), run)
+    mask = jax.tree.unflatten(spec.graph_tree, aux).edge_mask
+    return multiplied_out(Q, T, outs, dtype, (spec.plan.num_weights,), run, mask)
 
 
 def _array_run(form, platform: str, requested: str | None, spec: GroupedConvSpec, aux):

@@ -342,7 +342,9 @@ def factored_evaluations(Q: dict, T: dict, outs: tuple[str, ...]) -> list[tuple[
     return evaluations + one_per_tangent(Q, others, outs)
 
 
-def multiplied_out(Q: dict, T: dict | None, outs: tuple[str, ...], dtype, tail: tuple[int, ...], run: Callable) -> dict:
+def multiplied_out(
+    Q: dict, T: dict | None, outs: tuple[str, ...], dtype, tail: tuple[int, ...], run: Callable, edge_mask
+) -> dict:
     """The outputs ``outs`` of ``M(Q; outs)`` (``T is None``) or of ``L(Q, T; outs)`` of a factored
     form (weights ``h [E, H] @ k [H, *tail]``) on a backend without its kernels, through the array
     form (slot ``s``): ``run(operands, outs)`` evaluates one ``M`` of the array form.
@@ -354,14 +356,19 @@ def multiplied_out(Q: dict, T: dict | None, outs: tuple[str, ...], dtype, tail: 
     cotangent on ``Q`` itself, which the evaluation of ``ṡ`` gives along, since it does not read the
     weights). One product of each kind per call, where one per evaluation cost up to three times as
     many (a force-training step's second-order call). ``tail`` is explicit: ``E``, ``H`` or its
-    width may be 0."""
+    width may be 0. ``edge_mask [E]``: the graph's; padding edges' rows of ``h`` (and of its tangent)
+    are zeroed here, where the products read every row (``0 * NaN`` in ``h^T ds``), as the fused
+    kernels zero them chunk by chunk: the ops pass ``h`` unmasked, the route to a backend with
+    factored kernels copying nothing."""
     width = math.prod(tail)
 
     def factor(v, rows_first: bool):
         if v is None:
             return None
         v = jnp.asarray(v).astype(dtype)
-        return v if rows_first else v.reshape(v.shape[0], width)
+        if rows_first:
+            return jnp.where(jnp.reshape(edge_mask, (-1, 1)), v, 0)
+        return v.reshape(v.shape[0], width)
 
     h, k = factor(Q.get("h"), True), factor(Q.get("k"), False)
     array_q = {s: v for s, v in Q.items() if s not in ("h", "k")}
