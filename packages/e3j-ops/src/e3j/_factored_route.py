@@ -28,13 +28,10 @@ from .backends import Backend, BackendError, OpRequest, provides, select_backend
 
 def selected(req: OpRequest, requested: str | None) -> Backend:
     """The backend lowering will select for ``req``, if its kernels load (without the selection's
-    warnings, and without importing any kernels: on a CPU-only host the GPU and TPU backends'
-    modules would add Pallas's JAX options mid-program, and every function jitted before would
-    compile again; lowering imports them, for its platform only)."""
-    backend = select_backend(req, requested, warn=False, load=False)
-    if backend.kernels is None:  # its kernels are known only once imported: then loading decides
-        backend = select_backend(req, requested, warn=False)
-    return backend
+    warnings, and without importing the kernels of backends that declare them: on a CPU-only host
+    the GPU and TPU backends' modules would add Pallas's JAX options mid-program, and every function
+    jitted before would compile again; lowering imports them, for its platform only)."""
+    return select_backend(req, requested, warn=False, load=False)
 
 
 def _fusing(fuses: Callable[[str], bool]) -> tuple[str, ...]:

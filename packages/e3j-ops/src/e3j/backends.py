@@ -158,8 +158,6 @@ class Backend:
         for name in ("platforms", "ops", "dtypes", "notes"):
             if name in values:
                 values[name] = tuple(values[name])
-        if values.get("kernels") is not None:
-            values["kernels"] = tuple(values["kernels"])
         return cls(**values)
 
     def __post_init__(self) -> None:
@@ -185,10 +183,17 @@ class Backend:
             )
         object.__setattr__(self, "yields", triples)
         if self.kernels is not None:
+            declared = tuple(self.kernels)
             known = [f.name for f in dataclasses.fields(Kernels)]
-            unknown = sorted(set(self.kernels) - set(known))
+            unknown = sorted(set(declared) - set(known))
             if unknown:
                 raise TypeError(f"backend {self.name!r}: kernels names unknown kernel(s) {unknown}; known: {known}")
+            # as Kernels takes them: a kernel and its _bwd together
+            pair = {k: k.removesuffix("_bwd") if k.endswith("_bwd") else k + "_bwd" for k in declared}
+            unpaired = sorted(k for k in declared if pair[k] not in declared)
+            if unpaired:
+                raise TypeError(f"backend {self.name!r}: kernels declares {unpaired} without its forward or _bwd pair")
+            object.__setattr__(self, "kernels", declared)
 
     def incompatibility(self) -> str | None:
         """Why this backend cannot be used with the installed JAX and e3j-core, or ``None``."""
@@ -246,7 +251,7 @@ class Backend:
                 target = get_backend(other)
                 back = any(o == op and req.channels < c and n == self.name for o, c, n in target.yields)
                 if target.auto and not back and target.unsupported(req) is None:
-                    if load:
+                    if load or target.kernels is None:
                         _check_loadable(target)
                     return target, channels
             except BackendError:
@@ -401,9 +406,15 @@ def _warn_once(key: tuple, message: str) -> None:
 def select_backend(req: OpRequest, requested: str | None, *, warn: bool = True, load: bool = True) -> Backend:
     """The backend that will run ``req`` (see the module docstring for the policy); ``warn=False``:
     without the warnings (an op deciding ahead of lowering, which gives them); ``load=False``:
-    without importing the candidates' kernels to check that they load (an op routing its trace on
-    their descriptors, :func:`provides`; lowering selects with the check)."""
-    check_loadable = _check_loadable if load else lambda backend: None
+    without importing the kernels of candidates that declare them (``Backend.kernels``) to check
+    that they load (an op routing its trace on their descriptors, :func:`provides`; lowering
+    selects with the check); a candidate that declares none is loaded, as its kernels are known
+    only then."""
+
+    def check_loadable(backend: Backend) -> None:
+        if load or backend.kernels is None:
+            _check_loadable(backend)
+
     if requested is not None:
         backend = get_backend(requested)
         reason = backend.unsupported(req)
