@@ -57,8 +57,8 @@ def main(argv=None) -> None:
         for direction in ("fwd", "bwd"):
             variants = ("current", "other") if args.ab else ("current",)
             for variant in variants:
-                argv = [op, direction, str(args.lmax), str(args.channels), variant]
-                out = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True, check=True)
+                child = [op, direction, str(args.lmax), str(args.channels), variant]
+                out = subprocess.run([sys.executable, "-c", CHILD, *child], capture_output=True, text=True, check=True)
                 pinned = (op == "tensor_product") == (variant == "current")
                 label = "pinned" if pinned else "unpinned"
                 seconds = float(out.stdout.split()[-1])

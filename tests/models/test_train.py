@@ -57,6 +57,8 @@ def test_dataset_roundtrip_and_bad_files(tmp_path):
     np.testing.assert_allclose(back[1].get_forces(), structures[1].get_forces(), atol=1e-7)
     with pytest.raises(ValueError, match=r"dataset path '.*d.json': ASE reads that name as 'json'; name an extxyz"):
         write_dataset(tmp_path / "d.json", structures)
+    with pytest.raises(ValueError, match=r"dataset path '.*d.xyz.gz': write_dataset writes uncompressed files"):
+        write_dataset(tmp_path / "d.xyz.gz", structures)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_dataset(tmp_path / "missing.extxyz")
     bad = tmp_path / "bad.extxyz"

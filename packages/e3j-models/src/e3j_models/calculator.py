@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from e3j.backends import current_backend_request, use_backend
+
 from ._checks import check_model_dtype
 from ._optional import missing
 
@@ -41,12 +43,14 @@ from .potential import Potential
 __all__ = ["Calculator"]
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _energy_forces_stress(potential: Potential, params, batch):
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _energy_forces_stress(potential: Potential, request: str | None, params, batch):
     # one jitted function for every calculator: keyed by the potential (equal potentials are equal
-    # keys) and the batch's shapes, so a new calculator of the same model (one per structure, a
-    # pickled copy) reuses the compiled buckets instead of compiling its own
-    return potential(params, batch, stress=True)
+    # keys), the e3j.use_backend request in force at the call (read when traced, so a key) and the
+    # batch's shapes, so a new calculator of the same model (one per structure, a pickled copy)
+    # reuses the compiled buckets instead of compiling its own. jax.clear_caches() frees them.
+    with use_backend(request):
+        return potential(params, batch, stress=True)
 
 
 class Calculator(_AseCalculator):
@@ -101,7 +105,7 @@ class Calculator(_AseCalculator):
             dtype=self.dtype,
             neighbours=[edges],
         )
-        out = _energy_forces_stress(self.potential, self.params, batch)
+        out = _energy_forces_stress(self.potential, current_backend_request(), self.params, batch)
         energy = float(out["energy"][0])
         self.results = {"energy": energy, "free_energy": energy, "forces": np.asarray(out["forces"][:n])}
         if atoms.pbc.all():

@@ -100,15 +100,18 @@ def dataset_format(path: str | os.PathLike) -> str:
 
     ``.extxyz`` or ``.xyz`` (or a name without a suffix, which ASE reads by content): extxyz;
     ``.traj``: an ASE trajectory. A name ASE reads as another format (``.cif``, ``.json``, ...) is
-    refused: those formats do not keep the energies and forces, or would be read as something else.
+    refused: those formats do not keep the energies and forces, or would be read as something else;
+    so is a compressed name (``.xyz.gz``).
 
     >>> dataset_format("set.xyz"), dataset_format("set.traj"), dataset_format("set")
     ('extxyz', 'traj', 'extxyz')
     """
     require("ase", "e3j_models.data.dataset_format")
-    from ase.io.formats import UnknownFileTypeError, filetype
+    from ase.io.formats import UnknownFileTypeError, filetype, get_compression
 
     path = os.fspath(path)
+    if get_compression(path)[1] is not None:  # the temporary file would be written uncompressed
+        raise ValueError(f"dataset path {path!r}: write_dataset writes uncompressed files; drop the compression suffix")
     try:
         fmt = filetype(path, read=False)
     except UnknownFileTypeError:

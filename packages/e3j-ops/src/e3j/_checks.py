@@ -72,7 +72,6 @@ def promoted_real_dtype(operands: dict, what: str = "a real array") -> jnp.dtype
     e3nn-jax computes: ``jnp.result_type``, with JAX's default float where every operand is an
     integer or boolean. A complex or non-numeric operand is a ``TypeError`` saying it must be
     ``what``."""
-    dtypes = []
     for name, a in operands.items():
         try:
             dtype = jnp.result_type(a)
@@ -81,7 +80,6 @@ def promoted_real_dtype(operands: dict, what: str = "a real array") -> jnp.dtype
         real = jnp.issubdtype(dtype, jnp.number) and not jnp.issubdtype(dtype, jnp.complexfloating)
         if not (real or dtype == jnp.bool_):  # never drop an imaginary part
             raise TypeError(f"{name} must be {what}, got dtype {dtype}")
-        dtypes.append(dtype)
     # the operands themselves, not their dtypes: a weakly typed one (a Python number, an array made
     # from one) takes the others' dtype, as in JAX's arithmetic (float32 stays float32 under x64)
     dtype = jnp.result_type(*operands.values())

@@ -102,9 +102,9 @@ def _inverse_power_of_two(scale: jax.Array) -> jax.Array:
 def _evaluate(x: jax.Array, ls: tuple[int, ...], normalization: str, normalize: bool) -> jax.Array:
     """The harmonics of checked operands."""
     if x.dtype.itemsize < 4:
-        # float16 (max 65,504) overflowed in the recurrences' intermediates from l = 6-8 for
-        # vectors of length 1-2 (infinities and NaN where the harmonics are ~50), bfloat16 and
-        # float8 lose digits there: evaluated in float32, rounded once
+        # float16 (max 65,504) overflowed in the recurrences' intermediates (from l = 6 at length
+        # 2, l = 8 for unit vectors: infinities and NaN where the harmonics are a few hundred at
+        # most), bfloat16 and float8 lose digits there: evaluated in float32, rounded once
         return _evaluate(x.astype(jnp.float32), ls, normalization, normalize).astype(x.dtype)
     rec = spherical_harmonic_recurrence(ls, normalization)  # cached: the caller's object
     if normalize:

@@ -259,7 +259,7 @@ class _PathWeights:
     def flush(self, acc: dict, chunk: dict) -> None:
         pass
 
-    def finish(self, acc: dict) -> dict:
+    def finish(self, acc: dict, dtype) -> dict:
         return acc
 
 
@@ -300,7 +300,7 @@ class _ArrayWeights:
     def flush(self, acc: dict, chunk: dict) -> None:
         pass
 
-    def finish(self, acc: dict) -> dict:
+    def finish(self, acc: dict, dtype) -> dict:
         return acc
 
 
@@ -361,7 +361,6 @@ class _FactoredWeights:
             # dk sums every edge's term, one chunk per trip: in bfloat16 the running sum stopped
             # growing (99 % of a 1e6-edge sum of positive terms lost), so it is kept in float32 at
             # least (what one XLA dot over all edges accumulates in) and cast back by finish()
-            self.k_dtype = dtype
             acc_dtype = jnp.promote_types(dtype, jnp.float32)
             acc["k"] = [jnp.zeros((self.hidden, g.coo.num_paths * g.channels), acc_dtype) for g in self.groups]
         return acc
@@ -380,11 +379,11 @@ class _FactoredWeights:
         if "h" in acc:
             acc["h"] = acc["h"].at[chunk["e_write"]].add(chunk["dh"], mode="drop")
 
-    def finish(self, acc: dict) -> dict:
+    def finish(self, acc: dict, dtype) -> dict:
         if "k" in acc:
             acc["k"] = self.join(
                 [
-                    d.astype(self.k_dtype).reshape(self.hidden, g.coo.num_paths, g.channels)
+                    d.astype(dtype).reshape(self.hidden, g.coo.num_paths, g.channels)
                     for g, d in zip(self.groups, acc["k"])
                 ]
             )
@@ -457,7 +456,7 @@ def _grouped_bwd_sweep(groups, xs, y, gs, graph, outs, weights, *, y_channels: b
         return acc
 
     res = jax.lax.fori_loop(0, chunks.trips, body, varying_like(res, xs, y, gs, weights.operands, graph))
-    return weights.finish(res)
+    return weights.finish(res, dtype)
 
 
 def _flat_sweep(plan, x, y, weights, graph) -> jnp.ndarray:
