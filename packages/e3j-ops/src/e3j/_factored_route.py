@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import jax
 
-from ._primitives.grouped_convolution import _plan_backends
+from ._primitives.grouped_convolution import factored_backend
 from ._primitives.multilinear import PLATFORMS, coo_lmax
 from .backends import Backend, BackendError, OpRequest, provides, select_backend
 
@@ -60,12 +60,7 @@ def grouped_fusing(plan, dtype, requested: str | None) -> tuple[str, ...]:
     """The platforms on which one selected backend runs every group of ``plan`` with factored
     grouped kernels (as the grouped primitive's lowering decides)."""
     name = jax.numpy.dtype(dtype).name
-
-    def fuses(platform: str) -> bool:
-        backends = _plan_backends(plan, platform, name, requested, selected)
-        return len({b.name for b in backends}) == 1 and provides(backends[0], "grouped_convolution_factored")
-
-    return _fusing(fuses)
+    return _fusing(lambda platform: factored_backend(plan, platform, requested, name, selected) is not None)
 
 
 def by_platform(fusing: tuple[str, ...], factored: Callable, array: Callable, *operands):

@@ -188,14 +188,20 @@ def _factored_out_aval(spec: GroupedConvSpec, slot: str, avals: dict, aux) -> ja
     return out_aval((edges, hidden if slot == "h" else spec.dim(slot)), dtype, operands)
 
 
-def _factored_kernels(plan: Plan, platform: str, requested: str | None, dtype) -> tuple:
-    """The groups' backend and its kernels when one backend runs every group with factored grouped
-    kernels (:func:`_plan_backends`), else ``None``."""
-    backends = _plan_backends(plan, platform, dtype.name, requested)
-    kernels = kernels_of(backends[0])
-    if len({b.name for b in backends}) == 1 and kernels.provides("grouped_convolution_factored"):
-        return backends[0], kernels
+def factored_backend(plan: Plan, platform: str, requested: str | None, dtype: str, select=select_backend):
+    """The groups' backend when one backend runs every group with factored grouped kernels
+    (:func:`_plan_backends`), else ``None``. ``select``: how one request is selected (a trace's
+    route passes one that imports no declared kernels)."""
+    backends = _plan_backends(plan, platform, dtype, requested, select)
+    if len({b.name for b in backends}) == 1 and provides(backends[0], "grouped_convolution_factored"):
+        return backends[0]
     return None
+
+
+def _factored_kernels(plan: Plan, platform: str, requested: str | None, dtype) -> tuple:
+    """:func:`factored_backend` and its kernels, or ``None``."""
+    backend = factored_backend(plan, platform, requested, dtype.name)
+    return None if backend is None else (backend, kernels_of(backend))
 
 
 def _dispatch_factored(form, platform: str, requested: str | None, spec: GroupedConvSpec, A: dict, aux, outs) -> dict:
