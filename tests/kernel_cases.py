@@ -404,6 +404,27 @@ def check_convolution(kernels: e3j.Kernels, case: Case) -> None:
             assert_close(got[o], want[o], case.dtype, f"d{o} (outs={outs})")
 
 
+def check_padding_rows(kernels: e3j.Kernels, case: Case, graph: e3j.Graph | None = None) -> None:
+    """``dy`` and ``ds`` (the cotangents written per edge) against the float64 reference on ``graph``
+    (default :func:`hard_graph`), the padding edges' rows exactly zero: for backends whose launches
+    clear those rows in programs of their own (the interpreters fill unwritten outputs with NaN)."""
+    coo, default_graph, x, _, _, dm = conv_operands(case)
+    graph = default_graph if graph is None else graph
+    rng, e, c = np.random.default_rng(5), graph.num_edges, case.channels
+    y = _rand(rng, (e, coo.dim_y, c) if case.y_channels else (e, coo.dim_y), case.dtype)
+    s = _rand(rng, (e, coo.num_paths, c), case.dtype)
+    padding = ~np.asarray(graph.edge_mask)
+    assert padding.sum() > 1
+    outs, yc = ("y", "s"), case.y_channels
+    got = jax.jit(lambda x, y, s, dm, g: kernels.convolution_bwd(coo, x, y, s, dm, g, outs=outs, y_channels=yc))(
+        x, y, s, dm, graph
+    )
+    want = ref_conv.convolution_bwd(coo, *_f64(x, y, s, dm), graph, outs=outs, y_channels=yc)
+    for o in outs:
+        assert_close(got[o], want[o], case.dtype, f"d{o}")
+        assert not np.any(np.asarray(got[o])[padding]), f"d{o}: padding edges' rows"
+
+
 def check_launch_case(kernels: e3j.Kernels, case: LaunchCase) -> None:
     """Tensor product and convolution, forward and backward, of ``case`` on two nodes / batch rows
     (one padding edge) against the float64 reference."""

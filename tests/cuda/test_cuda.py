@@ -38,6 +38,7 @@ from kernel_cases import (
     check_grouped_convolution,
     check_grouped_lowering,
     check_launch_case,
+    check_padding_rows,
     check_tensor_product,
     hard_graph,
 )
@@ -218,6 +219,15 @@ def test_simt_launches_within_limits(case):
     """The CUDA kernels' launch configurations where shared memory runs short (see LAUNCH_CASES)
     stay within sm_90's limits in the emulation, and compute the reference's values."""
     check_launch_case(kernels_of(get_backend(SIMT)), case)
+
+
+@pytest.mark.parametrize("y_channels", [False, True])
+def test_simt_padding_edges_cleared_by_several_blocks(y_channels):
+    """Above 512 edge slots the backward launches more blocks that zero the padding edges' dy / ds
+    rows, a run each (``clearing_blocks``): here 549 slots, 2 blocks of 39 rows."""
+    graph = hard_graph(10, degree=60)
+    assert graph.num_edges == 549 and graph.num_edges - graph.num_valid == 78
+    check_padding_rows(kernels_of(get_backend(SIMT)), Case(1, 4, 10, y_channels), graph)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="the CUDA target is only built where nvcc exists")

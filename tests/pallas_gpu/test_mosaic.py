@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from e3j_pallas_gpu import _mosaic, mosaic_convolution, mosaic_tensor_product
+from e3j_pallas_gpu import _blocks, _mosaic, mosaic_convolution, mosaic_tensor_product
 from e3j_pallas_gpu import backend as descriptors
 from e3j_pallas_gpu._mosaic import Lanes
 from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
@@ -31,6 +31,7 @@ from kernel_cases import (
     assert_close,
     check_convolution,
     check_grouped_convolution,
+    check_padding_rows,
     check_tensor_product,
     conv_operands,
     grouped_operands,
@@ -201,6 +202,17 @@ def test_kernels_with_row_groups_on_cuda_x(kernels, no_races, monkeypatch):
     assert mosaic_convolution.launch_grid(2, 3, ("node", "lanes")) == {"grid": (3, 2), "grid_names": ("lanes", "node")}
     check_convolution(kernels, Case(1, 256, 3, False))
     check_tensor_product(kernels, Case(1, 256, 2, True))
+
+
+# hard_graph(5): 20 edge slots, 3 of them padding: 4 programs clear a row each but the last (5 slots
+# per program), or 2 programs 2 rows and 1 (10 slots); 16 channels (8-row tiles), broadcast and
+# per-channel y (dy's rows by TMA, or as scalars per channel block)
+@pytest.mark.parametrize(("slots", "y_channels"), [(5, False), (10, True)])
+def test_padding_edges_cleared_by_several_programs(kernels, no_races, monkeypatch, slots, y_channels):
+    monkeypatch.setattr(_blocks, "EDGES_PER_CLEARING_PROGRAM", slots)
+    case = Case(1, 16, 5, y_channels)
+    assert _blocks.clearing_programs(conv_operands(case)[1].num_edges) == 20 // slots
+    check_padding_rows(kernels, case)
 
 
 @pytest.mark.parametrize(

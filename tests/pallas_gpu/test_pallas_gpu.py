@@ -25,6 +25,7 @@ from kernel_cases import (
     check_gradients_through_primitives,
     check_grouped_convolution,
     check_grouped_lowering,
+    check_padding_rows,
     check_tensor_product,
     conv_operands,
     grouped_operands,
@@ -241,3 +242,13 @@ def test_grouped_in_place_over_channel_blocks(kernels, monkeypatch):
     monkeypatch.setattr(_blocks, "MAX_CHANNEL_BLOCK", 8)  # 24 channels: 3 programs, 40: 5
     op = e3j.MulIrConvolution("24x0e + 8x1o + 40x2e", "0e + 1o", "0e + 1o + 2e")
     check_grouped_convolution(kernels, "float64", ALL_OUTS, op=op)
+
+
+# hard_graph(5): 20 edge slots, 3 of them padding: 4 programs clear a row each but the last (5 slots
+# per program), or 2 programs 2 rows and 1 (10 slots)
+@pytest.mark.parametrize("slots", [5, 10])
+def test_padding_edges_cleared_by_several_programs(kernels, monkeypatch, slots):
+    monkeypatch.setattr(_blocks, "EDGES_PER_CLEARING_PROGRAM", slots)
+    case = Case(1, 16, 5, False)
+    assert _blocks.clearing_programs(conv_operands(case)[1].num_edges) == 20 // slots
+    check_padding_rows(kernels, case)

@@ -211,13 +211,27 @@ __global__ void conv_fwd_kernel(const Rec* rec, const int32_t* rowptr, const int
     for (int i = lo; i < hi; ++i) store<V>(m + (b * Dz + i) * C + cbase + c0, acc + i * row);
 }
 
-// The backward kernels' extra block: zero the cotangents of the padding edges, order[num_valid:E],
-// with threads tid of nt: dy's rows (dy_row elements per edge; 0 when not wanted) and ds's P paths
-// of C channels at columns s_cols[p] of its rows of Wds (0 when not wanted; other columns untouched).
+// Blocks after the backward kernels' N senders that zero the padding edges' cotangent rows: one per
+// kEdgesPerClearingBlock edge slots, at most kMaxClearingBlocks. How many edges are padding is known
+// only on the device (num_valid), so the slots size it; one block alone would write every padding row
+// in turn (e3j-models' buckets keep 11-16 % padding edges). Twin of e3j_pallas_gpu._blocks's
+// clearing_programs: kernel packages never import each other.
+constexpr int64_t kEdgesPerClearingBlock = 512;
+constexpr int64_t kMaxClearingBlocks = 1024;
+int64_t clearing_blocks(int64_t E) {
+  return std::max<int64_t>(1, std::min(kMaxClearingBlocks, (E + kEdgesPerClearingBlock - 1) / kEdgesPerClearingBlock));
+}
+
+// Clearing block q of Q (the backward's blocks N + q) zeroes its run of the padding edges,
+// order[num_valid:E] cut into Q equal runs, with threads tid of nt: dy's rows (dy_row elements per
+// edge; 0 when not wanted) and ds's P paths of C channels at columns s_cols[p] of its rows of Wds (0
+// when not wanted; other columns untouched).
 template <typename T>
 __device__ void clear_padding_edges(const int32_t* order, int num_valid, int E, T* dy, T* ds, int64_t dy_row,
-                                    const int32_t* s_cols, int P, int C, int64_t Wds, int tid, int nt) {
-  for (int k = num_valid; k < E; ++k) {
+                                    const int32_t* s_cols, int P, int C, int64_t Wds, int tid, int nt, int q, int Q) {
+  const int per = (E - num_valid + Q - 1) / Q;
+  const int lo = num_valid + q * per, hi = min(lo + per, E);
+  for (int k = lo; k < hi; ++k) {
     const int64_t e = order[k];
     for (int64_t j = tid; j < dy_row; j += nt) dy[e * dy_row + j] = T(0);
     if (Wds > 0)
@@ -260,8 +274,8 @@ __host__ __device__ ConvBwdSmem conv_bwd_smem(int64_t Dx, int64_t Dy, int64_t Dz
 // edge, dm_b, s_ab and y_ab are staged by the whole block (coalesced), and each thread computes its
 // share of dx's, dy's and ds's rows (split across the block's y axis; ds's at path boundaries),
 // reading operands from shared memory. dy and ds rows are written once per edge and chunk; a
-// broadcast y's cotangent is reduced over lanes in shared memory, then over chunks in order. Block
-// N zeroes the padding edges' rows. No atomics.
+// broadcast y's cotangent is reduced over lanes in shared memory, then over chunks in order. Blocks
+// N .. zero the padding edges' rows (clearing_blocks). No atomics.
 template <int V, typename T, typename Rec>
 __global__ void conv_bwd_staged_kernel(const Rec* rt, const int32_t* pt, const Rec* rx, const int32_t* px,
                                        const Rec* ry, const int32_t* py, const int32_t* i3, const int32_t* s_cols,
@@ -276,9 +290,9 @@ __global__ void conv_bwd_staged_kernel(const Rec* rt, const int32_t* pt, const R
   const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * lanes + tx, nt = lanes * splits;
   const int64_t a = blockIdx.x;
   const bool reduce = want_y && !y_channels;
-  if (a == N) {
+  if (a >= N) {
     clear_padding_edges(order, num_valid[0], E, dy, ds, want_y ? (y_channels ? int64_t(Dy) * C : Dy) : 0, s_cols,
-                        P, C, Wds, tid, nt);
+                        P, C, Wds, tid, nt, int(a - N), int(gridDim.x - N));
     return;
   }
   const bool need_x = want_y || want_s, need_y = want_x || want_s, need_s = want_x || want_y;
@@ -355,7 +369,7 @@ __global__ void conv_bwd_staged_kernel(const Rec* rt, const int32_t* pt, const R
 
 // Convolution backward from global memory (when not even one lane's rows fit the staged kernel's
 // shared memory): block = one sender, all channels; dx is accumulated in the sender's own row, dy and
-// ds written per edge; block N zeroes padding edges.
+// ds written per edge; blocks N .. zero padding edges.
 template <int V, typename T, typename Rec>
 __global__ void conv_bwd_kernel(const Rec* rt, const int32_t* pt, const Rec* rx, const int32_t* px, const Rec* ry,
                                 const int32_t* py, const int32_t* i3, const int32_t* s_cols, const int32_t* offsets,
@@ -367,9 +381,9 @@ __global__ void conv_bwd_kernel(const Rec* rt, const int32_t* pt, const Rec* rx,
   T* red = reinterpret_cast<T*>(smem_raw);  // [Dy][blockDim.x]
   const int tid = threadIdx.x, nt = blockDim.x;
   const int64_t a = blockIdx.x;
-  if (a == N) {
+  if (a >= N) {
     clear_padding_edges(order, num_valid[0], E, dy, ds, want_y ? (y_channels ? int64_t(Dy) * C : Dy) : 0, s_cols,
-                        P, C, Wds, tid, nt);
+                        P, C, Wds, tid, nt, int(a - N), int(gridDim.x - N));
     return;
   }
   if (want_x)
@@ -574,7 +588,7 @@ ffi::Error ConvBwd(cudaStream_t stream, ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S
     using Rec = Record<typename decltype(i)::type, T>;
     constexpr int V = decltype(w)::value;
     const auto args = [&](auto kernel, dim3 block, size_t smem) {
-      launch(kernel, dim3(static_cast<unsigned>(N + 1)), block, smem, stream,
+      launch(kernel, dim3(static_cast<unsigned>(N + clearing_blocks(E))), block, smem, stream,
              static_cast<const Rec*>(rec_t.untyped_data()), rowptr_t.typed_data(),
              static_cast<const Rec*>(rec_x.untyped_data()), rowptr_x.typed_data(),
              static_cast<const Rec*>(rec_y.untyped_data()), rowptr_y.typed_data(), i3.typed_data(),

@@ -38,6 +38,39 @@ def num_warps(elements: int) -> int:
     return max(1, min(4, elements // 32))
 
 
+#: Edge slots per program that clears padding edges' cotangent rows (see :func:`clearing_programs`).
+EDGES_PER_CLEARING_PROGRAM = 512
+#: At most this many clearing programs: enough to spread the rows over every SM of an H200 (132).
+MAX_CLEARING_PROGRAMS = 1024
+
+
+def clearing_programs(num_edges: int) -> int:
+    """Programs that zero the ``dy``/``ds`` rows of the padding edges after a backward's senders.
+
+    The number of padding edges is only known on the device (``num_valid``), so the launch sizes the
+    clearing by the edge slots: one program per :data:`EDGES_PER_CLEARING_PROGRAM` slots, capped. A
+    single program would write every padding row in turn: e3j-models' buckets keep 11-16 % padding
+    edges, 10^5 rows at 10^6 edges (the CUDA backend has the same rule, ``clearing_blocks``).
+
+    >>> clearing_programs(100), clearing_programs(100_000), clearing_programs(10**8)
+    (1, 196, 1024)
+    """
+    return max(1, min(MAX_CLEARING_PROGRAMS, -(-num_edges // EDGES_PER_CLEARING_PROGRAM)))
+
+
+def clearing_range(num_valid, num_edges: int, program, programs: int) -> tuple:
+    """Slots ``[lo, hi)`` of the sorted order (padding last) that clearing program ``program`` of
+    ``programs`` zeroes: the padding slots ``[num_valid, num_edges)`` cut into equal runs (an empty
+    range where there are fewer slots than programs). Traced scalars in, traced scalars out.
+
+    >>> [tuple(int(v) for v in clearing_range(7, 12, q, 3)) for q in range(3)]
+    [(7, 9), (9, 11), (11, 12)]
+    """
+    per = (num_edges - num_valid + programs - 1) // programs
+    lo = num_valid + program * per
+    return lo, jnp.minimum(lo + per, num_edges)
+
+
 # Twin of e3j_pallas_tpu._rows.pad_rows, on purpose: kernel packages depend on e3j-core (numpy only)
 # and jax, never on e3j or on each other (docs/design.md), so a jax helper has no shared home.
 def pad_rows(a: jnp.ndarray | None, rows: int) -> jnp.ndarray | None:

@@ -12,9 +12,10 @@ interval: they cost nothing. No atomics, so the result is bitwise reproducible.
 Backward (Algorithm 3, made deterministic): one program per (sender, channel block) walks the
 sender's interval of ``sender_order`` — the convolution on the transposed graph — so ``dx_a`` is
 accumulated in registers and written once, without atomics. Along the way each edge's ``dy_ab``
-and ``ds_ab`` are written (every edge has exactly one sender, so these writes never collide). An
-extra program zeroes ``dy``/``ds`` of the padding edges. The cotangent of a broadcast ``y`` is a
-sum over channels: per channel block in the kernel, then over blocks.
+and ``ds_ab`` are written (every edge has exactly one sender, so these writes never collide).
+Extra programs zero ``dy``/``ds`` of the padding edges, a run of them each
+(``_blocks.clearing_programs``). The cotangent of a broadcast ``y`` is a sum over channels: per
+channel block in the kernel, then over blocks.
 
 Tables up to :data:`~e3j_pallas_gpu._records.UNROLL_RECORDS` records are unrolled at trace time
 (:func:`convolution_kernel`, :func:`convolution_bwd_kernel`); larger ones are walked
@@ -47,7 +48,7 @@ from jax.experimental.pallas import triton as plt
 
 from e3j_core import CooTable, TensorProductCoo
 
-from ._blocks import channel_block, num_warps
+from ._blocks import channel_block, clearing_programs, clearing_range, num_warps
 from ._records import records, unrolls, walk_row
 
 __all__ = [
@@ -165,9 +166,14 @@ def convolution_walk_kernel(
     jax.lax.fori_loop(0, m_ref.shape[0], row, 0)
 
 
-def _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, *, cols: tuple, y_channels: bool) -> None:
-    """Zero the ``dy``/``ds`` rows of the padding edges (``sender_order[num_valid:]``) in channel block
-    ``c`` (``ds``: the paths' columns ``cols``, this program's channels)."""
+def _clear_padding_edges(
+    order_ref, num_valid_ref, dy_ref, ds_ref, program, c, lanes, *, cols: tuple, y_channels: bool
+) -> None:
+    """Zero the ``dy``/``ds`` rows of clearing program ``program``'s share of the padding edges
+    (``sender_order[num_valid:]``, :func:`clearing_range`) in channel block ``c`` (``ds``: the paths'
+    columns ``cols``, this program's channels)."""
+    num_edges = order_ref.shape[0]
+    lo, hi = clearing_range(num_valid_ref[0], num_edges, program, clearing_programs(num_edges))
     zero = jnp.zeros((lanes.size,), (dy_ref if dy_ref is not None else ds_ref).dtype)
 
     # loops, not unrolled stores: the program must not grow with the table (registers, compile time)
@@ -188,7 +194,7 @@ def _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, *, 
                 ds_ref[e, _window(lanes, col)] = zero
         return carry
 
-    jax.lax.fori_loop(num_valid_ref[0], order_ref.shape[0], clear, 0)
+    jax.lax.fori_loop(lo, hi, clear, 0)
 
 
 def _store_dy(dy_ref, e, i, v, c, lanes, y_channels: bool) -> None:
@@ -225,7 +231,8 @@ def convolution_bwd_kernel(
     may be ``None`` when no requested cotangent reads it, an output ref is when it is not requested. ``dx_ref``
     is the sender's ``[Dx, cb]`` block; ``dy_ref`` (``[E, Dy, C]``, or ``[C / cb, E, Dy]`` partial sums
     for a broadcast ``y``), ``s_ref`` and ``ds_ref`` (``[E, W]``, path ``p`` at columns ``cols[p] ..``)
-    are whole; only the paths' columns of ``ds_ref`` are written. Program ``N`` clears the padding edges.
+    are whole; only the paths' columns of ``ds_ref`` are written. Programs ``N ..`` clear the padding
+    edges (:func:`clearing_programs`).
     With ``x_cols`` and ``dm_cols`` (see :func:`convolution_kernel`) ``x_ref``, ``dm_ref`` and ``dx_ref``
     are e3nn's flat ``[N, Dx_flat]``/``[N, Dout_flat]``, read in place, and the sender's ``dx`` is
     stored into its columns of ``dx_ref`` (the whole array).
@@ -290,9 +297,11 @@ def convolution_bwd_kernel(
 
     if want_y or want_s:
 
-        @pl.when(a == num_nodes)
+        @pl.when(a >= num_nodes)
         def _():
-            _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, cols=cols, y_channels=y_channels)
+            _clear_padding_edges(
+                order_ref, num_valid_ref, dy_ref, ds_ref, a - num_nodes, c, lanes, cols=cols, y_channels=y_channels
+            )
 
 
 def convolution_bwd_walk_kernel(
@@ -382,9 +391,11 @@ def convolution_bwd_walk_kernel(
 
     if dy_ref is not None or ds_ref is not None:
 
-        @pl.when(a == num_nodes)
+        @pl.when(a >= num_nodes)
         def _():
-            _clear_padding_edges(order_ref, num_valid_ref, dy_ref, ds_ref, c, lanes, cols=cols, y_channels=y_channels)
+            _clear_padding_edges(
+                order_ref, num_valid_ref, dy_ref, ds_ref, a - num_nodes, c, lanes, cols=cols, y_channels=y_channels
+            )
 
 
 # -- calls --------------------------------------------------------------------------------------
@@ -551,8 +562,8 @@ def _backward(
     dx, dy, ds = pl.pallas_call(
         kernel,
         out_shape=out_shape,
-        # program N clears the padding edges' dy / ds rows
-        grid=(num_nodes + (1 if (want["y"] or want["s"]) else 0), nc),
+        # programs N .. clear the padding edges' dy / ds rows
+        grid=(num_nodes + (clearing_programs(num_edges) if (want["y"] or want["s"]) else 0), nc),
         in_specs=jax.tree.map(_whole, args),
         out_specs=out_specs,
         input_output_aliases=aliases,

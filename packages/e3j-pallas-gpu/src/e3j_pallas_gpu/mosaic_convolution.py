@@ -23,8 +23,8 @@ Backward (Algorithm 3, made deterministic as the Triton kernels are): the progra
 walking their intervals of ``sender_order`` — the convolution on the transposed graph — so ``dx_a``
 accumulates in registers and is written once, without atomics; each edge's ``dy_ab`` and ``ds_ab``
 are written along the way by the TMA (an edge has one sender: no two programs write the same row;
-a row past its sender's interval stores nothing). One more program clears
-``dy``/``ds`` of the padding edges.
+a row past its sender's interval stores nothing). Extra programs clear ``dy``/``ds`` of the
+padding edges, a run of them each (``_blocks.clearing_programs``).
 
 A broadcast ``y`` is read as scalars on one-row tiles (its cotangent reduced over the lanes in
 registers, then over channel blocks); on several-row tiles it is broadcast over the channels in XLA
@@ -58,6 +58,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from e3j_core import TensorProductCoo
 
+from ._blocks import clearing_programs, clearing_range
 from ._mosaic import Lanes, check_dtype, interpret_params, launch_grid, pad_channels, zeros
 
 __all__ = ["convolution", "convolution_bwd", "grouped_convolution", "grouped_convolution_bwd", "reads_in_place"]
@@ -320,7 +321,8 @@ def convolution_bwd_kernel(
     s_columns=None,
     ds_into=False,
 ):
-    """``rows`` senders × ``width`` channels of the backward; the last program clears padding edges.
+    """``rows`` senders × ``width`` channels of the backward; programs past the senders' clear the
+    padding edges' rows, a run each (:func:`~e3j_pallas_gpu._blocks.clearing_range`).
 
     ``refs`` are the needed operands among ``x, y, s`` (in that order), ``dm``, then the cotangents
     named in ``outs``; unneeded scratch refs are ``None``. With ``s_columns`` (see
@@ -461,7 +463,7 @@ def convolution_bwd_kernel(
 
     if want_y or want_s:
 
-        @pl.when(g == num_groups)
+        @pl.when(g >= num_groups)
         def _():
             for _, ref in stored:
                 for i in range(ref.shape[1]):
@@ -477,7 +479,9 @@ def convolution_bwd_kernel(
                     store_edge(n, ref.at[0], e)
                 return carry
 
-            jax.lax.fori_loop(num_valid_gmem[0], num_edges, clear, 0)
+            programs = clearing_programs(num_edges)
+            lo, hi = clearing_range(num_valid_gmem[0], num_edges, g - num_groups, programs)
+            jax.lax.fori_loop(lo, hi, clear, 0)
             plgpu.wait_smem_to_gmem(0)
 
 
@@ -569,7 +573,8 @@ def _backward(
     results = plgpu.kernel(
         body,
         out_type=tuple(jax.ShapeDtypeStruct(shapes[o], dtype) for o in returned),
-        **launch_grid(groups + (1 if (want_y or want_s) else 0), nc, ("node", "lanes")),
+        # the groups' programs, then those clearing the padding edges' dy / ds rows
+        **launch_grid(groups + (clearing_programs(num_edges) if (want_y or want_s) else 0), nc, ("node", "lanes")),
         scratch_types={k: v for k, v in scratch.items() if v is not None},
         interpret=interpret_params(interpret),
         kernel_name="e3j_mosaic_convolution_bwd",
