@@ -9,7 +9,7 @@ channel count ``C`` per call and one row block per path. A plan is computed once
   form one group run with ``C = m`` channels (``64x0e + 32x1o + 16x2e`` → three ops: ``0e`` with
   64 channels, ``1o`` with 32, ``2e`` with 16), holding only the paths whose ``x`` irrep is in the
   group. Each path keeps its own channel count; every backend and kernel serves each group
-  unchanged. Uniform multiplicities are one group, as before.
+  unchanged. Uniform multiplicities are one group.
 - ``grouping="gcd"``: one group, ``C`` = the gcd of the multiplicities, each block ``m x ir``
   becoming ``(m / C) x ir`` (copy ``u = k·C + c`` is copy ``k``, channel ``c``, as in
   :func:`e3j.from_mul_ir`): ``64x0e + 32x1o + 16x2e`` → ``4x0e + 2x1o + 2e`` with 16 channels and
@@ -462,7 +462,7 @@ def e3nn_copies(
         regroup_output=regroup_output,
     )  # fmt: skip
     allowed = None if filter_out is None else set(filter_out)
-    order = _e3nn_copy_order(full, irreps_x, with_self, allowed, keep)
+    order = _e3nn_copy_order(full, with_self, allowed, keep)
     return full, tuple(full.paths[j] for j in order)
 
 
@@ -495,7 +495,7 @@ def _label(path) -> tuple:
     return (path.x_start, path.y_start, path.ir_out)
 
 
-def _e3nn_copy_order(full: TensorProductCoo, irreps_x: Irreps, with_self: bool, allowed, keep) -> list[int]:
+def _e3nn_copy_order(full: TensorProductCoo, with_self: bool, allowed, keep) -> list[int]:
     """Indices of ``full``'s paths in e3nn's output copy order (see :func:`plan`)."""
     if not with_self:
         return list(range(full.num_paths))

@@ -413,11 +413,6 @@ def _params(cb: int):
     return plt.CompilerParams(num_warps=num_warps(cb), num_stages=1)
 
 
-def _table_args(table: CooTable, dtype):
-    refs = records(table, dtype)
-    return refs, tuple(_whole(r) for r in refs)
-
-
 def _path_columns(num_paths: int, channels: int) -> tuple[int, ...]:
     """The weight columns of ``s [E, P, C]`` viewed as ``[E, P·C]``: path ``p`` starts at ``p·C``."""
     return tuple(range(0, num_paths * channels, channels))

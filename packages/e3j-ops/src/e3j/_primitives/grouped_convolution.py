@@ -12,7 +12,7 @@ A backend whose kernels include ``grouped_convolution`` / ``grouped_convolution_
 all groups in one sweep over the edges; the CUDA, Pallas GPU (Triton and Mosaic) and TPU kernels: one
 launch per group) runs them when it serves every group (see :func:`_plan_backends`); otherwise each group runs
 through that backend's ordinary convolution kernels on operands split here (the weights copied into
-``[E, P_g, C_g]``), and the results are joined: the same values, the old cost.
+``[E, P_g, C_g]``), and the results are joined: the same values, at the cost of those copies.
 
 :data:`GROUPED_CONVOLUTION_FACTORED` is the same form with the weights given as the radial network's
 last layer, ``s = h @ k`` (``h [E, H]``, ``k [H, num_weights]`` in e3nn's columns): slots ``x, y, h,
@@ -102,7 +102,7 @@ def _dispatch(form, platform: str, requested: str | None, spec: GroupedConvSpec,
         if one:
             results.update(_native("grouped_convolution", kernels[0], backends[0].name, plan, A, graph, part, types))
         else:
-            results.update(_per_group(kernels, backends, plan, A, graph, part, types, dtype))
+            results.update(_per_group(kernels, backends, plan, A, graph, part, dtype))
     return results
 
 
@@ -142,7 +142,7 @@ def _native(op: str, kernels, name: str, plan: Plan, A: dict, graph, outs, types
     return contract.checked(op, name, forward, res, types)
 
 
-def _per_group(kernels, backends, plan: Plan, A: dict, graph, outs, types, dtype) -> dict:
+def _per_group(kernels, backends, plan: Plan, A: dict, graph, outs, dtype) -> dict:
     """Each group through its backend's ordinary convolution kernels (under the kernel contract)."""
     args = _operands("grouped_convolution", A, outs, dtype)
     n = len(plan.groups)

@@ -125,9 +125,9 @@ def _unrolling_pays(table: CooTable, channels: int, a_channels: bool, b_channels
 _DENSE_LIMIT = 2**22
 
 
-def _read(indices: np.ndarray, size: int) -> slice | np.ndarray:
-    """The components of an operand axis of ``size`` that ``indices`` (a table's records) read: a
-    slice when they are contiguous (every one, usually), else their sorted indices."""
+def _read(indices: np.ndarray) -> slice | np.ndarray:
+    """The components of an operand axis that ``indices`` (a table's records) read: a slice when
+    they are contiguous (every one, usually), else their sorted indices."""
     used = np.unique(indices)
     if used.size and used[-1] - used[0] + 1 == used.size:
         return slice(int(used[0]), int(used[-1]) + 1)
@@ -142,7 +142,7 @@ _EXACT = jax.lax.Precision.HIGHEST
 def _apply_dense(table, a, b, *, a_channels, b_channels, out_channels):
     # components no record reads are sliced out, not multiplied by the dense table's zeros (0 * NaN)
     _, i1, i2 = table.indices
-    r1, r2 = _read(i1, table.dims[1]), _read(i2, table.dims[2])
+    r1, r2 = _read(i1), _read(i2)
     T = table.dense()[:, r1][:, :, r2]
     a, b = a[:, r1], b[:, r2]
     return _contract_dense(jnp.asarray(T, jnp.result_type(a, b)), a, b, a_channels, b_channels, out_channels)
