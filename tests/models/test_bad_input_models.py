@@ -547,7 +547,8 @@ def test_given_neighbours_equal_computed_ones():
 def test_numpy_reals_and_float_shifts_are_taken():
     structure = _h2o()
     nl = M.neighbour_list(structure["positions"], 2.0)
-    for cutoff in (np.float32(2.0), np.int64(2)):
+    # 0-d arrays too, as every real argument takes them (md's temperature_K and timestep_fs alike)
+    for cutoff in (np.float32(2.0), np.int64(2), np.array(2.0), jnp.array(2.0)):
         got = M.neighbour_list(structure["positions"], cutoff)
         assert all(np.array_equal(a, b) for a, b in zip(got, nl))
     # shifts given as floats are cast with the positions, as make_batch does
@@ -557,8 +558,10 @@ def test_numpy_reals_and_float_shifts_are_taken():
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match=r"neighbours \(structure 0\) must be \(senders, receivers, shifts\), got 2"):
         M.batch_structures([structure], [1, 8], 2.0, neighbours=[nl[:2]])
-    with pytest.raises(ValueError, match="cutoff must be a finite number > 0"):
-        M.neighbour_list(structure["positions"], float("inf"))
+    assert M.mace_a((1, 8), cutoff=np.array(4.5)) == M.mace_a((1, 8), cutoff=4.5)
+    for bad in (float("inf"), np.array([2.0]), np.array(True)):
+        with pytest.raises(ValueError, match="cutoff must be a finite number > 0"):
+            M.neighbour_list(structure["positions"], bad)
 
 
 def test_masked_edges_may_touch_padding_nodes():

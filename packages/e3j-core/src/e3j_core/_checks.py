@@ -38,8 +38,35 @@ def check_bool(name: str, value: object) -> bool:
     return bool(value)
 
 
+def _number(value: object) -> object:
+    """A 0-d NumPy or JAX array of an integer or float dtype as its Python number (a traced one, whose
+    value is not known, is returned as it is); anything else unchanged."""
+    if isinstance(value, (bool, numbers.Real)) or getattr(value, "shape", None) != ():
+        return value
+    kind = getattr(getattr(value, "dtype", None), "kind", "")
+    if not (kind and kind in "fiu"):
+        return value
+    try:
+        return value.item()
+    except Exception:  # a tracer: no value to check
+        return value
+
+
+def check_real(name: str, value: object, minimum: float | None = None, what: str = "") -> float:
+    """A finite real number (``>= minimum`` when given; a 0-d NumPy or JAX array too) as a Python
+    float, else ``ValueError``."""
+    value = _number(value)
+    ok = not isinstance(value, (bool, np.bool_)) and isinstance(value, numbers.Real) and math.isfinite(value)
+    if not ok or (minimum is not None and value < minimum):
+        bound = "" if minimum is None else f" >= {minimum:g}"
+        raise ValueError(f"{name} must be a finite number{bound}{what}, got {value!r}")
+    return float(value)
+
+
 def check_positive_real(name: str, value: object, what: str = "") -> float:
-    """A finite real number ``> 0`` (a length, a scale) as a Python float, else ``ValueError``."""
+    """A finite real number ``> 0`` (a length, a scale; a 0-d NumPy or JAX array too) as a Python
+    float, else ``ValueError``."""
+    value = _number(value)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
         raise ValueError(f"{name} must be a finite number > 0{what}, got {value!r}")
     return float(value)

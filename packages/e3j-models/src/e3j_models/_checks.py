@@ -5,15 +5,12 @@ The array rules are e3j's (one rule for both packages); what only models need is
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from e3j._checks import check_array, check_bool, check_int, check_positive_int, check_rank, float_dtype
-from e3j_core._checks import check_positive_real, is_int
+from e3j_core._checks import check_positive_real, check_real, is_int
 
 __all__ = [
     "check_array",
@@ -48,19 +45,6 @@ def check_model_dtype(dtype) -> type:
     if kind not in (np.float32, np.float64):
         raise ValueError(f"dtype must be float32 or float64, got {kind}")
     return kind.type
-
-
-def check_real(name: str, value: object, minimum: float | None = None, what: str = "") -> float:
-    """A finite real number (``>= minimum`` when given; a 0-d NumPy or JAX array too) as a Python
-    float, else ``ValueError``."""
-    if not isinstance(value, (bool, numbers.Real)) and getattr(value, "shape", None) == ():
-        kind = getattr(getattr(value, "dtype", None), "kind", "")
-        value = value.item() if kind and kind in "fiu" else value
-    ok = not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
-    if not ok or (minimum is not None and value < minimum):
-        bound = "" if minimum is None else f" >= {minimum:g}"
-        raise ValueError(f"{name} must be a finite number{bound}{what}, got {value!r}")
-    return float(value)
 
 
 def index_array(name: str, a, shape: tuple[int, ...] | None = None, layout: str = "") -> jax.Array:
