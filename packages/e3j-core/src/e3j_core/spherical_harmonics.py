@@ -303,21 +303,22 @@ def is_degrees(ls: object) -> bool:
     return isinstance(ls, Sequence) and all(isinstance(l, (int, float, np.number)) for l in ls)
 
 
-def _as_ls(ls: int | Sequence[int] | Irreps | str) -> tuple[int, ...]:
+def _as_ls(ls: int | Sequence[int] | Irreps | str, name: str = "ls") -> tuple[int, ...]:
+    """The degrees ``ls`` names, one per copy; ``ValueError`` naming the argument ``name``."""
     if isinstance(ls, (int, np.integer)) and not isinstance(ls, bool):
         return (check_degree(ls),)
     if is_degrees(ls):
         return tuple(check_degree(l, "each l") for l in ls)
     if not (_names_irreps(ls) or isinstance(ls, Sequence)):
-        raise ValueError(f"expected an int, a list of ints or Irreps, got {ls!r}")  # None, a set, ...
+        raise ValueError(f"{name}: expected an int, a list of ints or Irreps, got {ls!r}")  # None, a set, ...
     try:
         irreps = Irreps(ls)
     except (TypeError, ValueError) as err:
-        raise ValueError(f"expected an int, a list of ints or Irreps, got {ls!r} ({err})") from None
+        raise ValueError(f"{name}: expected an int, a list of ints or Irreps, got {ls!r} ({err})") from None
     odd = {ir.p for _, ir in irreps if ir.l % 2}
     if len(odd) > 1 or any(ir.p != 1 for _, ir in irreps if ir.l % 2 == 0):
         raise ValueError(
-            f"irreps {irreps} mix parities: spherical harmonics of a vector (1o) or a "
+            f"{name}: irreps {irreps} mix parities: spherical harmonics of a vector (1o) or a "
             "pseudovector (1e) have parity p**l for one p, so even degrees are always 'e'"
         )
     return tuple(ir.l for mul, ir in irreps for _ in range(mul))

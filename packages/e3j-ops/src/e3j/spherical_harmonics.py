@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from e3j_core import NORMALIZATIONS, Irreps, as_irreps, spherical_harmonic_recurrence
-from e3j_core.spherical_harmonics import is_degrees, legendre_step
+from e3j_core import Irreps, as_irreps, spherical_harmonic_recurrence
+from e3j_core.spherical_harmonics import _as_ls, _check_normalization, is_degrees, legendre_step
 
 from ._checks import check_array, check_truth, is_irreps_array, promoted_real_dtype
 
@@ -52,14 +52,10 @@ def spherical_harmonics(
     Array([1.       , 0.       , 1.7320508, 0.       ], dtype=float32)
     """
     normalize = check_truth("normalize", normalize)
-    normalization = "component" if normalization is None else normalization
-    if normalization not in NORMALIZATIONS:
-        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    normalization = _check_normalization("component" if normalization is None else normalization)
     check_algorithm(algorithm)
-    try:  # the form of irreps_out first: the parity check below reads it
-        rec = spherical_harmonic_recurrence(irreps_out, normalization)
-    except ValueError as err:
-        raise ValueError(f"irreps_out: {err}") from None
+    # the form of irreps_out first: the parity check below reads it
+    rec = spherical_harmonic_recurrence(_as_ls(irreps_out, "irreps_out"), normalization)
     if is_irreps_array(input):
         _check_vector_parity(irreps_out, _vector_parity(input.irreps))
         input = input.array

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import e3nn_jax as e3nn
 import jax
 
-from e3j_core import Irreps, as_irreps, spherical_harmonic_recurrence
-from e3j_core.spherical_harmonics import is_degrees
+from e3j_core import Irreps, as_irreps
+from e3j_core.spherical_harmonics import _as_ls, is_degrees
 
 from .._checks import check_truth
 from ..spherical_harmonics import _vector_parity, check_algorithm
@@ -42,10 +42,7 @@ def spherical_harmonics(
     if normalization is None:
         normalization = e3nn.config("spherical_harmonics_normalization")
     vec_p = _vector_parity(input.irreps) if isinstance(input, e3nn.IrrepsArray) else None
-    try:  # the form of irreps_out, with the message every spherical-harmonics function gives
-        ls = spherical_harmonic_recurrence(irreps_out).ls  # checked degrees
-    except ValueError as err:
-        raise ValueError(f"irreps_out: {err}") from None
+    ls = _as_ls(irreps_out, "irreps_out")  # checked degrees, one per copy
     if is_degrees(irreps_out):
         if vec_p is None:
             raise ValueError("irreps_out given as degrees needs input as an IrrepsArray (1o or 1e), as in e3nn-jax")
