@@ -153,3 +153,14 @@ def test_padding_changes_nothing(name):
     assert max(float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(g_ref)) > 1e-6
     for a, b in zip(jax.tree.leaves(g_pad), jax.tree.leaves(g_ref)):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_init_draws_the_same_model_in_float32_and_float64():
+    pot, batch, *_ = _setup("nequip")
+    p64 = pot.init(jax.random.key(3), batch, dtype=jnp.float64)
+    p32 = pot.init(jax.random.key(3), batch, dtype=jnp.float32)
+    leaves64, leaves32 = jax.tree.leaves(p64), jax.tree.leaves(p32)
+    assert {a.dtype for a in leaves64} == {jnp.dtype(jnp.float64)}
+    assert {a.dtype for a in leaves32} == {jnp.dtype(jnp.float32)}
+    for a, b in zip(leaves64, leaves32, strict=True):
+        np.testing.assert_array_equal(a, np.asarray(b, np.float64))

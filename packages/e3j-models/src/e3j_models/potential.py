@@ -123,7 +123,10 @@ class Potential:
             )
 
     def init(self, key: jax.Array, batch: GraphBatch, dtype=None) -> dict[str, Any]:
-        """Random parameters, floating leaves in ``dtype`` (default: the positions' dtype)."""
+        """Random parameters, floating leaves in ``dtype`` (default: the positions' dtype).
+
+        The values are drawn in float32 and cast, so one key gives the same model in float32 and
+        float64 (a float64 run then starts from the float32 run's parameters exactly)."""
         _check_batch(batch)
         dtype = batch.positions.dtype if dtype is None else dtype
         if not jnp.issubdtype(dtype, jnp.floating):
