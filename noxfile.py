@@ -31,6 +31,8 @@ TEST_REQUIREMENTS = [
     # tests/integration/test_gpu_failure_log.py runs tests/gpu/conftest.py's hook under `-n 2`, as device.sh does;
     # the CPU sessions run their tests in WORKERS processes
     "pytest-xdist>=3",
+    # jax.export's serialization format (tests/ops/test_export.py and the models' exported potential)
+    "flatbuffers>=23",
 ]  # fmt: skip
 # Most of the suite is single-threaded tracing and compiling: on CI's 2 cores, two processes ran it in
 # 36 min against 41 min in one (clean-clone runs on different days; 28 min without tests/cuda's
@@ -209,7 +211,7 @@ def mosaic_lowering(session: nox.Session) -> None:
 
     Mosaic GPU's lowering rules come with JAX's CUDA plugin (~4.4 GB, installs without a GPU).
     """
-    session.install("pytest>=8", "hypothesis>=6.100", JAX.replace("jax==", "jax[cuda13]=="))
+    session.install("pytest>=8", "hypothesis>=6.100", "flatbuffers>=23", JAX.replace("jax==", "jax[cuda13]=="))
     session.install(*(str(ROOT / p) for p in ("packages/e3j-core", "packages/e3j-ops", "packages/e3j-pallas-gpu")))
     session.run(
         "python", "-m", "pytest", *(session.posargs or ["tests/pallas_gpu/test_mosaic_lowering.py"]),

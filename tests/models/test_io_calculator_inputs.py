@@ -24,6 +24,20 @@ def tiny():
     return pot, batch, params
 
 
+def test_exported_potential_takes_a_graph_batch(tiny):
+    """A potential deployed with jax.export takes its GraphBatch (whose Graph is a pytree known by
+    name): serialized, deserialized, the same bits (docs/usage.md#deploying-with-jaxexport)."""
+    pytest.importorskip("flatbuffers")  # jax.export's serialization format
+    pot, batch, params = tiny
+    f = jax.jit(lambda p, b: pot(p, b, stress=True))
+    exported = jax.export.export(f, platforms=("cpu",))(params, batch)
+    restored = jax.export.deserialize(exported.serialize())
+    got, want = restored.call(params, batch), f(params, batch)
+    assert sorted(got) == ["energy", "forces", "stress"]
+    for key in got:
+        np.testing.assert_array_equal(got[key], want[key])
+
+
 def test_save_load_round_trip(tmp_path, tiny):
     pot, batch, params = tiny
     path = tmp_path / "m.npz"

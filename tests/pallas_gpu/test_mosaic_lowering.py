@@ -191,6 +191,26 @@ def test_e3j_selects_mosaic_on_hopper_without_the_triton_warning():
     assert not [m for m in messages if "Triton" in m], messages
 
 
+def test_e3j_convolution_on_hopper_exports_and_serializes():
+    """jax.export guarantees mosaic_gpu_v2 (not Triton's call): a CUDA export of a convolution served
+    by Mosaic serializes (docs/usage.md#deploying-with-jaxexport); one served by Triton is refused."""
+    pytest.importorskip("flatbuffers")  # jax.export's serialization format
+    h200 = AbstractDevice(device_kind="NVIDIA H200", num_cores=None, platform="cuda")
+    for channels, serializes in ((128, True), (64, False)):
+        coo, graph, x, y, s, _ = conv_operands(Case(1, channels, 5, False))
+        x, y, s = (np.asarray(a, np.float32) for a in (x, y, s))
+        conv = e3j.Convolution(coo.irreps_x, coo.irreps_y, coo.irreps_out)
+        grad = jax.jit(jax.grad(lambda x, y, s, g, conv=conv: jax.numpy.sin(conv(x, y, s, g)).sum()))
+        with jax.sharding.use_abstract_mesh(AbstractMesh((1,), ("x",), abstract_device=h200)):
+            if not serializes:  # JAX checks the custom calls when exporting
+                with pytest.raises(ValueError, match="custom calls whose targets have no compatibility guarantees"):
+                    jax.export.export(grad, platforms=("cuda",))(x, y, s, graph)
+                continue
+            exported = jax.export.export(grad, platforms=("cuda",))(x, y, s, graph)
+        assert exported.mlir_module().count(MOSAIC_CALL) == 2
+        assert jax.export.deserialize(exported.serialize()).in_avals == exported.in_avals
+
+
 def test_e3j_selects_triton_on_hopper_below_128_channels():
     # the Triton convolutions were measured ~2x faster there on an H200 (pallas_mosaic's descriptor)
     text, messages = _lower_e3j_convolution("NVIDIA H200", channels=64)

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from e3j_pallas_tpu import _records, vmem
@@ -248,3 +249,23 @@ def test_e3j_ops_select_pallas_tpu_when_lowered_for_tpu(factored):
 @pytest.mark.parametrize("factored", [False, True], ids=["array", "factored"])
 def test_grouped_convolution_lowers_for_tpu_without_copying_the_weights(factored):
     check_grouped_lowering(_lower_tpu, "pallas_tpu", MOSAIC_CALL, factored=factored)
+
+
+def test_e3j_convolution_exports_for_cpu_and_tpu():
+    """An exported e3j convolution (value and gradient) serializes for ("cpu", "tpu"): the TPU
+    kernels' tpu_custom_call is a target jax.export guarantees (docs/usage.md#deploying-with-jaxexport),
+    and the CPU branch of the deserialized module computes what the reference does."""
+    pytest.importorskip("flatbuffers")  # jax.export's serialization format
+    coo, graph, x, y, s, _ = conv_operands(Case(1, 128, 5, False))
+    conv = e3j.Convolution(coo.irreps_x, coo.irreps_y, coo.irreps_out)
+
+    def value_and_grad(x, y, s, g):
+        return jax.value_and_grad(lambda x: jnp.sin(conv(x, y, s, g)).sum())(x)
+
+    with jax.sharding.use_abstract_mesh(_V5E):
+        exported = jax.export.export(jax.jit(value_and_grad), platforms=("cpu", "tpu"))(x, y, s, graph)
+    assert exported.mlir_module().count(MOSAIC_CALL) == 2
+    got = jax.export.deserialize(exported.serialize()).call(x, y, s, graph)
+    want = jax.jit(value_and_grad)(x, y, s, graph)
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_array_equal(a, b)

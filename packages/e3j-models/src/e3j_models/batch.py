@@ -40,6 +40,10 @@ class GraphBatch(NamedTuple):
         return int(self.cell.shape[0])
 
 
+# jax.export serializes a function's argument and result trees: a deployed potential takes a GraphBatch
+jax.export.register_namedtuple_serialization(GraphBatch, serialized_name="e3j_models.GraphBatch")
+
+
 def make_batch(
     positions,
     species,

@@ -72,6 +72,9 @@ class Labels(NamedTuple):
     has_stress: jax.Array
 
 
+jax.export.register_namedtuple_serialization(Labels, serialized_name="e3j_models.Labels")
+
+
 class FitResult(NamedTuple):
     """``config`` (with fitted ``atomic_energies`` / ``avg_num_neighbors``), ``params``, ``history``
     (lists per step and per evaluation) and ``validation`` (final MAEs: eV/atom, eV/Å)."""

@@ -38,6 +38,7 @@ replicated). Given as device blocks (``edge_layout="blocks"``), each device hold
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -106,6 +107,13 @@ jax.tree_util.register_dataclass(
     PartitionedGraph,
     data_fields=["graph", "node_ids", "edge_ids"],
     meta_fields=["num_nodes", "num_edges", "num_devices", "nodes_per_device", "edge_capacity", "halo_capacity"],
+)
+# by name for jax.export (its static fields are ints)
+jax.export.register_pytree_node_serialization(
+    PartitionedGraph,
+    serialized_name="e3j.PartitionedGraph",
+    serialize_auxdata=lambda aux: json.dumps([int(v) for v in aux]).encode(),
+    deserialize_auxdata=lambda data: tuple(json.loads(data)),
 )
 
 

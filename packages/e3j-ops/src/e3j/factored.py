@@ -159,6 +159,15 @@ class FactoredWeights:
         return out if self.bias is None else out + select(self.bias)
 
 
+# jax.export serializes a function's argument and result trees by name (no static fields: aux is ())
+jax.export.register_pytree_node_serialization(
+    FactoredWeights,
+    serialized_name="e3j.FactoredWeights",
+    serialize_auxdata=lambda aux: b"",
+    deserialize_auxdata=lambda data: (),
+)
+
+
 def check_weights(name: str, w, num_edges: int, num_weights: int, layout: str) -> None:
     """Check that ``w`` is ``[num_edges, num_weights]`` weights, an array or :class:`FactoredWeights`
     (``layout`` says their order in the message): ``TypeError`` for another kind of thing, ``ValueError``

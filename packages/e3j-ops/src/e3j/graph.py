@@ -50,11 +50,13 @@ class Graph(NamedTuple):
 
     @property
     def num_nodes(self) -> int:
-        return int(self.receiver_offsets.shape[0]) - 1
+        """``N``, static (``ValueError`` for a symbolic size)."""
+        return _static_size(self.receiver_offsets.shape[0], "receiver_offsets [N + 1]") - 1
 
     @property
     def num_edges(self) -> int:
-        return int(self.senders.shape[0])
+        """``E``, static (``ValueError`` for a symbolic size)."""
+        return _static_size(self.senders.shape[0], "senders [E]")
 
     @classmethod
     def from_edges(
@@ -111,6 +113,21 @@ class Graph(NamedTuple):
             xp.sum(mask).astype(xp.int32),
         )
         return cls(*(jnp.asarray(a) for a in arrays))
+
+
+# jax.export serializes a function's argument and result trees: a Graph argument must be known by name
+jax.export.register_namedtuple_serialization(Graph, serialized_name="e3j.Graph")
+
+
+def _static_size(size, what: str) -> int:
+    """An array's length as an int; a symbolic one (``jax.export`` shape polymorphism) refused."""
+    if not isinstance(size, (int, np.integer)):
+        raise ValueError(
+            f"graph: {what} has the symbolic size {size}: e3j's kernels and sweeps need static node and "
+            "edge counts. Export one function per padded size (e.g. a padding bucket) instead of a "
+            "shape-polymorphic one"
+        )
+    return int(size)
 
 
 def _csr(xp, index, mask, num_nodes):
