@@ -323,7 +323,13 @@ def _discovered() -> tuple[tuple[Backend, ...], tuple[tuple[str, str], ...]]:
 
 
 def available_backends() -> tuple[Backend, ...]:
-    """The reference backend and every backend discovered through ``e3j.backends`` entry points."""
+    """The reference backend and every backend discovered through ``e3j.backends`` entry points.
+
+    >>> import e3j
+    >>> reference = e3j.available_backends()[0]
+    >>> reference.name, "cpu" in reference.platforms
+    ('reference', True)
+    """
     return _discovered()[0]
 
 
@@ -376,6 +382,13 @@ def use_backend(name: str | None) -> Iterator[None]:
     """Use backend ``name`` for ops called inside the ``with`` block (``None``: automatic).
 
     The request is recorded when an op is called (traced), and resolved when it is lowered.
+
+    >>> import jax.numpy as jnp, e3j
+    >>> tp = e3j.TensorProduct("0e + 1o", "0e + 1o")
+    >>> with e3j.use_backend("reference"):
+    ...     z = tp(jnp.ones((3, 4, 8)), jnp.ones((3, 4)))  # the same as tp(..., backend="reference")
+    >>> z.shape
+    (3, 16, 8)
     """
     if name is not None:
         get_backend(name)  # unknown names fail here, not at lowering

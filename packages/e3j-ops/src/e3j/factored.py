@@ -50,6 +50,16 @@ class FactoredWeights:
     (:class:`e3j.MulIrConvolution`, :class:`e3j.interop.MessagePassing`,
     :class:`e3j.interop.FunctionalMessagePassing`), which check the shapes; :meth:`materialize`
     gives the array. A pytree: passes through ``jit``, ``grad`` and ``vmap`` as its arrays.
+
+    >>> import jax.numpy as jnp, numpy as np, e3j
+    >>> conv = e3j.MulIrConvolution("4x0e + 2x1o", "0e + 1o", "0e + 1o")
+    >>> graph = e3j.Graph.from_edges(np.array([0, 1]), np.array([1, 0]), num_nodes=2)
+    >>> w = e3j.FactoredWeights(jnp.ones((2, 8)), jnp.full((8, conv.num_weights), 0.1))
+    >>> w.shape == (2, conv.num_weights)
+    True
+    >>> m = conv(jnp.ones((2, 10)), jnp.ones((2, 4)), w, graph, backend="reference")
+    >>> bool(jnp.allclose(m, conv(jnp.ones((2, 10)), jnp.ones((2, 4)), w.materialize(), graph, backend="reference")))
+    True
     """
 
     hidden: jax.Array
