@@ -365,6 +365,28 @@ def test_vmap_of_grad_with_shared_y(y_channels):
             np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize("y_channels", [False, True])
+def test_vmap_over_no_entries_and_jacobians_of_an_empty_graph(y_channels):
+    """A vmap over 0 entries is empty, as JAX's own operations give; jacrev of a 0-node convolution
+    vmaps over 0 basis cotangents (the batching rule divided by the entry count to reshape)."""
+    conv = get_conv("l1")
+    senders, receivers = make_edges(seed=12)
+    graph = e3j.Graph.from_edges(senders, receivers, N)
+    x, y, s = make_features("l1", len(senders), y_channels, seed=13)
+    out = jax.vmap(lambda x: conv(x, y, s, graph))(np.zeros((0, *x.shape)))
+    assert out.shape == (0, N, conv.irreps_out.dim, C)
+    grads = jax.vmap(jax.grad(lambda x, y: jnp.sum(conv(x, y, s, graph) ** 2), (0, 1)), in_axes=(0, None))(
+        np.zeros((0, *x.shape)), y
+    )
+    assert grads[0].shape == (0, *x.shape) and grads[1].shape == (0, *y.shape)
+    empty = e3j.Graph.from_edges(np.zeros(0, int), np.zeros(0, int), 0)
+    x0 = np.zeros((0, conv.irreps_x.dim, C))
+    y0 = np.zeros((0, conv.irreps_y.dim, C) if y_channels else (0, conv.irreps_y.dim))
+    s0 = np.zeros((0, conv.num_paths, C))
+    jac = jax.jacrev(lambda x: conv(x, y0, s0, empty))(x0)
+    assert jac.shape == (0, conv.irreps_out.dim, C, 0, conv.irreps_x.dim, C)
+
+
 def test_vmap_over_graphs():
     case = "l1"
     conv = get_conv(case)

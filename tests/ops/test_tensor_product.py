@@ -292,6 +292,17 @@ def test_vmap_equals_loop(mapped, y_channels):
     assert rel_err(out, ref) <= 1e-12
 
 
+def test_vmap_over_no_entries_and_jacobians_of_an_empty_batch():
+    """A vmap over 0 entries is empty (as JAX's own operations give); jacfwd and jacrev of an empty
+    batch vmap over 0 basis tangents (the batching rule divided by the entry count to reshape)."""
+    tp = e3j.TensorProduct("0e + 1o", "0e + 1o")
+    y = jnp.ones((3, 4))
+    assert jax.vmap(lambda x: tp(x, y))(jnp.ones((0, 3, 4, 8))).shape == (0, 3, 16, 8)
+    x0, y0 = jnp.ones((0, 4, 2)), jnp.ones((0, 4))
+    for jac in (jax.jacfwd, jax.jacrev):
+        assert jac(lambda x: tp(x, y0))(x0).shape == (0, 16, 2, 0, 4, 2)
+
+
 @pytest.mark.parametrize("y_channels", [False, True])
 def test_vmap_of_grad_equals_loop(y_channels):
     """Per-example gradients: vmap of the linearized and transposed primitives."""

@@ -88,7 +88,8 @@ def _batch(call, spec: ConvSpec, values: dict, aux, dims: dict, auxd, outs):
     res = call(replace(spec, y_channels=spec.y_channels or promote), folded, aux, outs)
     out = []
     for j in outs:
-        r = res[j].reshape((*res[j].shape[:2], size, -1))
+        # channels given, not -1: a vmap over 0 entries (jacrev of an empty graph) has nothing to divide by
+        r = res[j].reshape((*res[j].shape[:2], size, channels))
         if j == "y" and not spec.y_channels:
             r = r.sum(-1)  # [E, Dy, V]
         out.append(jnp.moveaxis(r, 2, 0))

@@ -39,9 +39,11 @@ def _batch(call, spec: TPSpec, values: dict, aux, dims: dict, auxd, outs):
     for k, v in values.items():
         d = dims[k]
         v = jnp.moveaxis(v, d, 0) if d is not None else jnp.broadcast_to(v[None], (size, *v.shape))
-        folded[k] = v.reshape((size * v.shape[1], *v.shape[2:]))
+        batch = v.shape[1]
+        folded[k] = v.reshape((size * batch, *v.shape[2:]))
     res = call(spec, folded, aux, outs)
-    return [res[j].reshape((size, -1, *res[j].shape[1:])) for j in outs], [0] * len(outs)
+    # sizes given, not -1: a vmap over 0 entries (jacfwd of an empty batch) has nothing to divide by
+    return [res[j].reshape((size, batch, *res[j].shape[1:])) for j in outs], [0] * len(outs)
 
 
 TENSOR_PRODUCT = Primitives(Multilinear("tensor_product", SLOTS, _out_aval, _batch))
