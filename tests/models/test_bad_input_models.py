@@ -124,6 +124,19 @@ BAD = {
         ValueError,
         r"edge 1 \(1 -> 2\) joins structures 0 and 1 of the batch",
     ),
+    "make_batch zero-length edge": (
+        # atom 3 on atom 2, and atom 1 one cell vector from atom 0: both real edges have length 0
+        lambda: M.make_batch(np.where(np.arange(4)[:, None] == 3, POS[2], POS), SPECIES, [0, 2, 3], [1, 3, 2]),
+        ValueError,
+        r"edge 1 \(2 -> 3\) is real \(edge_mask\) but has length 0 \(positions, shifts, cell\): coincident atoms",
+    ),
+    "make_batch zero-length periodic edge": (
+        lambda: M.make_batch(
+            np.array([[0.0, 0, 0], [2.0, 0, 0]]), [0, 0], [0], [1], shifts=[[1, 0, 0]], cell=np.diag([2.0, 5, 5])
+        ),
+        ValueError,
+        r"edge 0 \(0 -> 1\) is real \(edge_mask\) but has length 0",
+    ),
     "make_batch node_graph out of range": (
         lambda: M.make_batch(POS, SPECIES, [0], [1], node_graph=[0, 0, 5, 1], num_graphs=2),
         ValueError,

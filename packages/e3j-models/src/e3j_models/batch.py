@@ -60,7 +60,7 @@ def make_batch(
     """A :class:`GraphBatch` from host arrays (one open structure by default), checked.
 
     >>> import numpy as np
-    >>> b = make_batch(np.zeros((2, 3)), [0, 0], [0, 1], [1, 0])
+    >>> b = make_batch(np.array([[0.0, 0, 0], [1.5, 0, 0]]), [0, 0], [0, 1], [1, 0])
     >>> b.num_graphs, b.graph.num_edges, b.cell.shape
     (1, 2, (1, 3, 3))
     """
@@ -137,8 +137,8 @@ def _host_indices(name: str, a) -> np.ndarray:
 def _check_consistent(positions, cell, shifts, senders, receivers, edge_mask, node_mask, node_graph) -> None:
     """What a model cannot mask out: a non-finite coordinate (NaN energies and gradients, even on a
     padding node, whose energy is dropped by a ``where``), and a real edge that reads a padding node
-    (it changes the structure's energy while that node's force is reported 0) or joins two
-    structures of the batch. ``Graph.from_edges`` has checked the indices' range."""
+    (it changes the structure's energy while that node's force is reported 0), joins two
+    structures of the batch or has length 0. ``Graph.from_edges`` has checked the indices' range."""
     for name, a in (("positions", positions), ("cell", cell), ("shifts", shifts)):
         if not np.isfinite(a).all():
             raise ValueError(f"{name} must be finite, got {np.size(a) - np.isfinite(a).sum()} non-finite values")
@@ -157,4 +157,14 @@ def _check_consistent(positions, cell, shifts, senders, receivers, edge_mask, no
         raise ValueError(
             f"edge {k} ({senders[k]} -> {receivers[k]}) joins structures {node_graph[senders[k]]} and "
             f"{node_graph[receivers[k]]} of the batch (node_graph): an edge stays inside one structure"
+        )
+    # as edge_vectors computes them, in the positions' dtype: a zero-length edge has no direction, so
+    # the model would drop it (two coincident atoms not interacting), which no real structure means
+    vectors = positions[s] - positions[r] + np.einsum("ei,eij->ej", shifts[real], cell[node_graph[r]])
+    zero = np.einsum("ei,ei->e", vectors, vectors) == 0
+    if zero.any():
+        k = int(np.flatnonzero(real)[np.argmax(zero)])
+        raise ValueError(
+            f"edge {k} ({senders[k]} -> {receivers[k]}) is real (edge_mask) but has length 0 (positions, shifts, "
+            "cell): coincident atoms; positions must be distinct, or mask the edge out"
         )
