@@ -136,6 +136,45 @@ def test_grouped_kernels_match_the_reference(monkeypatch, walk):
     check_grouped_convolution(interpreted(edge_tile=8, uninitialized_memory="nan"), "float32", outs_sets)
 
 
+# each grid step copies its tile's edge slots into SMEM (budget 0: every graph), 8-edge tiles so that
+# receiver and sender runs straddle them; unrolled and walked tables, and the grouped kernels' aliased
+# cotangent buffer (fresh buffers are NaN: a row read from the wrong slot or never written shows)
+@pytest.mark.parametrize(
+    "case", [Case(1, 16, 9, False), Case(2, 16, 6, True), pytest.param(_f32(HIGH_L_CASES)[0], marks=pytest.mark.slow)],
+    ids=str,
+)  # fmt: skip
+def test_edge_slots_copied_into_smem_per_tile(monkeypatch, case):
+    monkeypatch.setattr(tpu_conv, "PREFETCH_SMEM_BYTES", 0)
+    check_convolution(interpreted(edge_tile=8, uninitialized_memory="nan"), case)
+
+
+def test_grouped_kernels_with_edge_slots_copied_per_tile(monkeypatch):
+    monkeypatch.setattr(tpu_conv, "PREFETCH_SMEM_BYTES", 0)
+    check_grouped_convolution(interpreted(edge_tile=8, uninitialized_memory="nan"), "float32", (("x", "y", "s"),))
+
+
+def test_large_graphs_keep_their_edge_slots_in_hbm():
+    """Past PREFETCH_SMEM_BYTES (here 200,000 edge slots: 2.4 MB of indices, beyond a v5e core's 1 MiB
+    of SMEM) the lowered kernels take the slots from HBM and copy a tile's into SMEM; a small graph
+    keeps them scalar-prefetched whole."""
+    coo, n, c = Case(1, 128, 8, False).coo, 1000, 128
+    for num_edges, whole in ((64, True), (200_000, False)):
+        rng = np.random.default_rng(0)
+        graph = e3j.Graph.from_edges(rng.integers(0, n, num_edges), rng.integers(0, n, num_edges), n)
+        x = jax.ShapeDtypeStruct((n, coo.dim_x, c), jnp.float32)
+        y = jax.ShapeDtypeStruct((num_edges, coo.dim_y), jnp.float32)
+        s = jax.ShapeDtypeStruct((num_edges, coo.num_paths, c), jnp.float32)
+        dm = jax.ShapeDtypeStruct((n, coo.dim_out, c), jnp.float32)
+        fwd = functools.partial(tpu_conv.convolution, coo, y_channels=False)
+        bwd = functools.partial(tpu_conv.convolution_bwd, coo, outs=("x", "y", "s"), y_channels=False)
+        for f, args in ((fwd, (x, y, s)), (bwd, (x, y, s, dm))):
+            with jax.sharding.use_abstract_mesh(_V5E):
+                assert MOSAIC_CALL in jax.jit(f).trace(*args, graph).lower(lowering_platforms=("tpu",)).as_text()
+            (call,) = [e for e in jax.make_jaxpr(f)(*args, graph).eqns if e.primitive.name == "pallas_call"]
+            prefetched = [v.aval.shape for v in call.invars[: call.params["grid_mapping"].num_index_operands]]
+            assert whole == any(shape and shape[0] >= num_edges for shape in prefetched), (num_edges, prefetched)
+
+
 def test_edge_tile_must_be_a_multiple_of_8():
     coo, graph, x, y, s, _ = conv_operands(Case(1, 16, 5, False))
     with pytest.raises(ValueError, match="edge_tile must be a positive multiple of 8, got 12"):

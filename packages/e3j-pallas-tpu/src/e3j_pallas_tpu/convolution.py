@@ -4,7 +4,8 @@
 ``s [E, P, C]`` → ``m [N, Dout, C]``.
 
 Forward (Algorithm 4): the grid walks channel blocks × tiles of ``B`` receiver-ordered edges. The
-tile's edge ids, senders and receivers are scalar-prefetched into SMEM; the sender rows ``x_a`` and
+tile's edge ids, senders and receivers are read from SMEM (the graph's scalar-prefetched whole, or
+past :data:`PREFETCH_SMEM_BYTES` each tile's copied there first); the sender rows ``x_a`` and
 the edge rows ``y_ab``, ``s_ab`` are gathered from HBM into VMEM by DMA; MessageTile (Algorithm 5)
 evaluates ``s[i3(i0)] · Σ c x[i1] y[i2]`` with the edge scalar factored out of each row's record
 sum; ReduceFlush (Algorithm 6, :mod:`._segments`) sums the tile into receivers with its state carried
@@ -45,7 +46,7 @@ from jax.experimental.pallas import tpu as pltpu
 from e3j_core import CooTable, TensorProductCoo
 
 from . import vmem
-from ._records import from_rows, records, to_rows, unrolls, walk_rows
+from ._records import from_rows, records, smem_bytes, to_rows, unrolls, walk_rows
 from ._rows import x32
 from ._segments import ReduceFlush
 
@@ -144,8 +145,9 @@ def convolution_kernel(
 ) -> None:  # fmt: skip
     """One edge tile of the forward, records unrolled.
 
-    Scalar-prefetched (SMEM): ``order_ref``, ``senders_ref``, ``receivers_ref`` per edge slot of the
-    receiver-sorted order (padding slots: receiver ``N``) and ``num_valid_ref [1]``. HBM: ``x_hbm``,
+    SMEM: ``order_ref``, ``senders_ref``, ``receivers_ref`` per edge slot of the receiver-sorted
+    order (padding slots: receiver ``N``; scalar-prefetched, or the tile's copy: :func:`_slots_by_tile`)
+    and ``num_valid_ref [1]``. HBM: ``x_hbm``,
     ``y_hbm``, ``s_hbm``, ``m_hbm``. VMEM scratch: the gathered ``x_tile [B, Dx, Cq]``, ``y_tile``,
     ``s_tile``, the messages ``m_tile [B, Dout, Cq]`` and ReduceFlush's state (:mod:`._segments`).
     ``s_hbm`` is ``[E, P, C]``, or with ``cols`` ``[E, W]`` with path ``p`` at columns ``cols[p] ..``.
@@ -370,6 +372,57 @@ def _schedule(order, num_valid, keys_valid, keys_padding, others, edges: int):
     return order, jnp.where(valid, keys_valid[order], keys_padding), jnp.where(valid, others[order], 0)
 
 
+#: SMEM the three edge-slot arrays (12 bytes per slot) and a walked table's records may take when
+#: scalar-prefetched whole (a v5e core's SMEM is 1 MiB in JAX's TPU tables; Mosaic needs some too).
+#: Beyond it each grid step copies its tile's slots into SMEM instead (:func:`_slots_by_tile`).
+PREFETCH_SMEM_BYTES = 512 * 1024
+
+
+class _TileSlots:
+    """Slot ``k`` of an edge-slot array (``order``, senders, receivers) read from the SMEM copy of the
+    current tile: ``buf[k + shift]`` (``shift``: this array's offset in ``buf`` less the tile's first
+    slot). Indexed as the scalar-prefetched whole array is, so the kernels read both alike."""
+
+    def __init__(self, buf, shift):
+        self.buf, self.shift = buf, shift
+
+    def __getitem__(self, k):
+        return self.buf[k + self.shift]
+
+
+def _slots_by_tile(kernel, num_prefetch: int, edges: int):
+    """``kernel`` (written for ``order``, senders and receivers scalar-prefetched whole) taking them as
+    HBM operands instead, after the other ``num_prefetch`` prefetched refs, with a ``[3·edges]`` SMEM
+    scratch last: each grid step (axis 1: the edge tiles) first copies its tile's slots there. SMEM
+    then holds a tile's indices, not the graph's, which outgrow it at ~10^5 edges."""
+
+    def run(*refs):
+        prefetched, (order_hbm, senders_hbm, receivers_hbm), refs = (
+            refs[: 1 + num_prefetch],
+            refs[1 + num_prefetch : 4 + num_prefetch],
+            refs[4 + num_prefetch :],
+        )
+        *refs, slots = refs
+        first = pl.program_id(1) * edges
+        views = []
+        for k, hbm in enumerate((order_hbm, senders_hbm, receivers_hbm)):
+            pltpu.sync_copy(hbm.at[pl.ds(first, edges)], slots.at[pl.ds(k * edges, edges)])
+            views.append(_TileSlots(slots, k * edges - first))
+        return kernel(*views, *prefetched, *refs)
+
+    return run
+
+
+def _place_slots(kernel, prefetch: list, operands: list, scratch: list, edges: int, records_bytes: int):
+    """``(kernel, prefetch, operands, scratch)`` with the edge slots (``prefetch[:3]``) scalar-
+    prefetched whole while they fit :data:`PREFETCH_SMEM_BYTES` beside the tables' records, else
+    moved to HBM operands read tile by tile (:func:`_slots_by_tile`)."""
+    if 4 * 3 * prefetch[0].shape[0] + records_bytes <= PREFETCH_SMEM_BYTES:
+        return kernel, prefetch, operands, scratch
+    kernel = _slots_by_tile(kernel, len(prefetch) - 4, edges)
+    return kernel, prefetch[3:], prefetch[:3] + operands, scratch + [pltpu.SMEM((3 * edges,), jnp.int32)]
+
+
 def _call(kernel, prefetch, operands, out_shape, scratch, grid, interpret, name, tile, aliases=None):
     grid_spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=len(prefetch),
@@ -438,9 +491,11 @@ def _forward(coo: TensorProductCoo, x, y, s, graph, cols, y_channels: bool, inte
         kernel = functools.partial(convolution_walk_kernel, y_channels=y_channels, cols=cols)
         prefetch += [records(coo.table), jnp.asarray(coo.i3)]
         scratch += [pltpu.VMEM((d, B, cq), dtype) for d in (coo.dim_x, coo.dim_y, coo.num_paths, coo.dim_out)]
+    records_bytes = smem_bytes(coo.table) + 4 * coo.dim_out if walk else 0
+    kernel, prefetch, operands, scratch = _place_slots(kernel, prefetch, [x, y, s], scratch, B, records_bytes)
     out_shape = jax.ShapeDtypeStruct((num_nodes, coo.dim_out, channels), dtype)
     grid = (channels // cq, order.shape[0] // B)
-    return _call(kernel, prefetch, [x, y, s], out_shape, scratch, grid, interpret, "e3j_convolution", tile)
+    return _call(kernel, prefetch, operands, out_shape, scratch, grid, interpret, "e3j_convolution", tile)
 
 
 @x32
@@ -534,6 +589,8 @@ def _backward(
         aliases = {len(jax.tree.leaves([prefetch, operands])): want_x + want_y}
         kernel = _skipping_arg(kernel, len(prefetch) + len(operands))
         operands.append(ds_into)
+    tables = [tri.transpose(k) for k, want in ((1, want_x), (2, want_y), (3, want_s)) if want] if walk else []
+    kernel, prefetch, operands, scratch = _place_slots(kernel, prefetch, operands, scratch, B, smem_bytes(*tables))
     dx, dy, ds = _call(
         kernel, prefetch, operands, out_shape, scratch, grid, interpret, "e3j_convolution_bwd", tile, aliases
     )
