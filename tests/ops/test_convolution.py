@@ -365,6 +365,36 @@ def test_vmap_of_grad_with_shared_y(y_channels):
             np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
 
 
+@pytest.mark.parametrize(
+    ("in_axes", "y_channels", "folds"),
+    [
+        ((0, None, 0), False, True),  # x and s mapped, broadcast y shared: one wider convolution
+        ((0, 0, 0), True, True),
+        ((0, None, 0), True, False),  # a shared per-channel y would be copied per entry
+        ((0, None, None), False, False),  # a shared s would be copied per entry
+        ((None, 0, None), False, False),  # a mapped broadcast y would become per-channel
+        ((0, 0, 0), False, False),
+    ],
+)
+def test_vmap_folds_into_channels_only_without_edge_sized_copies(in_axes, y_channels, folds):
+    """Folding the vmap into the channels copies every unmapped operand per entry: for ``s`` or a
+    per-channel ``y`` (edge-sized) that cost ~2x a loop of plain calls, so those run as a loop."""
+    conv, V = get_conv("l1"), 3
+    senders, receivers = make_edges(seed=12)
+    graph = e3j.Graph.from_edges(senders, receivers, N)
+    xs, ys, ss = stacked_inputs("l1", V, y_channels, 13, len(senders))
+    args = [a if ax == 0 else a[0] for a, ax in zip((xs, ys, ss), in_axes)]
+
+    def f(x, y, s):
+        return conv(x, y, s, graph)
+
+    names = [e.primitive.name for e in jax.make_jaxpr(jax.vmap(f, in_axes=in_axes))(*args).eqns]
+    assert ("scan" not in names) == folds, names
+    got = jax.vmap(f, in_axes=in_axes)(*args)
+    loop = np.stack([f(*(a[v] if ax == 0 else a for a, ax in zip(args, in_axes))) for v in range(V)])
+    np.testing.assert_allclose(got, loop, rtol=1e-14, atol=1e-14)
+
+
 @pytest.mark.parametrize("y_channels", [False, True])
 def test_vmap_over_no_entries_and_jacobians_of_an_empty_graph(y_channels):
     """A vmap over 0 entries is empty, as JAX's own operations give; jacrev of a 0-node convolution
