@@ -48,8 +48,10 @@ from .._vma import varying_like
 from ..backends import OpRequest, kernels_of, select_backend
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
-#: compiled programs kept for eager (un-jitted) calls, one per static setting
-EAGER_PROGRAMS = 64
+#: compiled programs kept for eager (un-jitted) calls, one per static setting (an op, its derivative
+#: order and requested outputs, its backend): an eager training step of a model with 14 convolutions
+#: uses ~70, and cycling through more than the cache holds recompiles every one of them every step
+EAGER_PROGRAMS = 256
 
 
 @dataclass(frozen=True)
