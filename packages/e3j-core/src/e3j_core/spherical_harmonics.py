@@ -306,9 +306,9 @@ def is_degrees(ls: object) -> bool:
 def _as_ls(ls: int | Sequence[int] | Irreps | str, name: str = "ls") -> tuple[int, ...]:
     """The degrees ``ls`` names, one per copy; ``ValueError`` naming the argument ``name``."""
     if isinstance(ls, (int, np.integer)) and not isinstance(ls, bool):
-        return (check_degree(ls),)
+        return (check_degree(ls, f"{name}: l"),)
     if is_degrees(ls):
-        return tuple(check_degree(l, "each l") for l in ls)
+        return tuple(check_degree(l, f"{name}: each l") for l in ls)
     if not (_names_irreps(ls) or isinstance(ls, Sequence)):
         raise ValueError(f"{name}: expected an int, a list of ints or Irreps, got {ls!r}")  # None, a set, ...
     try:
