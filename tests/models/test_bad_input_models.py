@@ -572,9 +572,19 @@ def test_numpy_reals_and_float_shifts_are_taken():
     with pytest.raises(ValueError, match=r"neighbours \(structure 0\) must be \(senders, receivers, shifts\), got 2"):
         M.batch_structures([structure], [1, 8], 2.0, neighbours=[nl[:2]])
     assert M.mace_a((1, 8), cutoff=np.array(4.5)) == M.mace_a((1, 8), cutoff=4.5)
+    energies = (np.array(-1.5), jnp.float32(-2.0))
+    assert M.nequip((1, 8), atomic_energies=energies).atomic_energies == (-1.5, -2.0)
     for bad in (float("inf"), np.array([2.0]), np.array(True)):
         with pytest.raises(ValueError, match="cutoff must be a finite number > 0"):
             M.neighbour_list(structure["positions"], bad)
+
+
+def test_make_batch_refuses_atoms_that_coincide_in_the_stored_dtype():
+    # distinct in float64, the same float32 (what the batch holds without jax_enable_x64)
+    positions = np.array([[1.0, 0.0, 0.0], [1.0 + 1e-9, 0.0, 0.0]])
+    with jax.enable_x64(False), pytest.raises(ValueError, match=r"edge 0 \(0 -> 1\) is real .* has length 0"):
+        M.make_batch(positions, [0, 0], [0], [1])
+    assert M.make_batch(positions, [0, 0], [0], [1]).positions.dtype == jnp.float64  # x64: distinct
 
 
 def test_masked_edges_may_touch_padding_nodes():

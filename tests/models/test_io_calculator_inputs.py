@@ -38,6 +38,32 @@ def test_exported_potential_takes_a_graph_batch(tiny):
         np.testing.assert_array_equal(got[key], want[key])
 
 
+def test_exported_training_step_labels_deserialize_after_importing_the_package(tmp_path, tiny):
+    """A function taking Labels exported here deserializes in a process that only imported
+    e3j_models (the tree types are registered on the package's import)."""
+    pytest.importorskip("flatbuffers")
+    import subprocess
+    import sys
+
+    from e3j_models.train import Labels
+
+    _, batch, _ = tiny
+    g, n = batch.num_graphs, batch.positions.shape[0]
+    labels = Labels(np.ones(g), np.full(g, 2.0), np.ones((n, 3)), np.zeros((g, 3, 3)), np.ones(g, bool))
+    exported = jax.export.export(jax.jit(lambda b, lab: lab.energy.sum() + b.positions.sum()), platforms=("cpu",))(
+        batch, labels
+    )
+    path = tmp_path / "step.bin"
+    path.write_bytes(exported.serialize())
+    code = (
+        "import jax, e3j_models, sys; "
+        f"e = jax.export.deserialize(bytearray(open({str(path)!r}, 'rb').read())); print(e.in_tree)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Labels" in out.stdout and "GraphBatch" in out.stdout
+
+
 def test_save_load_round_trip(tmp_path, tiny):
     pot, batch, params = tiny
     path = tmp_path / "m.npz"

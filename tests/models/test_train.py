@@ -106,6 +106,8 @@ def test_training_decreases_loss_and_matches_e3nn_twin():
         fit(cfg, s[:2], [], steps=1)
     with pytest.raises(ValueError, match=r"learning_rate must be a finite number > 0, got -0.01"):
         fit(cfg, s[:2], s[2:], steps=1, learning_rate=-0.01)
+    with pytest.raises(ValueError, match=r"learning_rate must be a finite number > 0, got -0.01"):
+        fit(cfg, s[:2], s[2:], steps=1, learning_rate=np.array(-0.01))  # a 0-d array is its number
     with pytest.raises(ValueError, match=r"eval_every must be an int >= 0"):
         fit(cfg, s[:2], s[2:], steps=1, eval_every=-1)
     # a NaN weight once switched its term off silently (NaN > 0 is False) or blamed the learning rate

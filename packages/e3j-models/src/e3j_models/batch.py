@@ -40,8 +40,22 @@ class GraphBatch(NamedTuple):
         return int(self.cell.shape[0])
 
 
-# jax.export serializes a function's argument and result trees: a deployed potential takes a GraphBatch
+class Labels(NamedTuple):
+    """Reference values padded like the batch: ``energy [G]``, ``num_atoms [G]``, ``forces [N, 3]``,
+    ``stress [G, 3, 3]`` (ASE sign, eV/Å³), ``has_stress`` (bool ``[G]``: which structures' stress is a
+    label; a scalar applies to all)."""
+
+    energy: jax.Array
+    num_atoms: jax.Array
+    forces: jax.Array
+    stress: jax.Array
+    has_stress: jax.Array
+
+
+# jax.export serializes a function's argument and result trees by name: a deployed potential takes a
+# GraphBatch, an exported training step its Labels too (registered here, on `import e3j_models`)
 jax.export.register_namedtuple_serialization(GraphBatch, serialized_name="e3j_models.GraphBatch")
+jax.export.register_namedtuple_serialization(Labels, serialized_name="e3j_models.Labels")
 
 
 def make_batch(
@@ -158,10 +172,14 @@ def _check_consistent(positions, cell, shifts, senders, receivers, edge_mask, no
             f"edge {k} ({senders[k]} -> {receivers[k]}) joins structures {node_graph[senders[k]]} and "
             f"{node_graph[receivers[k]]} of the batch (node_graph): an edge stays inside one structure"
         )
-    # as edge_vectors computes them, in the positions' dtype: a zero-length edge has no direction, so
-    # the model would drop it (two coincident atoms not interacting), which no real structure means
-    vectors = positions[s] - positions[r] + np.einsum("ei,eij->ej", shifts[real], cell[node_graph[r]])
-    zero = np.einsum("ei,ei->e", vectors, vectors) == 0
+    # as edge_vectors computes them, in the given dtype and in the one the batch stores (float32
+    # without jax_enable_x64, where atoms distinct in float64 may coincide): a zero-length edge has
+    # no direction, so the model would drop it (two coincident atoms not interacting)
+    zero = np.zeros(len(s), bool)
+    for dt in {positions.dtype, np.dtype(jnp.asarray(positions[:0]).dtype)}:
+        p, offsets = positions.astype(dt), shifts[real].astype(dt)
+        vectors = p[s] - p[r] + np.einsum("ei,eij->ej", offsets, cell[node_graph[r]].astype(dt))
+        zero |= np.einsum("ei,ei->e", vectors, vectors) == 0
     if zero.any():
         k = int(np.flatnonzero(real)[np.argmax(zero)])
         raise ValueError(

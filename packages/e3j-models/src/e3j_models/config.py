@@ -14,8 +14,6 @@ True
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -24,7 +22,7 @@ import numpy as np
 from e3j import Irreps
 from e3j_core import as_irreps
 
-from ._checks import check_bool, check_int, check_positive_real, is_int
+from ._checks import check_bool, check_int, check_positive_real, check_real, is_int
 
 __all__ = [
     "MACEConfig",
@@ -73,11 +71,13 @@ def _check_common(cfg) -> None:
     _freeze(cfg, "radial_mlp", tuple(int(h) for h in r))
     e0 = cfg.atomic_energies
     if e0 is not None:
-        if not isinstance(e0, tuple) or any(
-            isinstance(e, bool) or not isinstance(e, numbers.Real) or not math.isfinite(e) for e in e0
-        ):
-            raise ValueError(f"atomic_energies must be None or a tuple of finite numbers (eV), got {e0!r}")
-        _freeze(cfg, "atomic_energies", tuple(float(e) for e in e0))  # JSON-able: no numpy scalars
+        try:  # numbers, NumPy scalars or 0-d arrays (the one rule for real arguments)
+            if not isinstance(e0, tuple):
+                raise ValueError
+            values = tuple(check_real("atomic_energies", e) for e in e0)
+        except ValueError:
+            raise ValueError(f"atomic_energies must be None or a tuple of finite numbers (eV), got {e0!r}") from None
+        _freeze(cfg, "atomic_energies", values)  # JSON-able: no numpy scalars
     if cfg.atomic_energies is not None and len(cfg.atomic_energies) != len(z):
         raise ValueError(f"atomic_energies must have one value per atomic number ({len(z)}), got {cfg.atomic_energies}")
 

@@ -38,9 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import check_int, check_model_dtype, check_real
+from ._checks import check_int, check_model_dtype, check_positive_real, check_real
 from ._optional import require
-from .batch import GraphBatch
+from .batch import GraphBatch, Labels
 from .config import MACEConfig, NequIPConfig
 from .io import save
 from .neighbours import batch_structures, bucket_size, check_structure, neighbour_list
@@ -58,21 +58,6 @@ __all__ = [
     "prepare_config",
     "write_history",
 ]
-
-
-class Labels(NamedTuple):
-    """Reference values padded like the batch: ``energy [G]``, ``num_atoms [G]``, ``forces [N, 3]``,
-    ``stress [G, 3, 3]`` (ASE sign, eV/Å³), ``has_stress`` (bool ``[G]``: which structures' stress is a
-    label; a scalar applies to all)."""
-
-    energy: jax.Array
-    num_atoms: jax.Array
-    forces: jax.Array
-    stress: jax.Array
-    has_stress: jax.Array
-
-
-jax.export.register_namedtuple_serialization(Labels, serialized_name="e3j_models.Labels")
 
 
 class FitResult(NamedTuple):
@@ -329,10 +314,7 @@ def fit(
     steps = check_int("steps", steps, 1)
     batch_size = check_int("batch_size", batch_size, 1)
     eval_every = check_int("eval_every", eval_every, 0)
-    if isinstance(learning_rate, bool) or not isinstance(learning_rate, (int, float, np.floating, np.integer)):
-        raise TypeError(f"learning_rate must be a number > 0, got {learning_rate!r}")
-    if not (np.isfinite(learning_rate) and learning_rate > 0):  # a negative rate climbs the loss
-        raise ValueError(f"learning_rate must be a finite number > 0, got {learning_rate!r}")
+    learning_rate = check_positive_real("learning_rate", learning_rate)  # a negative rate climbs the loss
     if not train:
         raise ValueError("train is empty: give at least one structure")
     if not valid:
