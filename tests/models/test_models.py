@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from model_systems import CONFIGS, CUTOFF, Z, random_rotation, structure
 
+import e3j
 import e3j_models as em
 
 pytest.importorskip("e3nn_jax")
@@ -135,9 +136,7 @@ def test_padding_changes_nothing(name):
     receivers[-7:] = [1, n + 1, 0, n + 3, 2, 2, 0]
     padded = padded._replace(
         positions=padded.positions.at[n:].set(jnp.asarray(np.random.default_rng(0).normal(size=(5, 3)))),
-        graph=em.make_batch(
-            np.zeros((n + 5, 3)), np.zeros(n + 5, int), senders, receivers, edge_mask=g.edge_mask
-        ).graph,
+        graph=e3j.Graph.from_edges(senders, receivers, n + 5, edge_mask=g.edge_mask),
     )
     out = jax.jit(functools.partial(pot.__call__, stress=True))(params, padded)
     np.testing.assert_allclose(out["energy"], ref["energy"], rtol=1e-12)
