@@ -118,6 +118,27 @@ def test_forces_and_stress_are_finite_differences(name):
         np.testing.assert_allclose((energies[0] - energies[1]) / (2 * h) / volume, ref["stress"][0, i, j], atol=1e-9)
 
 
+def test_partially_periodic_stress_is_over_the_cells_volume():
+    # a slab (periodic in x and y only) with a cell of nonzero volume: the stress is (1/V) dE/de over
+    # that cell's volume, the vacuum direction included, as for a fully periodic cell
+    pot = em.Potential(CONFIGS["nequip_tiny"])
+    slab = {**structure(1), "pbc": (True, True, False)}
+    batch = em.batch_structures([slab], Z, CUTOFF)
+    params = pot.init(jax.random.key(0), batch)
+    run = jax.jit(functools.partial(pot.__call__, stress=True))
+    stress = np.asarray(run(params, batch)["stress"][0])
+    assert np.all(np.isfinite(stress)) and np.max(np.abs(stress)) > 1e-8
+    volume = abs(np.linalg.det(np.asarray(batch.cell[0])))
+    h = 1e-5
+    for i, j in ((0, 0), (2, 2), (0, 2), (1, 0)):
+        energies = []
+        for sign in (1, -1):
+            deform = jnp.eye(3).at[i, j].add(sign * h)
+            moved = _transformed(batch, batch.positions @ deform.T, batch.cell @ deform.T)
+            energies.append(run(params, moved)["energy"][0])
+        np.testing.assert_allclose((energies[0] - energies[1]) / (2 * h) / volume, stress[i, j], atol=1e-9)
+
+
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=pytest.mark.models_slow) for n in ("mace_corr2", "nequip")] + ["nequip_tiny"]
 )

@@ -61,3 +61,20 @@ def index_array(name: str, a, shape: tuple[int, ...] | None = None, layout: str 
     if shape is not None and a.shape != shape:
         raise ValueError(f"{name} must have shape {layout or list(shape)}, got shape {a.shape}")
     return a
+
+
+def zero_length_edges(positions, senders, receivers, shifts, lattice, dtypes) -> np.ndarray:
+    """Indices of the edges whose vector ``positions[senders] - positions[receivers] + shifts @ lattice``
+    is exactly 0 in any of ``dtypes`` (``lattice`` ``[3, 3]``, or ``[E, 3, 3]``: one per edge).
+
+    A zero-length edge has no direction, so a model drops it: two coincident atoms not interacting,
+    which no real structure means. Checked in every dtype the model may compute in, as atoms distinct
+    in float64 may coincide in float32.
+    """
+    zero = np.zeros(len(senders), bool)
+    for dt in set(map(np.dtype, dtypes)):
+        p = positions.astype(dt)
+        cells = np.broadcast_to(lattice.astype(dt), (len(senders), 3, 3))
+        vectors = p[senders] - p[receivers] + np.einsum("ei,eij->ej", shifts.astype(dt), cells)
+        zero |= np.einsum("ei,ei->e", vectors, vectors) == 0
+    return np.flatnonzero(zero)

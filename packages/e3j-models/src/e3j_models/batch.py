@@ -18,7 +18,7 @@ import numpy as np
 
 from e3j import Graph
 
-from ._checks import check_positive_int
+from ._checks import check_positive_int, zero_length_edges
 
 __all__ = ["GraphBatch", "edge_vectors", "make_batch"]
 
@@ -173,15 +173,11 @@ def _check_consistent(positions, cell, shifts, senders, receivers, edge_mask, no
             f"{node_graph[receivers[k]]} of the batch (node_graph): an edge stays inside one structure"
         )
     # as edge_vectors computes them, in the given dtype and in the one the batch stores (float32
-    # without jax_enable_x64, where atoms distinct in float64 may coincide): a zero-length edge has
-    # no direction, so the model would drop it (two coincident atoms not interacting)
-    zero = np.zeros(len(s), bool)
-    for dt in {positions.dtype, np.dtype(jnp.asarray(positions[:0]).dtype)}:
-        p, offsets = positions.astype(dt), shifts[real].astype(dt)
-        vectors = p[s] - p[r] + np.einsum("ei,eij->ej", offsets, cell[node_graph[r]].astype(dt))
-        zero |= np.einsum("ei,ei->e", vectors, vectors) == 0
-    if zero.any():
-        k = int(np.flatnonzero(real)[np.argmax(zero)])
+    # without jax_enable_x64)
+    dtypes = (positions.dtype, jnp.asarray(positions[:0]).dtype)
+    zero = zero_length_edges(positions, s, r, shifts[real], cell[node_graph[r]], dtypes)
+    if zero.size:
+        k = int(np.flatnonzero(real)[zero[0]])
         raise ValueError(
             f"edge {k} ({senders[k]} -> {receivers[k]}) is real (edge_mask) but has length 0 (positions, shifts, "
             "cell): coincident atoms; positions must be distinct, or mask the edge out"

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_int, check_positive_int, check_positive_real, check_real
+from ._checks import check_int, check_positive_int, check_positive_real, check_real, zero_length_edges
 from .batch import GraphBatch, make_batch
 from .config import check_atomic_numbers
 
@@ -167,20 +167,11 @@ def _structure_graph(st, index: dict, cutoff: float, dtype, where: str, given=No
     else:
         s, r, shifts = _given_neighbours(given, positions.shape[0], where or f" (structure {g})")
     positions, shifts = _near_origin(positions, cell, pbc, s, r, shifts)
-    if len(s):
-        # a zero-length edge has no direction: the model would drop it (two coincident atoms
-        # not interacting), which no real structure means; checked in the model's dtype too,
-        # where atoms distinct in float64 may coincide
-        lattice = cell if pbc.any() else np.zeros((3, 3))
-        zero = np.zeros(len(s), bool)
-        for dt in {np.dtype(np.float64), np.dtype(dtype)}:
-            p = positions.astype(dt)
-            vectors = p[s] - p[r] + np.asarray(shifts, dt) @ lattice.astype(dt)
-            zero |= np.einsum("ei,ei->e", vectors, vectors) == 0
-        zero = np.flatnonzero(zero)
-        if zero.size:
-            k = zero[0]
-            raise ValueError(f"atoms {s[k]} and {r[k]}{where} coincide (distance 0): positions must be distinct")
+    lattice = cell if pbc.any() else np.zeros((3, 3))
+    zero = zero_length_edges(positions, s, r, np.asarray(shifts), lattice, (np.float64, dtype))
+    if zero.size:
+        k = zero[0]
+        raise ValueError(f"atoms {s[k]} and {r[k]}{where} coincide (distance 0): positions must be distinct")
     return positions, numbers, cell, pbc, s, r, shifts
 
 
