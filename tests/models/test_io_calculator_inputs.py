@@ -271,6 +271,48 @@ def test_calculator_pickles_and_its_copy_computes_the_same(tiny):
     np.testing.assert_array_equal(atoms.get_forces(), forces)  # the original still works
 
 
+def test_calculator_sizes_its_bucket_to_each_structure_of_a_dataset(tiny):
+    # one calculator over a dataset: a small structure after a large one is not padded to the
+    # large one's size, alternating structures list each shape once, and a refused structure
+    # changes no bucket
+    ase = pytest.importorskip("ase")
+    pot, _, params = tiny
+    small = _periodic_atoms()
+    large = small.repeat((2, 2, 2))
+    calc = em.Calculator(pot, params)
+    fresh = em.Calculator(pot, params)
+    fresh.get_potential_energy(small)
+    calc.get_potential_energy(large)
+    np.testing.assert_array_equal(calc.get_forces(small), fresh.get_forces(small))
+    assert calc._size == fresh._size == fresh.buckets[0] and len(calc.buckets) == 2
+    for atoms in (large, small, large):
+        calc.get_potential_energy(atoms)
+    assert calc.buckets == [calc.buckets[0], fresh.buckets[0]] and calc.buckets[0] != fresh.buckets[0]
+    unknown = small.copy()  # would take the small bucket, were it not refused
+    unknown.numbers[0] = 29  # not in Z
+    with pytest.raises(ValueError, match="numbers"):
+        calc.get_potential_energy(unknown)
+    assert calc._size == calc.buckets[0] and len(calc.buckets) == 2
+    forces = calc.get_forces(small)
+    forces[0] += 1.0  # ASE's callers may edit results in place
+    assert calc.name == "e3j_models" and isinstance(small.copy(), ase.Atoms)
+
+
+def test_unpickled_float64_calculator_without_x64_is_refused(tiny):
+    # a float64 calculator sent to a worker process without jax_enable_x64: its parameters come
+    # back as float32 there, and it computed in float32 while its dtype said float64
+    import pickle
+
+    pytest.importorskip("ase")
+    pot, _, params = tiny
+    atoms = _periodic_atoms()
+    data = pickle.dumps(em.Calculator(pot, params, dtype=np.float64))
+    with jax.enable_x64(False):
+        calc = pickle.loads(data)
+        with pytest.raises(ValueError, match="dtype=float64 needs JAX's 64-bit mode"):
+            calc.get_potential_energy(atoms)
+
+
 @pytest.mark.parametrize("periodic", [True, False])
 def test_neighbour_list_is_brute_force(periodic):
     s = structure(7, n=10, periodic=periodic)

@@ -56,15 +56,20 @@ def _energy_forces_stress(potential: Potential, request: str | None, params, bat
 class Calculator(_AseCalculator):
     """``Calculator(potential, params, headroom=0.1, dtype=None)``: ASE ``energy``, ``forces``, ``stress``.
 
-    ``stress`` (Voigt, ASE's sign: ``(1/V) ∂E/∂ε``) needs a fully periodic cell. ``buckets`` lists the
-    ``(num_nodes, num_edges)`` shapes compiled so far. ``dtype``: the computation's float type,
-    ``None`` for JAX's default (float64 under ``jax_enable_x64``, else float32); ``np.float64``
-    needs ``jax_enable_x64`` (JAX would otherwise compute in float32 without a word). Calculators of
-    equal potentials share their compilations (one per bucket). A calculator can be pickled (for
+    ``stress`` (Voigt, ASE's sign: ``(1/V) ∂E/∂ε``) needs a fully periodic cell. The padding bucket
+    is kept while the system fits it and needs more than half of it in nodes and in edges (an MD
+    run), and is otherwise sized to the system anew (a dataset of small and large structures pays
+    no large padding on the small ones); ``buckets`` lists the distinct ``(num_nodes, num_edges)``
+    shapes used so far, in the order first used. ``dtype``: the computation's float type, ``None``
+    for JAX's default (float64 under ``jax_enable_x64``, else float32); ``np.float64`` needs
+    ``jax_enable_x64`` (JAX would otherwise compute in float32 without a word), checked at each
+    calculation too (a pickled float64 calculator in a process without it is refused). Calculators
+    of equal potentials share their compilations (one per bucket). A calculator can be pickled (for
     ``multiprocessing`` and workflow tools).
     """
 
     implemented_properties = ("energy", "free_energy", "forces", "stress")
+    name = "e3j_models"  # what ASE's trajectories and databases record (ASE's default: the class name)
 
     def __init__(self, potential: Potential, params: Any, *, headroom: float = 0.1, dtype=None, **kwargs):
         super().__init__(**kwargs)
@@ -92,21 +97,26 @@ class Calculator(_AseCalculator):
             raise ValueError("atoms is empty: a structure needs at least one atom")
         # the neighbour list once per call: it sizes the bucket and fills the batch
         edges = neighbour_list(atoms.get_positions(), cfg.cutoff, np.asarray(atoms.cell), atoms.pbc)
-        e = len(edges[0])
-        if self._size is None or self._size[0] < n + 1 or self._size[1] < e:
-            self._size = (bucket_size(n + 1, self.headroom), bucket_size(e, self.headroom))
-            self.buckets.append(self._size)
+        need = (n + 1, len(edges[0]))  # one padding node at least: padding edges point at it
+        tight = tuple(bucket_size(k, self.headroom) for k in need)
+        size = self._size
+        if size is None or any(have < k or have > 2 * t for have, k, t in zip(size, need, tight, strict=True)):
+            size = tight
         batch = batch_structures(
             [atoms],
             cfg.atomic_numbers,
             cfg.cutoff,
-            num_nodes=self._size[0],
-            num_edges=self._size[1],
-            dtype=self.dtype,
+            num_nodes=size[0],
+            num_edges=size[1],
+            dtype=check_model_dtype(self.dtype),  # again: an unpickled float64 calculator may lack x64
             neighbours=[edges],
         )
+        self._size = size
+        if size not in self.buckets:
+            self.buckets.append(size)
         out = _energy_forces_stress(self.potential, current_backend_request(), self.params, batch)
         energy = float(out["energy"][0])
-        self.results = {"energy": energy, "free_energy": energy, "forces": np.asarray(out["forces"][:n])}
+        # copies: ASE's callers may edit results in place
+        self.results = {"energy": energy, "free_energy": energy, "forces": np.array(out["forces"][:n])}
         if atoms.pbc.all():
             self.results["stress"] = full_3x3_to_voigt_6_stress(np.asarray(out["stress"][0]))
