@@ -137,6 +137,22 @@ BAD = {
         ValueError,
         r"edge 0 \(0 -> 1\) is real \(edge_mask\) but has length 0",
     ),
+    "make_batch Cartesian shifts": (
+        # another code's shifts (unit shifts @ cell): the image edge would land beyond the cutoff
+        lambda: M.make_batch(POS, SPECIES, [0, 1], [1, 0], shifts=[[0, 0, 0], [3.61, 0, 0]], cell=np.eye(3) * 3.61),
+        ValueError,
+        r"shifts must be integer cell images \(the edge's offset is shifts @ cell\), got \[3.61, 0.0, 0.0\] for edge 1",
+    ),
+    "make_batch float edge_mask": (
+        lambda: M.make_batch(POS, SPECIES, [0, 1], [1, 0], edge_mask=[0.0, 0.5]),
+        TypeError,
+        r"edge_mask must be bool \[2\], got dtype float64",
+    ),
+    "make_batch string node_mask": (
+        lambda: M.make_batch(POS, SPECIES, [0], [1], node_mask=["True", "True", "True", "False"]),
+        TypeError,
+        r"node_mask must be bool \[N=4\], got dtype <U5",
+    ),
     "make_batch node_graph out of range": (
         lambda: M.make_batch(POS, SPECIES, [0], [1], node_graph=[0, 0, 5, 1], num_graphs=2),
         ValueError,
@@ -338,6 +354,11 @@ BAD = {
         ValueError,
         r"batch.species must be in \[0, 2\) \(the model's atomic_numbers\), got -1",
     ),
+    "Potential.init float64 without x64": (
+        lambda: _without_x64(lambda: POT.init(KEY, BATCH, dtype=jnp.float64)),
+        ValueError,
+        r"dtype=float64 needs JAX's 64-bit mode",
+    ),
     "Potential.init dtype int": (
         lambda: POT.init(KEY, BATCH, dtype=jnp.int32),
         TypeError,
@@ -405,6 +426,17 @@ BAD = {
         ValueError,
         r"neighbours \(structure 0\) must be senders \[E\], receivers \[E\], shifts \[E, 3\]",
     ),
+    "batch_structures dtype int": (
+        lambda: M.batch_structures([_h2o()], [1, 8], 2.0, dtype=np.int32),
+        ValueError,
+        r"dtype must be float32 or float64, got int32",
+    ),
+    "mace_a one atomic number": (
+        lambda: M.mace_a(29),
+        ValueError,
+        r"atomic_numbers must be a non-empty tuple of ints in \[1, 118\], got 29",
+    ),
+    "nequip one atomic number": (lambda: M.nequip(29), ValueError, r"atomic_numbers must be a non-empty tuple"),
     "batch_structures num_nodes float": (
         lambda: M.batch_structures([_h2o()], [1, 8], 2.0, num_nodes=8.0),
         ValueError,
@@ -484,6 +516,11 @@ BAD = {
         r"atoms [12] and [12] coincide \(distance 0\)",
     ),
 }
+
+
+def _without_x64(call):
+    with jax.enable_x64(False):
+        return call()
 
 
 @pytest.mark.parametrize("case", list(BAD))

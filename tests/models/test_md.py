@@ -189,3 +189,16 @@ def test_run_md_refuses_non_finite_numbers(model):
     ]:
         with pytest.raises(ValueError, match=match):
             run_md(_cell(), Calculator(pot, params), "nvt", steps=1, progress=False, **kwargs)
+
+
+def test_run_md_names_what_it_refuses_before_running(model, tmp_path):
+    # a Potential for the calculator failed inside ASE; a missing trajectory folder after the run
+    pot, params = model
+    with pytest.raises(TypeError, match=r"calculator must be an ASE calculator, got Potential: for a model, e3j"):
+        run_md(_cell(), pot, "nve", steps=1, progress=False)
+    with pytest.raises(ValueError, match=r"seed must be an int >= 0, got -1"):
+        run_md(_cell(), Calculator(pot, params), "nve", steps=1, seed=-1, progress=False)
+    calc = Calculator(pot, params)
+    with pytest.raises(ValueError, match=r"trajectory: the folder '.*missing' does not exist"):
+        run_md(_cell(), calc, "nve", steps=1, trajectory=tmp_path / "missing" / "t.extxyz", progress=False)
+    assert calc.buckets == []  # refused before the first evaluation

@@ -336,6 +336,29 @@ def test_fit_refuses_float64_without_x64():
         fit(nequip((28, 29), **TINY), structures, structures, steps=1, dtype=np.int32, progress=False)
 
 
+def test_fit_names_what_it_refuses_before_training(tmp_path):
+    # each used to fail deep inside (an Atom without .calc, numpy's seed message) or, for the
+    # checkpoint, after the whole run, when the model was written
+    structures = emt_structures(2)
+    cfg = nequip((28, 29), **TINY)
+    kw = {"steps": 1, "progress": False}
+    one = structures[0]
+    for call, exc, match in [
+        (lambda: fit(cfg, one, structures, **kw), TypeError, r"train must be a list of structures, got one Atoms"),
+        (lambda: fit(cfg, structures, one, **kw), TypeError, r"valid must be a list of structures, got one Atoms"),
+        (lambda: fit("nequip", structures, structures, **kw), TypeError, r"config must be a MACEConfig or"),
+        (lambda: fit(cfg, structures, structures, seed=-1, **kw), ValueError, r"seed must be an int >= 0, got -1"),
+        (
+            lambda: fit(cfg, structures, structures, checkpoint=tmp_path / "missing" / "m.npz", **kw),
+            ValueError,
+            r"checkpoint: the folder '.*missing' does not exist",
+        ),
+        (lambda: fit(cfg, structures, structures, checkpoint=tmp_path, **kw), ValueError, r"is a folder"),
+    ]:
+        with pytest.raises(exc, match=match):
+            call()
+
+
 @pytest.mark.parametrize("flag, factored", [([], True), (["--array-radial"], False)])
 def test_cli_train_passes_the_radial_route_to_fit(tmp_path, monkeypatch, flag, factored):
     import e3j_models.train as train_module

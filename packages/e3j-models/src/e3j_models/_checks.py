@@ -5,6 +5,8 @@ The array rules are e3j's (one rule for both packages); what only models need is
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,16 +17,31 @@ from e3j_core._checks import check_positive_real, check_real, is_int
 __all__ = [
     "check_array",
     "check_bool",
+    "check_float_dtype",
     "check_int",
     "check_model_dtype",
+    "check_output_path",
     "check_positive_int",
     "check_positive_real",
     "check_rank",
     "check_real",
+    "check_structure_list",
     "float_dtype",
     "index_array",
     "is_int",
+    "zero_length_edges",
 ]
+
+
+def check_float_dtype(dtype) -> type:
+    """``dtype``, a host array's float type: float32 or float64 (what a batch or a model holds)."""
+    try:
+        kind = np.dtype(dtype)
+    except TypeError:
+        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
+    if kind not in (np.float32, np.float64):
+        raise ValueError(f"dtype must be float32 or float64, got {kind}")
+    return kind.type
 
 
 def check_model_dtype(dtype) -> type:
@@ -33,18 +50,13 @@ def check_model_dtype(dtype) -> type:
     x64 = bool(jax.config.jax_enable_x64)
     if dtype is None:
         return np.float64 if x64 else np.float32
-    try:
-        kind = np.dtype(dtype)
-    except TypeError:
-        raise TypeError(f"dtype must be float32 or float64, got {dtype!r}") from None
+    kind = check_float_dtype(dtype)
     if kind == np.float64 and not x64:
         raise ValueError(
             "dtype=float64 needs JAX's 64-bit mode (jax.config.update('jax_enable_x64', True)); "
             "without it JAX computes in float32. Enable it, or pass dtype=np.float32"
         )
-    if kind not in (np.float32, np.float64):
-        raise ValueError(f"dtype must be float32 or float64, got {kind}")
-    return kind.type
+    return kind
 
 
 def index_array(name: str, a, shape: tuple[int, ...] | None = None, layout: str = "") -> jax.Array:
@@ -78,3 +90,26 @@ def zero_length_edges(positions, senders, receivers, shifts, lattice, dtypes) ->
         vectors = p[senders] - p[receivers] + np.einsum("ei,eij->ej", shifts.astype(dt), cells)
         zero |= np.einsum("ei,ei->e", vectors, vectors) == 0
     return np.flatnonzero(zero)
+
+
+def check_structure_list(name: str, structures) -> None:
+    """``TypeError`` naming ``name`` when ``structures`` is one structure (``ase.Atoms``, whose
+    iteration gives atoms, or a dict) or a string instead of a list of them."""
+    if isinstance(structures, (dict, str)) or hasattr(structures, "get_positions"):
+        raise TypeError(f"{name} must be a list of structures, got one {type(structures).__name__}: wrap it in a list")
+
+
+def check_output_path(name: str, path) -> str:
+    """``path`` (a file a run writes at its end) as a string, refused naming ``name`` before the run
+    when its folder does not exist or is not writable, or when it is a folder."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a file path (str or os.PathLike), got {type(path).__name__}")
+    path = os.fspath(path)
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise ValueError(f"{name}: the folder {folder!r} does not exist (create it first)")
+    if os.path.isdir(path):
+        raise ValueError(f"{name}: {path!r} is a folder, not a file path")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{name}: the folder {folder!r} is not writable")
+    return path

@@ -111,12 +111,21 @@ def make_batch(
     shifts = np.zeros((e, 3), positions.dtype) if shifts is None else np.asarray(shifts, positions.dtype)
     if shifts.shape != (e, 3):
         raise ValueError(f"shifts must be [E={e}, 3], got {shifts.shape}")
-    node_mask = np.ones(n, bool) if node_mask is None else np.asarray(node_mask, bool)
+    # Cartesian offsets (other codes' `shifts`, unit shifts @ cell) would move every image edge
+    # beyond the cutoff without a word: the model would drop those neighbours
+    fractional = np.flatnonzero((np.isfinite(shifts) & (shifts != np.round(shifts))).any(axis=1))
+    if fractional.size:
+        k = int(fractional[0])
+        raise ValueError(
+            f"shifts must be integer cell images (the edge's offset is shifts @ cell), got {shifts[k].tolist()} "
+            f"for edge {k}: for Cartesian offsets, give their coordinates in the cell (offsets @ inv(cell))"
+        )
+    node_mask = np.ones(n, bool) if node_mask is None else np.asarray(node_mask)
+    if node_mask.dtype != bool:  # a cast would take 0.5 and "False" for True
+        raise TypeError(f"node_mask must be bool [N={n}], got dtype {node_mask.dtype}")
     if node_mask.shape != (n,):
         raise ValueError(f"node_mask must be bool [N={n}], got {node_mask.shape}")
-    graph = Graph.from_edges(
-        senders, receivers, n, edge_mask=None if edge_mask is None else np.asarray(edge_mask, bool)
-    )
+    graph = Graph.from_edges(senders, receivers, n, edge_mask=None if edge_mask is None else np.asarray(edge_mask))
     _check_consistent(positions, cell, shifts, senders, receivers, edge_mask, node_mask, node_graph)
     return GraphBatch(
         jnp.asarray(positions),

@@ -188,10 +188,16 @@ class NequIPConfig:
 _KINDS = {"mace": MACEConfig, "nequip": NequIPConfig}
 
 
-def config_to_dict(config: MACEConfig | NequIPConfig) -> dict[str, Any]:
-    """A JSON-able dict with ``"model"`` naming the architecture."""
+def check_config(config) -> MACEConfig | NequIPConfig:
+    """``config``, a model's config (``TypeError`` naming it otherwise)."""
     if not isinstance(config, (MACEConfig, NequIPConfig)):
         raise TypeError(f"config must be a MACEConfig or NequIPConfig, got {type(config).__name__}")
+    return config
+
+
+def config_to_dict(config: MACEConfig | NequIPConfig) -> dict[str, Any]:
+    """A JSON-able dict with ``"model"`` naming the architecture."""
+    check_config(config)
     out = {"model": config.kind}
     for f in dataclasses.fields(config):
         v = getattr(config, f.name)
@@ -215,14 +221,14 @@ def config_from_dict(d: dict[str, Any]) -> MACEConfig | NequIPConfig:
 
 def mace_a(atomic_numbers, **overrides) -> MACEConfig:
     """Table 3's MACE (a): 2 layers, 128 channels, correlation 2, node_symmetry 2, l_max 3, 5 Å, 8 RBF, gating."""
-    return MACEConfig(tuple(atomic_numbers), **overrides)
+    return MACEConfig(check_atomic_numbers(atomic_numbers), **overrides)
 
 
 def mace_b(atomic_numbers, **overrides) -> MACEConfig:
     """Table 3's MACE (b): as (a) with correlation 3 and node_symmetry 1."""
-    return MACEConfig(tuple(atomic_numbers), **{"correlation": 3, "node_symmetry": 1, **overrides})
+    return MACEConfig(check_atomic_numbers(atomic_numbers), **{"correlation": 3, "node_symmetry": 1, **overrides})
 
 
 def nequip(atomic_numbers, **overrides) -> NequIPConfig:
     """Table 3's NequIP: 5 layers, 32 channels, ``2x0e + 2x0o + 1o + 1e + 2e + 2o``, l_max 2, 5 Å, 8 RBF."""
-    return NequIPConfig(tuple(atomic_numbers), **overrides)
+    return NequIPConfig(check_atomic_numbers(atomic_numbers), **overrides)

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ._version import __version__
-from .config import _KINDS, MACEConfig, NequIPConfig, config_from_dict, config_to_dict
+from .config import _KINDS, MACEConfig, NequIPConfig, check_config, config_from_dict, config_to_dict
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "load", "save"]
 
@@ -69,8 +69,7 @@ def _flatten(tree: Any, prefix: str, out: dict[str, np.ndarray]) -> None:
 
 def save(path: str | os.PathLike, config: MACEConfig | NequIPConfig, params: dict[str, Any]) -> None:
     """Write ``config`` and ``params`` (a nested dict of arrays, as ``Potential.init`` gives) to ``path``."""
-    if not isinstance(config, (MACEConfig, NequIPConfig)):
-        raise TypeError(f"config must be a MACEConfig or NequIPConfig, got {type(config).__name__}")
+    check_config(config)
     arrays: dict[str, np.ndarray] = {}
     _flatten(params, "", arrays)
     if arrays:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_int, check_positive_real, check_real
+from ._checks import check_int, check_output_path, check_positive_real, check_real
 from ._optional import require
 
 __all__ = ["ENSEMBLES", "check_ensemble", "plot_md", "run_md"]
@@ -74,11 +74,17 @@ def run_md(
     if progress:
         require("tqdm", "run_md's progress bar (progress=False runs without)")
     from ase import units
+    from ase.calculators.calculator import BaseCalculator
     from ase.md.langevin import Langevin
     from ase.md.nose_hoover_chain import IsotropicMTKNPT
     from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary
     from ase.md.verlet import VelocityVerlet
 
+    if not isinstance(calculator, BaseCalculator):
+        raise TypeError(
+            f"calculator must be an ASE calculator, got {type(calculator).__name__}: for a model, "
+            "e3j_models.Calculator(potential, params)"
+        )
     check_ensemble(atoms, ensemble)
     steps = check_int("steps", steps, 1)
     timestep_fs = check_positive_real("timestep_fs", timestep_fs, " (fs)")
@@ -86,6 +92,9 @@ def run_md(
     pressure_GPa = check_real("pressure_GPa", pressure_GPa, None, " (GPa)")
     friction_per_fs = check_real("friction_per_fs", friction_per_fs, 0, " (1/fs)")
     log_every = check_int("log_every", log_every, 1)
+    seed = check_int("seed", seed, 0)
+    if trajectory is not None:  # now: the frames are written at the end
+        trajectory = check_output_path("trajectory", trajectory)
     atoms.calc = calculator
     rng = np.random.default_rng(seed)
     MaxwellBoltzmannDistribution(atoms, temperature_K=temperature_K, rng=rng)
@@ -160,9 +169,8 @@ def run_md(
     if trajectory is not None:
         from ase.io import write
 
-        path = os.fspath(trajectory)
-        write(path + ".partial", frames, format="extxyz")
-        os.replace(path + ".partial", path)
+        write(trajectory + ".partial", frames, format="extxyz")
+        os.replace(trajectory + ".partial", trajectory)
     return out
 
 

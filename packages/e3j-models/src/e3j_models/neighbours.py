@@ -24,11 +24,19 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_int, check_positive_int, check_positive_real, check_real, zero_length_edges
+from ._checks import (
+    check_float_dtype,
+    check_int,
+    check_positive_int,
+    check_positive_real,
+    check_real,
+    check_structure_list,
+    zero_length_edges,
+)
 from .batch import GraphBatch, make_batch
 from .config import check_atomic_numbers
 
-__all__ = ["batch_structures", "bucket_size", "neighbour_list"]
+__all__ = ["batch_structures", "bucket_size", "check_structure", "neighbour_list"]
 
 
 def _check_structure(positions, cell, pbc, where: str = ""):
@@ -182,7 +190,7 @@ def check_structure(
     checks each of its structures, without building a batch: ``ValueError`` (or ``TypeError``)
     naming ``where`` for what a model cannot read."""
     index = {z: k for k, z in enumerate(check_atomic_numbers(atomic_numbers))}
-    _structure_graph(structure, index, check_positive_real("cutoff", cutoff), dtype, where)
+    _structure_graph(structure, index, check_positive_real("cutoff", cutoff), check_float_dtype(dtype), where)
 
 
 def batch_structures(
@@ -210,16 +218,14 @@ def batch_structures(
     then all atoms by their mean), so that a float32 batch keeps the digits of coordinates far from
     the origin. Every edge vector, and so every energy, force and stress, is the input's.
     """
-    if isinstance(structures, (dict, str)) or hasattr(structures, "get_positions"):
-        raise TypeError(
-            f"structures must be a list of structures, got one {type(structures).__name__}: wrap it in a list"
-        )
+    check_structure_list("structures", structures)
     if len(structures) == 0:
         raise ValueError("structures is empty: give at least one structure")
     if neighbours is not None and len(neighbours) != len(structures):
         raise ValueError(f"neighbours must hold one entry per structure ({len(structures)}), got {len(neighbours)}")
     index = {z: k for k, z in enumerate(check_atomic_numbers(atomic_numbers))}
     cutoff = check_positive_real("cutoff", cutoff)
+    dtype = check_float_dtype(dtype)
     num_nodes = None if num_nodes is None else check_int("num_nodes", num_nodes, 0, " or None")
     num_edges = None if num_edges is None else check_int("num_edges", num_edges, 0, " or None")
     pos_all, spec_all, graph_all, s_all, r_all, sh_all, cells = [], [], [], [], [], [], []

@@ -30,9 +30,9 @@ import numpy as np
 
 import e3j.backends
 
-from ._checks import check_bool
+from ._checks import check_bool, check_model_dtype
 from .batch import GraphBatch
-from .config import MACEConfig, NequIPConfig
+from .config import MACEConfig, NequIPConfig, check_config
 from .models import MACE, NequIP
 from .ops import get_ops
 
@@ -61,12 +61,8 @@ class Potential:
         self, config: MACEConfig | NequIPConfig, backend: str | None = None, *, factored_radial: bool = True
     ) -> None:
         factored_radial = check_bool("factored_radial", factored_radial)
-        if isinstance(config, MACEConfig):
-            self.module = MACE(config, backend, factored_radial)
-        elif isinstance(config, NequIPConfig):
-            self.module = NequIP(config, backend, factored_radial)
-        else:
-            raise TypeError(f"config must be a MACEConfig or NequIPConfig, got {type(config).__name__}")
+        model = MACE if isinstance(check_config(config), MACEConfig) else NequIP
+        self.module = model(config, backend, factored_radial)
         if backend == "e3nn":
             get_ops(backend)  # e3nn-jax installed (an optional extra), now, not at the first call
         elif backend is not None:
@@ -132,6 +128,8 @@ class Potential:
         dtype = batch.positions.dtype if dtype is None else dtype
         if not jnp.issubdtype(dtype, jnp.floating):
             raise TypeError(f"dtype must be a floating dtype (the parameters'), got {jnp.dtype(dtype)}")
+        if jnp.dtype(dtype) == jnp.float64:
+            check_model_dtype(dtype)  # without x64 the cast below would give float32 parameters
         params = jax.jit(self.module.init)(key, batch.positions, batch.cell, batch)
         return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
 

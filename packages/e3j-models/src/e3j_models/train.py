@@ -38,10 +38,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import check_int, check_model_dtype, check_positive_real, check_real
+from ._checks import (
+    check_int,
+    check_model_dtype,
+    check_output_path,
+    check_positive_real,
+    check_real,
+    check_structure_list,
+)
 from ._optional import require
 from .batch import GraphBatch, Labels
-from .config import MACEConfig, NequIPConfig
+from .config import MACEConfig, NequIPConfig, check_config
 from .io import save
 from .neighbours import batch_structures, bucket_size, check_structure, neighbour_list
 from .potential import Potential
@@ -133,6 +140,9 @@ def check_training_data(
     model cannot read (an element not in the config, no atoms, non-finite positions, atoms that
     coincide in ``dtype``); a config element in no training structure; a stress weight with no
     stress label to use."""
+    check_config(config)
+    check_structure_list("train", train)
+    check_structure_list("valid", valid)
     for part, structures in (("train", train), ("valid", valid)):
         for k, atoms in enumerate(structures):
             _check_structure_data(config, atoms, f"{part}[{k}]", weights, dtype)
@@ -315,6 +325,9 @@ def fit(
     batch_size = check_int("batch_size", batch_size, 1)
     eval_every = check_int("eval_every", eval_every, 0)
     learning_rate = check_positive_real("learning_rate", learning_rate)  # a negative rate climbs the loss
+    seed = check_int("seed", seed, 0)
+    if checkpoint is not None:  # now: it is written at the end (or at the first validation)
+        checkpoint = check_output_path("checkpoint", checkpoint)
     if not train:
         raise ValueError("train is empty: give at least one structure")
     if not valid:
