@@ -202,3 +202,14 @@ def test_run_md_names_what_it_refuses_before_running(model, tmp_path):
     with pytest.raises(ValueError, match=r"trajectory: the folder '.*missing' does not exist"):
         run_md(_cell(), calc, "nve", steps=1, trajectory=tmp_path / "missing" / "t.extxyz", progress=False)
     assert calc.buckets == []  # refused before the first evaluation
+
+
+def test_run_md_draws_velocities_without_ases_deprecated_name(model):
+    # ASE 3.29 deprecated MaxwellBoltzmannDistribution (same draws as thermalize_momenta): every
+    # run_md printed its warning
+    import warnings
+
+    pot, params = model
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="Use thermalize_momenta")
+        run_md(_cell(), Calculator(pot, params), "nve", steps=1, progress=False)

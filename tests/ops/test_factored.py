@@ -160,3 +160,11 @@ def test_bad_factored_weights_are_named():
             conv(x, y, weights, graph)
     with pytest.raises(TypeError, match="one floating dtype"):
         conv(x, y, FactoredWeights(w.hidden.astype(jnp.float32), w.kernel), graph)
+
+
+def test_materialize_names_factors_that_do_not_chain():
+    # hidden [E, 16] @ kernel [8, W] failed inside dot_general, naming neither
+    with pytest.raises(ValueError, match=r"FactoredWeights.kernel must be \[H=16, num_weights=5\].*got shape \(8, 5\)"):
+        e3j.FactoredWeights(jnp.ones((2, 16)), jnp.ones((8, 5))).materialize()
+    with pytest.raises(ValueError, match=r"FactoredWeights.bias must be \[5\] or None, got \(4,\)"):
+        e3j.FactoredWeights(jnp.ones((2, 8)), jnp.ones((8, 5)), jnp.ones(4)).materialize()

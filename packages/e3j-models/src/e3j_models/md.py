@@ -77,7 +77,12 @@ def run_md(
     from ase.calculators.calculator import BaseCalculator
     from ase.md.langevin import Langevin
     from ase.md.nose_hoover_chain import IsotropicMTKNPT
-    from ase.md.velocitydistribution import MaxwellBoltzmannDistribution, Stationary
+    from ase.md.velocitydistribution import Stationary
+
+    try:  # ASE >= 3.29 (the same draws; MaxwellBoltzmannDistribution, its old name, warns there)
+        from ase.md.velocitydistribution import thermalize_momenta
+    except ImportError:
+        from ase.md.velocitydistribution import MaxwellBoltzmannDistribution as thermalize_momenta
     from ase.md.verlet import VelocityVerlet
 
     if not isinstance(calculator, BaseCalculator):
@@ -97,7 +102,7 @@ def run_md(
         trajectory = check_output_path("trajectory", trajectory)
     atoms.calc = calculator
     rng = np.random.default_rng(seed)
-    MaxwellBoltzmannDistribution(atoms, temperature_K=temperature_K, rng=rng)
+    thermalize_momenta(atoms, temperature_K=temperature_K, rng=rng)
     # one atom has only its centre of mass to move: zero momentum, whose temperature cannot be
     # rescaled back (ASE would divide 0 by 0)
     Stationary(atoms, preserve_temperature=len(atoms) > 1)

@@ -158,7 +158,8 @@ class FactoredWeights:
         return self * (1 / jnp.asarray(factor))
 
     def materialize(self) -> jax.Array:
-        """The weights ``[E, W]``."""
+        """The weights ``[E, W]`` (``ValueError`` when the factors' shapes do not chain)."""
+        check_weights("weights", self, *self.shape, "the kernel's columns")
         return self.columns(lambda a: a)
 
     def columns(self, select: Callable[[jax.Array], jax.Array]) -> jax.Array:
