@@ -7,6 +7,13 @@ import math
 LABEL = {"e3j": "e3j", "e3nn": "e3nn-jax twin"}
 
 
+def _label(row: dict) -> str:
+    """The row's backend, e3j's with the kernel backend its convolutions ran on when recorded."""
+    label = LABEL.get(row["backend"], row["backend"])
+    kernels = row.get("kernel_backend")
+    return f"{label} ({kernels})" if row["backend"] == "e3j" and kernels else label
+
+
 def _gib(b) -> str:
     return f"{b / 2**30:.2f} GiB" if b else "n/a"
 
@@ -54,7 +61,7 @@ def markdown(result: dict) -> str:
         for r, vs in zip(forces, _vs_twin(forces, "ms"), strict=True):
             ms = "does not fit" if not r["fits_free_memory"] else f"{r['ms']:.0f}"
             lines.append(
-                f"| {r['model']} | {r['atoms']} | {r['edges']} | {LABEL.get(r['backend'], r['backend'])} | {ms} "
+                f"| {r['model']} | {r['atoms']} | {r['edges']} | {_label(r)} | {ms} "
                 f"| {vs} | {_gib(r['memory_bytes'])} | {r['max_atoms_estimate'] or 'n/a'} |"
             )
         parts.append("\n".join(lines))
@@ -75,7 +82,7 @@ def markdown(result: dict) -> str:
                 ms, ratio = f"{r['ms_per_step']:.0f}", vs
             rounds = ", ".join(f"{x:.0f}" for x in r["rounds_ms_per_step"]) or "-"
             lines.append(
-                f"| {r['model']} | {r['atoms']} | {LABEL.get(r['backend'], r['backend'])} | {ms} | {rounds} | {ratio} "
+                f"| {r['model']} | {r['atoms']} | {_label(r)} | {ms} | {rounds} | {ratio} "
                 f"| {_gib(r['memory_bytes'])} |"
             )
         parts.append("\n".join(lines))
@@ -90,7 +97,7 @@ def markdown(result: dict) -> str:
         ]
         for r in det:
             lines.append(
-                f"| {r['model']} | {r['atoms']} | {LABEL.get(r['backend'], r['backend'])} | {r['repeats']} "
+                f"| {r['model']} | {r['atoms']} | {_label(r)} | {r['repeats']} "
                 f"| {r['max_abs_dE_eV']:.1e} | {r['max_abs_dF_eV_per_A']:.1e} | {r['abs_E_vs_first_backend']:.1e} "
                 f"| {r['max_abs_F_vs_first_backend']:.1e} |"
             )
@@ -108,7 +115,7 @@ def markdown(result: dict) -> str:
         for r in big:
             ms = f"{r['largest_run_ms']:.0f}" if r["largest_run_ms"] else "-"
             lines.append(
-                f"| {r['model']} | {LABEL.get(r['backend'], r['backend'])} | {r['largest_run_atoms'] or '-'} | {ms} "
+                f"| {r['model']} | {_label(r)} | {r['largest_run_atoms'] or '-'} | {ms} "
                 f"| {_gib(r['largest_run_memory_bytes'])} | {r['smallest_not_fitting_atoms'] or '-'} "
                 f"| {r['max_atoms_estimate'] or 'n/a'} |"
             )

@@ -41,8 +41,10 @@ def memory_bytes(compiled) -> int | None:
 
 def command_line(script: str, args: argparse.Namespace, skip: tuple[str, ...] = ()) -> str:
     """The command that reruns ``script`` with ``args`` (a results file's ``command``): flags spelled
-    as argparse takes them, a true switch as itself and a false one left out, tuples as ``a:b``."""
-    words = ["python", script]
+    as argparse takes them, a true switch as itself and a false one left out, tuples as ``a:b``;
+    ``E3J_BACKEND`` in front when set (it picks e3j's kernels)."""
+    backend = os.environ.get("E3J_BACKEND", "").strip()
+    words = ([f"E3J_BACKEND={backend}"] if backend else []) + ["python", script]
     for key, value in vars(args).items():
         if key in skip or value is False or value is None:
             continue
