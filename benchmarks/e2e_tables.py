@@ -82,8 +82,7 @@ def markdown(result: dict) -> str:
                 ms, ratio = f"{r['ms_per_step']:.0f}", vs
             rounds = ", ".join(f"{x:.0f}" for x in r["rounds_ms_per_step"]) or "-"
             lines.append(
-                f"| {r['model']} | {r['atoms']} | {_label(r)} | {ms} | {rounds} | {ratio} "
-                f"| {_gib(r['memory_bytes'])} |"
+                f"| {r['model']} | {r['atoms']} | {_label(r)} | {ms} | {rounds} | {ratio} | {_gib(r['memory_bytes'])} |"
             )
         parts.append("\n".join(lines))
     det = result.get("determinism", [])

@@ -27,19 +27,18 @@ GB = 1e9
 
 
 def markdown(rows: list[dict]) -> str:
-    """Tables of `benchmarks/reference_vs_e3nn.py` rows."""
+    """Tables of `benchmarks/reference_vs_e3nn.py` rows, as ratios measured in the run (a CPU's
+    absolute throughput is not reported: the results file keeps it)."""
     lines = [
-        "| op | lmax | y | reference fwd GB/s | e3nn-jax fwd GB/s | fwd speedup | reference fwd / copy | "
-        "reference bwd GB/s | e3nn-jax bwd GB/s | bwd speedup |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| op | lmax | y | fwd: reference vs e3nn-jax | fwd: reference / copy | bwd: reference vs e3nn-jax |",
+        "| --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if r["op"] != "tensor_product":
             continue
         lines.append(
-            f"| TP | {r['lmax']} | {r['y']} | {r['reference_fwd_GBps']:.2f} | {r['e3nn_fwd_GBps']:.2f} | "
-            f"{r['fwd_speedup']:.2f}x | {r['fwd_fraction_of_copy']:.0%} | {r['reference_bwd_GBps']:.2f} | "
-            f"{r['e3nn_bwd_GBps']:.2f} | {r['bwd_speedup']:.2f}x |"
+            f"| TP | {r['lmax']} | {r['y']} | {r['fwd_speedup']:.2f}x | {r['fwd_fraction_of_copy']:.0%} | "
+            f"{r['bwd_speedup']:.2f}x |"
         )
     for r in rows:
         if r["op"].startswith("convolution"):
@@ -50,22 +49,53 @@ def markdown(rows: list[dict]) -> str:
                 f"messages alone would be {r['message_array_bytes'] / GB:.2f} GB; XLA peak "
                 f"(arguments + outputs + temporaries): reference {r['reference_xla_peak_bytes'] / GB:.2f} GB "
                 f"({r['reference_peak_over_io']:.2f}x I/O), e3nn-jax {r['e3nn_xla_peak_bytes'] / GB:.2f} GB "
-                f"({r['e3nn_peak_over_io']:.2f}x I/O); reference time {r['reference_value_and_grad_s']:.1f} s."
+                f"({r['e3nn_peak_over_io']:.2f}x I/O)."
             )
     return "\n".join(lines)
 
 
+def ratio_table(result: dict, baseline: str = "e3nn") -> str:
+    """A CPU sweep of ``python -m e3j bench`` as ratios measured in its run: each implementation's
+    throughput as a fraction of the jitted copy's, and its speedup over ``baseline``'s."""
+    rows = [r for r in result["rows"] if r["op"] != "convolution_memory" and "GBps" in r]
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    others = [i for i in impls if i != baseline]
+    by = {(r["op"], r["direction"], r["lmax"], r["channels"], r["size"], r["impl"]): r["GBps"] for r in rows}
+    copy = result["copy"]["GBps"]
+    head = (
+        "| op | dir | lmax | C | size | "
+        + " | ".join(f"{i} / copy" for i in impls)
+        + "".join(f" | {i} vs {baseline}" for i in others if baseline in impls)
+        + " |"
+    )
+    width = 5 + len(impls) + (len(others) if baseline in impls else 0)
+    lines = [head, "|" + " --- |" * width]
+    for key in dict.fromkeys(k[:5] for k in by):
+        cells = [f"{by[(*key, i)] / copy:.0%}" if (*key, i) in by else "error" for i in impls]
+        if baseline in impls:
+            base = by.get((*key, baseline))
+            cells += [f"{by[(*key, i)] / base:.2f}x" if base and (*key, i) in by else "n/a" for i in others]
+        lines.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def render_bench(name: str, result: dict) -> str:
-    """A ``python -m e3j bench`` results file: its own Markdown table, and its PNG when committed."""
-    from e3j._sweep import table
+    """A ``python -m e3j bench`` results file: its own Markdown table, and its PNG when committed.
+    On a CPU, ratios measured in the run instead of GB/s, and no plot (it draws GB/s)."""
+    from e3j._sweep import memory_table, table
 
     d = result["device"]
     versions = ", ".join(f"{k} {v}" for k, v in result["versions"].items())
+    cpu = d["kind"] == "cpu"
     head = (
         f"Measured on {d['kind']} ({d['host']}, {d['cores']} cores), {result['date'][:10]}, {versions}; "
-        f"command: `{result['command']}`; {result['method']}; jitted copy in the same run: "
-        f"{result['copy']['GBps']:.2f} GB/s."
-    )
+        f"command: `{result['command']}`; {result['method']}"
+        + ("; ratios to a jitted copy and to e3nn-jax measured in the same run." if cpu else
+           f"; jitted copy in the same run: {result['copy']['GBps']:.2f} GB/s.")
+    )  # fmt: skip
+    if cpu:
+        memory = memory_table(result)
+        return head + "\n\n" + ratio_table(result) + ("\n\n" + memory if memory else "")
     text = head + "\n\n" + table(result)
     if (RESULTS / f"{name}.png").exists():
         text += f"\n\n![{name}](../benchmarks/results/{name}.png)"
@@ -278,12 +308,9 @@ def render(name: str) -> str:
         return text
     if "copy" in result:
         return render_bench(name, result)
-    copy = next((r["copy_GBps"] for r in result["rows"] if "copy_GBps" in r), None)
     head = (
         f"Measured on {result['device']}, {result['date'][:10]}, jax {result['jax']}, e3j {result['e3j']}, "
-        f"e3nn-jax {result['e3nn_jax']}; command: `{result['command']}`"
-        + (f"; jitted copy in the same run: {copy:.2f} GB/s" if copy else "")
-        + "."
+        f"e3nn-jax {result['e3nn_jax']}; command: `{result['command']}`."
     )
     return head + "\n\n" + markdown(result["rows"])
 

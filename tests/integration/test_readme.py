@@ -27,6 +27,25 @@ def test_benchmark_tables_match_results_files():
         assert (tables.PAGE.parent / image).resolve().is_file(), f"docs/benchmarks.md links a missing image {image}"
 
 
+def test_cpu_blocks_give_ratios_not_throughput():
+    # the project's rule: a shared CPU's timings are reported as ratios against a baseline measured
+    # in the same run; absolute throughput only from a GPU or TPU
+    tables = _tables()
+    cpu = [name for name in tables.blocks(tables.PAGE.read_text()) if name.startswith("cpu-")]
+    assert "cpu-e3j-bench" in cpu and "cpu-reference-vs-e3nn" in cpu
+    for name in cpu:
+        assert "GB/s" not in tables.render(name), name
+    sweep = {
+        "device": {"kind": "cpu", "host": "x86_64", "cores": 2},
+        "copy": {"GBps": 4.0},
+        "rows": [
+            {"op": "tensor_product", "direction": "fwd", "lmax": 2, "channels": 8, "size": 64, "impl": i, "GBps": g}
+            for i, g in (("reference", 6.0), ("e3nn", 2.0))
+        ],
+    }
+    assert tables.ratio_table(sweep).splitlines()[-1] == "| tensor_product | fwd | 2 | 8 | 64 | 150% | 50% | 3.00x |"
+
+
 def test_readme_first_code_block_is_a_working_example():
     readme = (ROOT / "README.md").read_text()
     match = re.search(r"^```(\w*)\n(.*?)^```", readme, re.S | re.M)

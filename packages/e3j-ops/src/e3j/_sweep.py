@@ -448,22 +448,7 @@ def table(result: dict) -> str:
             cells.append("error" if r is None or "error" in r else f"{r['GBps']:.2f}")
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {k[4]} | " + " | ".join(cells) + " |")
     if memory:
-        lines += [
-            "",
-            "| convolution backward memory | lmax | C | degree | nodes | XLA peak GB | peak / I/O | max nodes |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for r in memory:
-            if "error" in r:
-                lines.append(f"| {r['impl']} | {r['lmax']} | {r['channels']} | {r['degree']} | error | | | |")
-                continue
-            lines.append(
-                f"| {r['impl']} | {r['lmax']} | {r['channels']} | {r['degree']} | {r['nodes']} | "
-                f"{r['peak_bytes'] / 1e9:.3f} | {r['peak_over_io']:.2f} | {r['max_nodes']} |"
-            )
-        budget = memory[0].get("budget_bytes")
-        if budget:
-            lines.append(f"max nodes: largest node count whose backward pass fits in {budget / 1e9:.1f} GB")
+        lines += ["", memory_table(result)]
     summary = table1(result)
     if summary:
         lines += ["", summary]
@@ -475,6 +460,29 @@ def table(result: dict) -> str:
     )
     if result.get("partial"):
         lines.append(f"Partial results: the sweep stopped after {len(result['rows'])} measurements.")
+    return "\n".join(lines)
+
+
+def memory_table(result: dict) -> str:
+    """The convolution backward's memory rows of a sweep as a Markdown table ("" without them)."""
+    memory = [r for r in result["rows"] if r["op"] == "convolution_memory"]
+    if not memory:
+        return ""
+    lines = [
+        "| convolution backward memory | lmax | C | degree | nodes | XLA peak GB | peak / I/O | max nodes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in memory:
+        if "error" in r:
+            lines.append(f"| {r['impl']} | {r['lmax']} | {r['channels']} | {r['degree']} | error | | | |")
+            continue
+        lines.append(
+            f"| {r['impl']} | {r['lmax']} | {r['channels']} | {r['degree']} | {r['nodes']} | "
+            f"{r['peak_bytes'] / 1e9:.3f} | {r['peak_over_io']:.2f} | {r['max_nodes']} |"
+        )
+    budget = memory[0].get("budget_bytes")
+    if budget:
+        lines.append(f"max nodes: largest node count whose backward pass fits in {budget / 1e9:.1f} GB")
     return "\n".join(lines)
 
 
