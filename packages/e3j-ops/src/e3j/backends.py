@@ -334,6 +334,12 @@ def available_backends() -> tuple[Backend, ...]:
 
 
 def get_backend(name: str) -> Backend:
+    """The installed backend called ``name`` (:class:`BackendError` listing the installed ones
+    otherwise). Installed is not usable: :meth:`Backend.unsupported` says why one cannot run a call.
+
+    >>> get_backend("reference").name
+    'reference'
+    """
     for b in available_backends():
         if b.name == name:
             return b

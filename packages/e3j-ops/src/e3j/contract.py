@@ -126,10 +126,14 @@ def needed(op: str, outs: tuple[str, ...]) -> tuple[str, ...]:
 
 
 class TensorProductKernel(Protocol):
+    """``tensor_product(coo, x, y, *, y_channels) -> z [B, Dout, C]`` (the module docstring's layouts)."""
+
     def __call__(self, coo: TensorProductCoo, x: jax.Array, y: jax.Array, *, y_channels: bool) -> jax.Array: ...
 
 
 class TensorProductBwdKernel(Protocol):
+    """``tensor_product_bwd(coo, x, y, dz, *, outs, y_channels) -> {slot: cotangent}`` for the slots ``outs``."""
+
     def __call__(
         self,
         coo: TensorProductCoo,
@@ -143,12 +147,17 @@ class TensorProductBwdKernel(Protocol):
 
 
 class ConvolutionKernel(Protocol):
+    """``convolution(coo, x, y, s, graph, *, y_channels) -> m [N, Dout, C]``, padding edges skipped."""
+
     def __call__(
         self, coo: TensorProductCoo, x: jax.Array, y: jax.Array, s: jax.Array, graph: Any, *, y_channels: bool
     ) -> jax.Array: ...
 
 
 class ConvolutionBwdKernel(Protocol):
+    """``convolution_bwd(coo, x, y, s, dm, graph, *, outs, y_channels) -> {slot: cotangent}``; padding
+    edges' rows of ``dy`` and ``ds`` are zero."""
+
     def __call__(
         self,
         coo: TensorProductCoo,
