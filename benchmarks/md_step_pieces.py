@@ -1,7 +1,7 @@
 """Where the e3j MD step of the committed ``cuni_mace`` goes, piece by piece (CPU, float32).
 
-    PYTHONPATH=packages/e3j-core/src:packages/e3j-ops/src:packages/e3j-models/src \\
-        python benchmarks/md_step_pieces.py [--repeats 8] [--rounds 7] [--only step conv_1 ...]
+    python benchmarks/md_step_pieces.py [--repeats 8] [--rounds 7] [--only step convolution_1 ...]
+        [--backend reference] [--json out.json]
 
 Builds the committed ``cuni_mace`` checkpoint on a ``4·repeats³``-atom Cu–Ni fcc cell (2,048 atoms at
 the default 8) and times, interleaved in rounds (best of ``--rounds``, one call each per round), the
@@ -11,12 +11,16 @@ ones the forces depend on): edge vectors, spherical harmonics, radial embedding,
 (forward only: it does not depend on positions), and per layer the interaction's parts (linear up,
 radial MLP, convolution, linear down), the symmetric contraction, the linears, the gate and the
 readout. Node features are the model's own intermediates (a forward pass of the pieces in order).
-Prints one row per piece: ms of the best round, and its share of the whole step.
+Prints one row per piece: ms of the best round, and its share of the whole step; ``--json`` also
+writes them with the command, date and host. ``--backend``: the e3j backend of the convolutions
+(default ``reference``, the CPU path, which a development environment's test plugin would otherwise
+displace).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -24,7 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import e3j
 import e3j_models as em
+from e3j._bench import provenance
 from e3j_core import tensor_product_coo
 from e3j_models.embedding import SpeciesEmbedding
 from e3j_models.gate import gate, gate_irreps_in
@@ -139,6 +145,9 @@ def build_pieces(repeats: int, backend: str | None = None) -> dict:
 
 def time_pieces(pieces: dict, rounds: int, only=None) -> dict[str, float]:
     """Best-of-``rounds`` ms per piece, pieces interleaved within each round (order reversed every other)."""
+    unknown = sorted(set(only or ()) - set(pieces))
+    if unknown:
+        raise SystemExit(f"--only: no pieces {unknown}; pieces: {[n for n in pieces if not n.startswith('_')]}")
     names = [n for n in pieces if not n.startswith("_") and (not only or n in only)]
     for n in names:  # compile and warm
         fn, args = pieces[n]
@@ -158,10 +167,24 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=8, help="fcc cells per axis (4·repeats³ atoms)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--only", nargs="*", help="time only these pieces")
+    ap.add_argument("--backend", default="reference", help="e3j backend of the convolutions (default: reference)")
+    ap.add_argument("--json", help="also write the timings here")
     args = ap.parse_args()
-    pieces = build_pieces(args.repeats)
-    best = time_pieces(pieces, args.rounds, args.only)
+    record = provenance("benchmarks/md_step_pieces.py")
+    with e3j.use_backend(args.backend):  # read when the pieces are traced, inside time_pieces
+        pieces = build_pieces(args.repeats)
+        best = time_pieces(pieces, args.rounds, args.only)
     step = best.get("step")
+    if args.json:
+        record.update(
+            backend=args.backend,
+            nodes=int(pieces["_nodes"]),
+            edges=int(pieces["_edges"]),
+            rounds=args.rounds,
+            best_ms=best,
+            share_of_step={n: ms / step for n, ms in best.items() if step and n != "step"},
+        )
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
     print(f"cuni_mace, {pieces['_nodes']} nodes (padded), {pieces['_edges']} edges, float32, best of {args.rounds}")
     print(f"{'piece (fwd + bwd)':<28} {'ms':>8} {'of step':>8}")
     for n, ms in best.items():

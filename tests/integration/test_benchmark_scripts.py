@@ -336,3 +336,16 @@ def test_radial_factored_benchmark_compares_the_two_routes_of_one_model():
     assert row["program"] == "energy_forces" and row["max_rel_diff"] < 1e-5
     assert row["factored_temp_mib"] < row["array_temp_mib"] / 2
     assert row["array_ms"] > 0 and row["factored_ms"] > 0 and row["share_q1"] <= row["share_q3"]
+
+
+def test_md_step_pieces_runs_on_the_reference_and_writes_its_timings(tmp_path):
+    # it ran on e3j's default choice: a development environment's test plugin, not the CPU path
+    out = tmp_path / "pieces.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks/md_step_pieces.py"), "--repeats", "1", "--rounds", "1"]
+    cmd += ["--only", "step", "convolution_0", "--json", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+    import json
+
+    record = json.loads(out.read_text())
+    assert record["backend"] == "reference" and record["command"].startswith("python benchmarks/md_step_pieces.py")
+    assert set(record["best_ms"]) == {"step", "convolution_0"} and 0 < record["share_of_step"]["convolution_0"] < 1
