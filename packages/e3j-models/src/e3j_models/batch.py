@@ -15,6 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import ArrayLike
 
 from e3j import Graph
 
@@ -59,16 +60,16 @@ jax.export.register_namedtuple_serialization(Labels, serialized_name="e3j_models
 
 
 def make_batch(
-    positions,
-    species,
-    senders,
-    receivers,
+    positions: ArrayLike,
+    species: ArrayLike,
+    senders: ArrayLike,
+    receivers: ArrayLike,
     *,
-    shifts=None,
-    cell=None,
-    node_graph=None,
-    node_mask=None,
-    edge_mask=None,
+    shifts: ArrayLike | None = None,
+    cell: ArrayLike | None = None,
+    node_graph: ArrayLike | None = None,
+    node_mask: ArrayLike | None = None,
+    edge_mask: ArrayLike | None = None,
     num_graphs: int | None = None,
 ) -> GraphBatch:
     """A :class:`GraphBatch` from host arrays (one open structure by default), checked.

@@ -14,6 +14,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -219,16 +220,16 @@ def config_from_dict(d: dict[str, Any]) -> MACEConfig | NequIPConfig:
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
-def mace_a(atomic_numbers, **overrides) -> MACEConfig:
+def mace_a(atomic_numbers: Sequence[int], **overrides: Any) -> MACEConfig:
     """Table 3's MACE (a): 2 layers, 128 channels, correlation 2, node_symmetry 2, l_max 3, 5 Å, 8 RBF, gating."""
     return MACEConfig(check_atomic_numbers(atomic_numbers), **overrides)
 
 
-def mace_b(atomic_numbers, **overrides) -> MACEConfig:
+def mace_b(atomic_numbers: Sequence[int], **overrides: Any) -> MACEConfig:
     """Table 3's MACE (b): as (a) with correlation 3 and node_symmetry 1."""
     return MACEConfig(check_atomic_numbers(atomic_numbers), **{"correlation": 3, "node_symmetry": 1, **overrides})
 
 
-def nequip(atomic_numbers, **overrides) -> NequIPConfig:
+def nequip(atomic_numbers: Sequence[int], **overrides: Any) -> NequIPConfig:
     """Table 3's NequIP: 5 layers, 32 channels, ``2x0e + 2x0o + 1o + 1e + 2e + 2o``, l_max 2, 5 Å, 8 RBF."""
     return NequIPConfig(check_atomic_numbers(atomic_numbers), **overrides)

@@ -28,12 +28,16 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ._checks import check_int, check_output_path, check_positive_real, check_real
 from ._optional import require
+
+if TYPE_CHECKING:  # ASE is an optional extra: imported when run_md runs
+    import ase
+    from ase.calculators.calculator import BaseCalculator
 
 __all__ = ["ENSEMBLES", "check_ensemble", "plot_md", "run_md"]
 
@@ -50,8 +54,8 @@ def check_ensemble(atoms, ensemble: str) -> None:
 
 
 def run_md(
-    atoms,
-    calculator,
+    atoms: ase.Atoms,
+    calculator: BaseCalculator,
     ensemble: str,
     *,
     steps: int,

@@ -27,6 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 import e3j.backends
 
@@ -119,7 +120,7 @@ class Potential:
                 f"params do not fit this {self.config.kind} config (made for another config?): " + "; ".join(parts)
             )
 
-    def init(self, key: jax.Array, batch: GraphBatch, dtype=None) -> dict[str, Any]:
+    def init(self, key: jax.Array, batch: GraphBatch, dtype: DTypeLike | None = None) -> dict[str, Any]:
         """Random parameters, floating leaves in ``dtype`` (default: the positions' dtype).
 
         The values are drawn in float32 and cast, so one key gives the same model in float32 and
@@ -133,7 +134,7 @@ class Potential:
         params = jax.jit(self.module.init)(key, batch.positions, batch.cell, batch)
         return jax.tree.map(lambda a: a.astype(dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
 
-    def node_energies(self, params, batch: GraphBatch) -> jax.Array:
+    def node_energies(self, params: Mapping[str, Any], batch: GraphBatch) -> jax.Array:
         """``[N]``, zero on padding nodes."""
         _check_call(params, batch)
         self.check_params(params)
@@ -141,7 +142,7 @@ class Potential:
         e = self.module.apply(params, batch.positions, batch.cell, batch)
         return jnp.where(batch.node_mask, e, 0)
 
-    def energy(self, params, batch: GraphBatch) -> jax.Array:
+    def energy(self, params: Mapping[str, Any], batch: GraphBatch) -> jax.Array:
         """``[G]`` total energy of each structure."""
         return jax.ops.segment_sum(self.node_energies(params, batch), batch.node_graph, batch.num_graphs)
 
@@ -153,7 +154,9 @@ class Potential:
         per_graph = jax.ops.segment_sum(e, batch.node_graph, batch.num_graphs)
         return jnp.sum(per_graph), per_graph
 
-    def __call__(self, params, batch: GraphBatch, *, forces: bool = True, stress: bool = False) -> dict[str, jax.Array]:
+    def __call__(
+        self, params: Mapping[str, Any], batch: GraphBatch, *, forces: bool = True, stress: bool = False
+    ) -> dict[str, jax.Array]:
         _check_call(params, batch)
         self.check_params(params)
         _check_species(batch, len(self.config.atomic_numbers))

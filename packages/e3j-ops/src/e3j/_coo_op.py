@@ -12,8 +12,8 @@ class CooOp:
 
     def __init__(
         self,
-        irreps_x,
-        irreps_y,
+        irreps_x: Irreps | str | Iterable,
+        irreps_y: Irreps | str | Iterable,
         filter: Irreps | str | Iterable | None = None,
         *,
         normalization: str = "component",

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import checkify
+from jax.typing import ArrayLike
 
 from ._checks import STATIC, check_int, edge_arrays
 
@@ -61,10 +62,10 @@ class Graph(NamedTuple):
     @classmethod
     def from_edges(
         cls,
-        senders,
-        receivers,
+        senders: ArrayLike,
+        receivers: ArrayLike,
         num_nodes: int,
-        edge_mask=None,
+        edge_mask: ArrayLike | None = None,
         *,
         check_indices: bool = False,
     ) -> Graph:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +37,14 @@ class Linear:
     (5, 7, 3)
     """
 
-    def __init__(self, irreps_in, irreps_out, *, channels_in: int, channels_out: int) -> None:
+    def __init__(
+        self,
+        irreps_in: Irreps | str | Iterable,
+        irreps_out: Irreps | str | Iterable,
+        *,
+        channels_in: int,
+        channels_out: int,
+    ) -> None:
         self.irreps_in = as_irreps(irreps_in, "irreps_in")
         self.irreps_out = as_irreps(irreps_out, "irreps_out")
         self.channels_in = check_positive_int("channels_in", channels_in)

@@ -88,8 +88,8 @@ class MulIrConvolution:
 
     def __init__(
         self,
-        irreps_x,
-        irreps_y,
+        irreps_x: Irreps | str | Iterable,
+        irreps_y: Irreps | str | Iterable,
         filter: Irreps | str | Iterable | None = None,
         *,
         self_connection: Irreps | str | Iterable | None = None,
@@ -263,8 +263,8 @@ class MulIrTensorProduct:
 
     def __init__(
         self,
-        irreps_x,
-        irreps_y,
+        irreps_x: Irreps | str | Iterable,
+        irreps_y: Irreps | str | Iterable,
         filter: Irreps | str | Iterable | None = None,
         *,
         normalization: str = "component",
