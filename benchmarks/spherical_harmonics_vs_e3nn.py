@@ -4,7 +4,9 @@ Random edge vectors ``[E, 3]`` (float32, ``normalize=True``), irreps ``0e + 1o +
 and the gradient of ``sum(sin(Y))`` with respect to the vectors (what a force computation runs), all
 jitted, timed in ``--rounds`` interleaved rounds (best round's mean of its fastest 20 % of calls).
 
-    python benchmarks/spherical_harmonics_vs_e3nn.py [--edges 54000] [--lmax 3] [--runs 200]
+    python benchmarks/spherical_harmonics_vs_e3nn.py [--edges 54000] [--lmax 3 6 ...] [--runs 200] [--json F]
+
+Prints one JSON row per lmax; ``--json`` also writes them with the command, date and host.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import e3nn_jax as e3nn
 import jax
@@ -19,18 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 
 import e3j
-from e3j._bench import time_call
+from e3j._bench import provenance, time_call
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--edges", type=int, default=54_000)
-    parser.add_argument("--lmax", type=int, default=3)
-    parser.add_argument("--runs", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=4)
-    args = parser.parse_args(argv)
-    irreps = " + ".join(f"{l}{'e' if l % 2 == 0 else 'o'}" for l in range(args.lmax + 1))
-    v = jnp.asarray(np.random.default_rng(0).normal(size=(args.edges, 3)), jnp.float32)
+def measure(edges: int, lmax: int, runs: int, rounds: int) -> dict:
+    """One row: both libraries' value and gradient at ``lmax`` on ``edges`` random vectors."""
+    irreps = " + ".join(f"{l}{'e' if l % 2 == 0 else 'o'}" for l in range(lmax + 1))
+    v = jnp.asarray(np.random.default_rng(0).normal(size=(edges, 3)), jnp.float32)
 
     def ours(v):
         return e3j.spherical_harmonics(irreps, v, True)
@@ -47,19 +45,36 @@ def main(argv=None) -> int:
     for f in fns.values():
         jax.block_until_ready(f(v))
     best = {}
-    for _ in range(args.rounds):
+    for _ in range(rounds):
         for name, f in fns.items():
-            t = time_call(f, v, runs=max(1, args.runs // args.rounds), warmup=0)
+            t = time_call(f, v, runs=max(1, runs // rounds), warmup=0)
             best[name] = min(best.get(name, float("inf")), t)
     row = {
-        "edges": args.edges,
+        "edges": edges,
         "irreps": irreps,
         "max_abs_diff": err,
         **{k: round(t * 1e3, 3) for k, t in best.items()},
     }
     row["e3nn_over_e3j"] = round(best["e3nn"] / best["e3j"], 2)
     row["e3nn_over_e3j_grad"] = round(best["e3nn_grad"] / best["e3j_grad"], 2)
-    print(json.dumps(row))
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--edges", type=int, default=54_000)
+    parser.add_argument("--lmax", type=int, nargs="+", default=[3])
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--json", help="also write the rows here, with the command, date and host")
+    args = parser.parse_args(argv)
+    record = provenance("benchmarks/spherical_harmonics_vs_e3nn.py", argv)
+    rows = []
+    for lmax in args.lmax:
+        rows.append(measure(args.edges, lmax, args.runs, args.rounds))
+        print(json.dumps(rows[-1]), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({**record, "jax": jax.__version__, "rows": rows}, indent=1) + "\n")
     return 0
 
 
