@@ -57,10 +57,15 @@ def markdown(rows: list[dict]) -> str:
 def ratio_table(result: dict, baseline: str = "e3nn") -> str:
     """A CPU sweep of ``python -m e3j bench`` as ratios measured in its run: each implementation's
     throughput as a fraction of the jitted copy's, and its speedup over ``baseline``'s."""
-    rows = [r for r in result["rows"] if r["op"] != "convolution_memory" and "GBps" in r]
+    rows = [r for r in result["rows"] if r["op"] != "convolution_memory"]
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     others = [i for i in impls if i != baseline]
-    by = {(r["op"], r["direction"], r["lmax"], r["channels"], r["size"], r["impl"]): r["GBps"] for r in rows}
+
+    def key(r: dict) -> tuple:
+        return r["op"], r["direction"], r["lmax"], r["channels"], r["size"]
+
+    keys = list(dict.fromkeys(key(r) for r in rows))
+    by = {(*key(r), r["impl"]): r["GBps"] for r in rows if "GBps" in r}
     copy = result["copy"]["GBps"]
     head = (
         "| op | dir | lmax | C | size | "
@@ -70,7 +75,7 @@ def ratio_table(result: dict, baseline: str = "e3nn") -> str:
     )
     width = 5 + len(impls) + (len(others) if baseline in impls else 0)
     lines = [head, "|" + " --- |" * width]
-    for key in dict.fromkeys(k[:5] for k in by):
+    for key in keys:  # a measurement that failed stays as "error"
         cells = [f"{by[(*key, i)] / copy:.0%}" if (*key, i) in by else "error" for i in impls]
         if baseline in impls:
             base = by.get((*key, baseline))
@@ -90,7 +95,7 @@ def render_bench(name: str, result: dict) -> str:
     head = (
         f"Measured on {d['kind']} ({d['host']}, {d['cores']} cores), {result['date'][:10]}, {versions}; "
         f"command: `{result['command']}`; {result['method']}"
-        + ("; ratios to a jitted copy and to e3nn-jax measured in the same run." if cpu else
+        + ("; ratios to a jitted copy (and to e3nn-jax, where run) measured in the same run." if cpu else
            f"; jitted copy in the same run: {result['copy']['GBps']:.2f} GB/s.")
     )  # fmt: skip
     if cpu:

@@ -43,7 +43,14 @@ def test_cpu_blocks_give_ratios_not_throughput():
             for i, g in (("reference", 6.0), ("e3nn", 2.0))
         ],
     }
-    assert tables.ratio_table(sweep).splitlines()[-1] == "| tensor_product | fwd | 2 | 8 | 64 | 150% | 50% | 3.00x |"
+    sweep["rows"] += [
+        {"op": "tensor_product", "direction": "fwd", "lmax": 2, "channels": 8, "size": 256, "impl": i, "error": "oom"}
+        for i in ("reference", "e3nn")
+    ]
+    assert tables.ratio_table(sweep).splitlines()[-2:] == [
+        "| tensor_product | fwd | 2 | 8 | 64 | 150% | 50% | 3.00x |",
+        "| tensor_product | fwd | 2 | 8 | 256 | error | error | n/a |",  # a failed measurement is kept
+    ]
 
 
 def test_readme_first_code_block_is_a_working_example():

@@ -538,6 +538,9 @@ def test_valid_edge_cases():
     close = {"positions": np.array([[0.0, 0, 0], [1.0, 0, 0], [1.0 + 1e-9, 0, 0]]), "numbers": np.array([1, 8, 1])}
     assert int(M.batch_structures([close], [1, 8], 2.0).graph.num_valid) == 6
     assert M.make_batch(np.zeros((0, 3)), [], [], []).graph.num_nodes == 0
+    empty = M.make_batch(np.zeros((0, 3)), [], [], [], node_mask=[], edge_mask=[])  # [] is float64 to numpy
+    assert empty.node_mask.dtype == bool and empty.graph.num_edges == 0
+    assert M.mace_a(range(28, 30)).atomic_numbers == (28, 29)  # a range is an ordered sequence
     assert M.make_batch(POS, SPECIES, [], []).graph.num_edges == 0
     params32 = jax.tree.map(lambda a: a.astype(f32) if jnp.issubdtype(a.dtype, jnp.floating) else a, PARAMS)
     assert POT(params32, BATCH, forces=False)["energy"].dtype == f64

@@ -275,7 +275,7 @@ def test_calculator_sizes_its_bucket_to_each_structure_of_a_dataset(tiny):
     # one calculator over a dataset: a small structure after a large one is not padded to the
     # large one's size, alternating structures list each shape once, and a refused structure
     # changes no bucket
-    ase = pytest.importorskip("ase")
+    pytest.importorskip("ase")
     pot, _, params = tiny
     small = _periodic_atoms()
     large = small.repeat((2, 2, 2))
@@ -293,9 +293,39 @@ def test_calculator_sizes_its_bucket_to_each_structure_of_a_dataset(tiny):
     with pytest.raises(ValueError, match="numbers"):
         calc.get_potential_energy(unknown)
     assert calc._size == calc.buckets[0] and len(calc.buckets) == 2
-    forces = calc.get_forces(small)
-    forces[0] += 1.0  # ASE's callers may edit results in place
-    assert calc.name == "e3j_models" and isinstance(small.copy(), ase.Atoms)
+    calc.get_forces(small)
+    assert calc.results["forces"].flags.writeable  # ASE's callers may edit results in place
+    assert calc.name == "e3j_models"
+    # a second pass over a dataset reuses the buckets of the first: a structure that fits a bucket
+    # used before within twice its own size compiles nothing new
+    dataset = [small, large, small.repeat((2, 1, 1)), small.repeat((2, 2, 1)), large, small]
+    for atoms in dataset:
+        calc.get_potential_energy(atoms)
+    used = list(calc.buckets)
+    for atoms in dataset[::-1]:
+        calc.get_potential_energy(atoms)
+    assert calc.buckets == used and len(used) <= 4
+
+
+def test_calculator_bucket_choice_compiles_few_buckets_over_a_mixed_dataset():
+    # each bucket is a compilation: sizing a new one whenever the current one was too large compiled
+    # 54 buckets over this dataset, one per few structures
+    pytest.importorskip("ase")
+    from e3j_models.calculator import _choose_bucket
+
+    rng = np.random.default_rng(0)
+    used, current = [], None
+    for n in rng.integers(3, 200, 500):
+        need = (int(n) + 1, int(n) * 20)
+        current = _choose_bucket(need, current, used, 0.1)
+        assert all(k <= have <= 2 * em.bucket_size(k) for have, k in zip(current, need, strict=True))
+        if current not in used:
+            used.append(current)
+    assert len(used) <= 15
+    # a small system after a large one: the earlier small bucket, not a new one nor the large one
+    assert _choose_bucket((10, 100), (72, 1024), [(16, 128), (72, 1024)], 0.1) == (16, 128)
+    # MD: a system wandering inside its bucket keeps it, though a smaller one it fits was used before
+    assert _choose_bucket((60, 700), (72, 1024), [(64, 704), (72, 1024)], 0.1) == (72, 1024)
 
 
 def test_unpickled_float64_calculator_without_x64_is_refused(tiny):

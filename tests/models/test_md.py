@@ -199,6 +199,8 @@ def test_run_md_names_what_it_refuses_before_running(model, tmp_path):
     with pytest.raises(ValueError, match=r"seed must be an int >= 0, got -1"):
         run_md(_cell(), Calculator(pot, params), "nve", steps=1, seed=-1, progress=False)
     calc = Calculator(pot, params)
+    with pytest.raises(ValueError, match=r"trajectory must be a file path, got an empty one"):
+        run_md(_cell(), calc, "nve", steps=1, trajectory="", progress=False)
     with pytest.raises(ValueError, match=r"trajectory: the folder '.*missing' does not exist"):
         run_md(_cell(), calc, "nve", steps=1, trajectory=tmp_path / "missing" / "t.extxyz", progress=False)
     assert calc.buckets == []  # refused before the first evaluation

@@ -105,6 +105,8 @@ def check_output_path(name: str, path) -> str:
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{name} must be a file path (str or os.PathLike), got {type(path).__name__}")
     path = os.fspath(path)
+    if not path:
+        raise ValueError(f"{name} must be a file path, got an empty one")
     folder = os.path.dirname(path) or "."
     if not os.path.isdir(folder):
         raise ValueError(f"{name}: the folder {folder!r} does not exist (create it first)")

@@ -122,6 +122,8 @@ def make_batch(
             f"for edge {k}: for Cartesian offsets, give their coordinates in the cell (offsets @ inv(cell))"
         )
     node_mask = np.ones(n, bool) if node_mask is None else np.asarray(node_mask)
+    if node_mask.size == 0:  # [] is float64 to numpy
+        node_mask = node_mask.astype(bool)
     if node_mask.dtype != bool:  # a cast would take 0.5 and "False" for True
         raise TypeError(f"node_mask must be bool [N={n}], got dtype {node_mask.dtype}")
     if node_mask.shape != (n,):

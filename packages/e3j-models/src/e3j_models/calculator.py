@@ -1,9 +1,10 @@
 """An ASE calculator: energy, forces and stress, compiled once per padding bucket.
 
-Each call builds the neighbour list on the host (vesin), pads nodes and edges to the current bucket
-(kept while the system fits, grown to the next :func:`~e3j_models.bucket_size` when it does not) and
-runs one jitted energy + forces + stress evaluation, so an MD run recompiles only when the edge count
-outgrows its ~10 % headroom. Needs the ``ase`` extra.
+Each call builds the neighbour list on the host (vesin), pads nodes and edges to a bucket (one used
+before when the system fits it without padding it to more than about twice its size, else a new
+:func:`~e3j_models.bucket_size` for the system) and runs one jitted energy + forces + stress
+evaluation, so an MD run recompiles only when the edge count outgrows its ~10 % headroom, and a
+dataset of mixed sizes compiles a few buckets. Needs the ``ase`` extra.
 
 >>> import jax, numpy as np
 >>> from ase import Atoms
@@ -53,19 +54,31 @@ def _energy_forces_stress(potential: Potential, request: str | None, params, bat
         return potential(params, batch, stress=True)
 
 
+def _choose_bucket(need: tuple[int, int], current, used: list, headroom: float) -> tuple[int, int]:
+    """The ``(num_nodes, num_edges)`` bucket for a system needing ``need``: ``current`` while it fits
+    and is at most twice the system's own bucket in both, else the smallest such bucket of ``used``,
+    else the system's own (``bucket_size`` of each count)."""
+    tight = tuple(bucket_size(k, headroom) for k in need)
+    usable = [b for b in used if all(k <= have <= 2 * t for have, k, t in zip(b, need, tight, strict=True))]
+    return current if current in usable else min(usable, key=lambda b: b[0] * b[1], default=tight)
+
+
 class Calculator(_AseCalculator):
     """``Calculator(potential, params, headroom=0.1, dtype=None)``: ASE ``energy``, ``forces``, ``stress``.
 
-    ``stress`` (Voigt, ASE's sign: ``(1/V) ∂E/∂ε``) needs a fully periodic cell. The padding bucket
-    is kept while the system fits it and needs more than half of it in nodes and in edges (an MD
-    run), and is otherwise sized to the system anew (a dataset of small and large structures pays
-    no large padding on the small ones); ``buckets`` lists the distinct ``(num_nodes, num_edges)``
-    shapes used so far, in the order first used. ``dtype``: the computation's float type, ``None``
-    for JAX's default (float64 under ``jax_enable_x64``, else float32); ``np.float64`` needs
-    ``jax_enable_x64`` (JAX would otherwise compute in float32 without a word), checked at each
-    calculation too (a pickled float64 calculator in a process without it is refused). Calculators
-    of equal potentials share their compilations (one per bucket). A calculator can be pickled (for
-    ``multiprocessing`` and workflow tools).
+    ``stress`` (Voigt, ASE's sign: ``(1/V) ∂E/∂ε``) needs a fully periodic cell. The padding bucket:
+    the current one while the system fits it and it is at most twice the system's own
+    :func:`~e3j_models.bucket_size` in nodes and in edges (an MD run keeps one), else the smallest
+    such bucket used before, else a new one sized to the system (a dataset of small and large
+    structures compiles a few buckets and pays no large padding on the small ones). ``buckets``
+    lists the distinct ``(num_nodes, num_edges)`` shapes used so far, in the order first used.
+
+    ``dtype``: the computation's float type, ``None`` for JAX's default (float64 under
+    ``jax_enable_x64``, else float32); ``np.float64`` needs ``jax_enable_x64`` (JAX would otherwise
+    compute in float32 without a word), checked at each calculation too (a pickled float64
+    calculator in a process without it is refused). Calculators of equal potentials share their
+    compilations (one per bucket). A calculator can be pickled (for ``multiprocessing`` and
+    workflow tools).
     """
 
     implemented_properties = ("energy", "free_energy", "forces", "stress")
@@ -98,10 +111,7 @@ class Calculator(_AseCalculator):
         # the neighbour list once per call: it sizes the bucket and fills the batch
         edges = neighbour_list(atoms.get_positions(), cfg.cutoff, np.asarray(atoms.cell), atoms.pbc)
         need = (n + 1, len(edges[0]))  # one padding node at least: padding edges point at it
-        tight = tuple(bucket_size(k, self.headroom) for k in need)
-        size = self._size
-        if size is None or any(have < k or have > 2 * t for have, k, t in zip(size, need, tight, strict=True)):
-            size = tight
+        size = _choose_bucket(need, self._size, self.buckets, self.headroom)
         batch = batch_structures(
             [atoms],
             cfg.atomic_numbers,

@@ -42,8 +42,8 @@ def _freeze(cfg, name: str, value) -> None:
 
 def check_atomic_numbers(z) -> tuple[int, ...]:
     """``atomic_numbers`` (the model's elements, in species order) as a tuple of distinct ints in [1, 118]."""
-    if isinstance(z, np.ndarray):
-        z = z.tolist()
+    if isinstance(z, (np.ndarray, range)):
+        z = list(z)
     if not isinstance(z, (tuple, list)) or not z or not all(is_int(a) and 1 <= a <= 118 for a in z):
         raise ValueError(f"atomic_numbers must be a non-empty tuple of ints in [1, 118], got {z!r}")
     z = tuple(int(a) for a in z)

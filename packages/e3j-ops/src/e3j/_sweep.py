@@ -431,7 +431,6 @@ def table(result: dict) -> str:
     impls = list(dict.fromkeys(r["impl"] for r in rows))
     head = "| op | dir | lmax | C | size | " + " | ".join(f"{i} GB/s" for i in impls) + " |"
     lines = [head, "|" + " --- |" * (5 + len(impls))]
-    memory = [r for r in rows if r["op"] == "convolution_memory"]
     rows = [r for r in rows if r["op"] != "convolution_memory"]
     keys = list(dict.fromkeys((r["op"], r["direction"], r["lmax"], r["channels"], r["size"]) for r in rows))
     for k in keys:
@@ -447,8 +446,9 @@ def table(result: dict) -> str:
             )
             cells.append("error" if r is None or "error" in r else f"{r['GBps']:.2f}")
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {k[3]} | {k[4]} | " + " | ".join(cells) + " |")
+    memory = memory_table(result)
     if memory:
-        lines += ["", memory_table(result)]
+        lines += ["", memory]
     summary = table1(result)
     if summary:
         lines += ["", summary]
