@@ -73,6 +73,62 @@ def test_dataset_roundtrip_and_bad_files(tmp_path):
         read_dataset(unlabelled)
 
 
+def _relabelled(structures, prefix="REF_"):
+    """The structures with their labels under other names (mace-torch's convention), no calculator."""
+    out = []
+    for atoms in structures:
+        copy = atoms.copy()  # drops the calculator and its results
+        copy.info[prefix + "energy"] = atoms.get_potential_energy()
+        copy.arrays[prefix + "forces"] = atoms.get_forces()
+        copy.info[prefix + "stress"] = atoms.get_stress(voigt=False).reshape(9)
+        out.append(copy)
+    return out
+
+
+def test_dataset_labels_under_other_names(tmp_path):
+    # mace-torch's datasets keep the labels as REF_energy / REF_forces / REF_stress: read_dataset
+    # said they had no energy, and the user had to rewrite the file
+    structures = emt_structures(2)
+    path = tmp_path / "ref.extxyz"
+    write_dataset(path, _relabelled(structures))
+    with pytest.raises(ValueError, match=r"structure 0 has no energy or forces"):
+        read_dataset(path)
+    back = read_dataset(path, energy_key="REF_energy", forces_key="REF_forces", stress_key="REF_stress")
+    for x, y in zip(back, structures, strict=True):
+        np.testing.assert_allclose(x.get_potential_energy(), y.get_potential_energy(), rtol=1e-12)
+        np.testing.assert_allclose(x.get_forces(), y.get_forces(), atol=1e-7)
+        np.testing.assert_allclose(x.get_stress(), y.get_stress(), atol=1e-7)
+    with pytest.raises(ValueError, match=r"structure 0 has no DFT_energy"):
+        read_dataset(path, energy_key="DFT_energy", forces_key="REF_forces")
+    with pytest.raises(TypeError, match=r"forces_key must be a non-empty str, got ''"):
+        read_dataset(path, forces_key="")
+    # the named label replaces the file's own: a file with both takes the one asked for
+    both = _relabelled(structures)
+    for atoms, ref in zip(both, structures, strict=True):
+        atoms.calc = ref.calc
+        atoms.info["REF_energy"] = 1.0
+    write_dataset(tmp_path / "both.extxyz", both)
+    assert read_dataset(tmp_path / "both.extxyz", energy_key="REF_energy")[0].get_potential_energy() == 1.0
+
+
+def test_cli_train_reads_labels_under_the_names_given(tmp_path, monkeypatch):
+    import e3j_models.train as train_module
+
+    data = tmp_path / "ref.extxyz"
+    write_dataset(data, _relabelled(emt_structures(3)))
+    seen = []
+
+    def fake_fit(config, train, valid, **kwargs):
+        seen.extend(train)
+        raise SystemExit("fit called")
+
+    monkeypatch.setattr(train_module, "fit", fake_fit)
+    keys = ["--energy-key", "REF_energy", "--forces-key", "REF_forces", "--stress-key", "REF_stress"]
+    with pytest.raises(SystemExit, match="fit called"):
+        main(["train", "--data", str(data), "--preset", "nequip", "--out", str(tmp_path / "run"), *keys])
+    assert len(seen) == 2 and seen[0].get_forces().shape == (len(seen[0]), 3)
+
+
 def test_prepare_config_fits_reference_energies():
     structures = emt_structures(6)
     cfg = prepare_config(nequip((28, 29), **TINY), structures)

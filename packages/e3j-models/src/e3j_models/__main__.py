@@ -109,7 +109,9 @@ def _train(args) -> None:
     if not 0 < args.valid_fraction < 1:
         raise SystemExit(f"error: --valid-fraction must be in (0, 1), got {args.valid_fraction}")
     _check_out(args.out)
-    structures = read_dataset(args.data)
+    structures = read_dataset(
+        args.data, energy_key=args.energy_key, forces_key=args.forces_key, stress_key=args.stress_key
+    )
     n_valid = max(1, round(len(structures) * args.valid_fraction))
     if len(structures) - n_valid < 1:
         raise SystemExit(f"error: --data holds {len(structures)} structures: too few to split off a validation set")
@@ -283,6 +285,9 @@ def main(argv=None) -> None:
         formatter_class=_DefaultsHelpFormatter,
     )
     p.add_argument("--data", required=True, help="extxyz with energy/forces (python -m e3j_models data)")
+    p.add_argument("--energy-key", default="energy", help="--data's energy label (e.g. REF_energy, in atoms.info)")
+    p.add_argument("--forces-key", default="forces", help="--data's forces label (e.g. REF_forces, in atoms.arrays)")
+    p.add_argument("--stress-key", default="stress", help="--data's stress label (e.g. REF_stress, in atoms.info)")
     p.add_argument(
         "--preset",
         choices=_PRESETS,

@@ -137,11 +137,39 @@ def write_dataset(path: str | os.PathLike, structures: Sequence) -> None:
     os.replace(tmp, path)
 
 
-def read_dataset(path: str | os.PathLike) -> list:
-    """``ase.Atoms`` from an extxyz (or any ASE-readable) file; each must carry energy and forces."""
+def read_dataset(
+    path: str | os.PathLike,
+    *,
+    energy_key: str = "energy",
+    forces_key: str = "forces",
+    stress_key: str = "stress",
+) -> list:
+    """``ase.Atoms`` from an extxyz (or any ASE-readable) file; each must carry energy and forces.
+
+    By default the labels are what ASE reads as the structure's calculator results (extxyz's
+    ``energy``, ``forces`` and ``stress``). Datasets that keep them under other names (mace-torch's
+    ``REF_energy``, ``REF_forces``, ``REF_stress``; a ``DFT_energy``) name them: each ``*_key``
+    other than the default is read from ``atoms.info`` (energy, stress: 6 Voigt or 9 numbers) or
+    ``atoms.arrays`` (forces ``[N, 3]``) and becomes the structure's result, replacing what the
+    file's calculator results held. A stress is optional.
+
+    >>> import os, tempfile, numpy as np
+    >>> from ase import Atoms
+    >>> atoms = Atoms("H2", positions=[[0, 0, 0], [0.74, 0, 0]])
+    >>> atoms.info["REF_energy"] = -1.2
+    >>> atoms.arrays["REF_forces"] = np.zeros((2, 3))
+    >>> path = os.path.join(tempfile.mkdtemp(), "h2.extxyz")
+    >>> atoms.write(path)
+    >>> [a.get_potential_energy() for a in read_dataset(path, energy_key="REF_energy", forces_key="REF_forces")]
+    [-1.2]
+    """
     require("ase", "e3j_models.data.read_dataset")
+    from ase.calculators.singlepoint import SinglePointCalculator
     from ase.io import read
 
+    for name, key in (("energy_key", energy_key), ("forces_key", forces_key), ("stress_key", stress_key)):
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"{name} must be a non-empty str, got {key!r}")
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"data file {path!r} does not exist")
@@ -151,9 +179,23 @@ def read_dataset(path: str | os.PathLike) -> list:
         raise ValueError(f"data file {path!r} is not readable by ase.io.read: {err}") from err
     if not structures:
         raise ValueError(f"data file {path!r} holds no structures")
+    keys = {"energy": energy_key, "forces": forces_key, "stress": stress_key}
+    renamed = {p: k for p, k in keys.items() if k != p}
     for k, atoms in enumerate(structures):
-        results = atoms.calc.results if atoms.calc is not None else {}
-        missing = [p for p in ("energy", "forces") if p not in results]
+        results = dict(atoms.calc.results) if atoms.calc is not None else {}
+        if renamed:
+            for prop, key in renamed.items():
+                results.pop(prop, None)  # the named label replaces the default one, or there is none
+                source = atoms.arrays if prop == "forces" else atoms.info
+                if key in source:
+                    value = np.asarray(source[key], np.float64)
+                    if prop == "energy" and value.size == 1:
+                        value = value.item()
+                    elif prop == "stress" and value.size == 9:
+                        value = value.reshape(3, 3)
+                    results[prop] = value
+            atoms.calc = SinglePointCalculator(atoms, **results)
+        missing = [keys[p] for p in ("energy", "forces") if p not in results]
         if missing:
             raise ValueError(f"data file {path!r}: structure {k} has no {' or '.join(missing)}")
     return structures
