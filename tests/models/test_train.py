@@ -143,6 +143,9 @@ def test_prepare_config_fits_reference_energies():
     # an element in no structure: least squares would give it 0 eV silently
     with pytest.raises(ValueError, match=r"atomic numbers \[13\] of the config \(\[13, 28, 29\]\) occur in none"):
         prepare_config(nequip((13, 28, 29), **TINY), structures)
+    # isolated atoms' energies given in the config are kept (they were replaced by the fit)
+    given = prepare_config(nequip((28, 29), atomic_energies=(-1.5, -2.5), **TINY), structures)
+    assert given.atomic_energies == (-1.5, -2.5) and given.avg_num_neighbors == cfg.avg_num_neighbors
 
 
 def test_training_decreases_loss_and_matches_e3nn_twin():

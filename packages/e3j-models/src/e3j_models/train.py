@@ -12,8 +12,9 @@ batch is padded to one common :func:`~e3j_models.bucket_size` of nodes and edges
 compiles one step per batch shape (two when the last batch is smaller); each epoch visits the batches
 in a new seeded order. The optimizer is ``clip_by_global_norm(10) → adam`` with a cosine decay of the
 learning rate to 1 % over the run. Before training, per-element reference energies are fitted to
-the training energies by least squares and stored in the config's ``atomic_energies``, and
-``avg_num_neighbors`` is set to the training set's mean neighbour count.
+the training energies by least squares and stored in the config's ``atomic_energies`` (a config
+that gives them keeps its own), and ``avg_num_neighbors`` is set to the training set's mean
+neighbour count.
 
 >>> from e3j_models import nequip
 >>> from e3j_models.data import emt_structures
@@ -91,7 +92,9 @@ def prepare_config(config: MACEConfig | NequIPConfig, structures: Sequence) -> M
     (mean over atoms) taken from ``structures``. Every element of the config must occur in them
     (``ValueError`` naming those that do not: their energies could not be fitted, nor their
     embeddings trained); where the compositions do not tell the elements' energies apart (all
-    structures in one ratio) the least-squares solution of smallest norm is taken."""
+    structures in one ratio) the least-squares solution of smallest norm is taken. A config that
+    has ``atomic_energies`` already (isolated atoms' energies from the reference method, or an
+    earlier fit's) keeps them."""
     z = list(config.atomic_numbers)
     counts = np.zeros((len(structures), len(z)))
     energies = np.zeros(len(structures))
@@ -107,7 +110,8 @@ def prepare_config(config: MACEConfig | NequIPConfig, structures: Sequence) -> M
         neighbours += _num_edges(atoms, config.cutoff)
         atoms_total += len(atoms)
     _check_elements_present(z, structures)
-    e0 = np.linalg.lstsq(counts, energies, rcond=None)[0]
+    given = config.atomic_energies
+    e0 = np.linalg.lstsq(counts, energies, rcond=None)[0] if given is None else given
     return dataclasses.replace(
         config,
         atomic_energies=tuple(float(x) for x in e0),
