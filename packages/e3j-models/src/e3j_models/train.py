@@ -32,7 +32,7 @@ import functools
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -137,12 +137,14 @@ def check_training_data(
     valid: Sequence = (),
     *,
     dtype=np.float32,
+    every_element: bool = True,
 ) -> None:
     """What :func:`fit` refuses in its data (``ValueError``), checked before anything is trained:
     in any structure of ``train`` or ``valid`` (named ``train[k]``, ``valid[k]``), missing or
     non-finite labels (energy; forces ``[N, 3]``; stress where the loss reads it) and what the
     model cannot read (an element not in the config, no atoms, non-finite positions, atoms that
-    coincide in ``dtype``); a config element in no training structure; a stress weight with no
+    coincide in ``dtype``); a config element in no training structure (unless ``every_element`` is
+    False: fine-tuning trained parameters on a subset of the elements); a stress weight with no
     stress label to use."""
     check_config(config)
     check_structure_list("train", train)
@@ -150,7 +152,8 @@ def check_training_data(
     for part, structures in (("train", train), ("valid", valid)):
         for k, atoms in enumerate(structures):
             _check_structure_data(config, atoms, f"{part}[{k}]", weights, dtype)
-    _check_elements_present(config.atomic_numbers, train)
+    if every_element:
+        _check_elements_present(config.atomic_numbers, train)
     if weights[2] > 0 and not any(_has_stress(a, _results(a, k)) for k, a in enumerate(train)):
         raise ValueError(
             f"weights[2] (stress) is {weights[2]} but no training structure has a stress label on a fully "
@@ -185,8 +188,13 @@ def _num_edges(atoms, cutoff: float) -> int:
     return len(neighbour_list(atoms.positions, cutoff, np.asarray(atoms.cell), atoms.pbc)[0])
 
 
-def _batches(structures, config, batch_size, rng, dtype):
-    """Seeded split into batches, all padded to one node/edge bucket: ``[(GraphBatch, Labels)]``."""
+def _batches(structures, config, batch_size, rng, dtype, reference_energies=None):
+    """Seeded split into batches, all padded to one node/edge bucket: ``[(GraphBatch, Labels)]``.
+
+    ``reference_energies`` (one per element of ``config.atomic_numbers``, or None): subtracted from
+    each structure's energy label in float64 before the cast to ``dtype``, so that a float32 label
+    keeps the digits of an energy far from zero (all-electron totals: ~1e4 eV per atom)."""
+    e0 = None if reference_energies is None else dict(zip(config.atomic_numbers, reference_energies, strict=True))
     order = rng.permutation(len(structures)) if rng is not None else np.arange(len(structures))
     groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     sizes = []
@@ -214,8 +222,11 @@ def _batches(structures, config, batch_size, rng, dtype):
                 s = np.asarray(res["stress"])
                 stress[j] = s if s.shape == (3, 3) else _voigt_to_full(s)
                 has_stress[j] = True
+        energies = [float(_results(a, 0)["energy"]) for a in sts]
+        if e0 is not None:
+            energies = [e - sum(e0[int(z)] for z in a.numbers) for e, a in zip(energies, sts, strict=True)]
         labels = Labels(
-            jnp.asarray([_results(a, 0)["energy"] for a in sts], dtype),
+            jnp.asarray(energies, dtype),
             jnp.asarray([len(a) for a in sts], dtype),
             jnp.asarray(forces),
             jnp.asarray(stress),
@@ -312,8 +323,16 @@ def fit(
     checkpoint: str | os.PathLike | None = None,
     progress: bool = True,
     factored_radial: bool = True,
+    params: Mapping[str, Any] | None = None,
 ) -> FitResult:
-    """Train from scratch for ``steps`` optimizer steps on ``train``; validate on ``valid``.
+    """Train for ``steps`` optimizer steps on ``train``; validate on ``valid``.
+
+    From scratch by default: the config's ``atomic_energies`` (when None) and ``avg_num_neighbors``
+    are fitted to ``train`` first (:func:`prepare_config`). ``params`` (e.g. ``load(path)``'s, with
+    its config) continues training from them instead (fine-tuning): the config is taken as it is,
+    since its constants are part of what the parameters compute. The per-element reference energies
+    are subtracted from the energy labels on the host, in float64, and left out of the trained
+    model's graph, so float32 training keeps the digits of large absolute energies.
 
     ``backend`` ``"e3nn"`` trains the e3nn-jax twin (same parameter tree). ``eval_every > 0`` records
     validation MAEs every so many steps and, with ``checkpoint``, saves the best model there
@@ -338,13 +357,22 @@ def fit(
         raise ValueError("valid is empty: give at least one validation structure")
     weights = _check_weights(weights)
     dtype = check_model_dtype(dtype)
-    check_training_data(config, train, weights, valid, dtype=dtype)
-    config = prepare_config(config, train)
-    potential = Potential(config, backend, factored_radial=factored_radial)
+    check_training_data(config, train, weights, valid, dtype=dtype, every_element=params is None)
+    if params is None:
+        config = prepare_config(config, train)
+    elif config.atomic_energies is None:
+        raise ValueError("config has no atomic_energies: fine-tuning params needs the config they were trained with")
+    # the model trained and validated here leaves the reference energies out; the labels leave them
+    # out too (on the host, in float64): the same residuals, without float32's rounding of ~1e4 eV
+    potential = Potential(dataclasses.replace(config, atomic_energies=None), backend, factored_radial=factored_radial)
     rng = np.random.default_rng(seed)
-    train_batches = _batches(train, config, batch_size, rng, dtype)
-    valid_batches = _batches(valid, config, batch_size, None, dtype)
-    params = potential.init(jax.random.key(seed), train_batches[0][0], dtype=dtype)
+    train_batches = _batches(train, config, batch_size, rng, dtype, config.atomic_energies)
+    valid_batches = _batches(valid, config, batch_size, None, dtype, config.atomic_energies)
+    if params is None:
+        params = potential.init(jax.random.key(seed), train_batches[0][0], dtype=dtype)
+    else:
+        potential.check_params(params)
+        params = jax.tree.map(lambda a: jnp.asarray(a, dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
     schedule = optax.cosine_decay_schedule(learning_rate, steps, alpha=0.01)
     optimizer = optax.chain(optax.clip_by_global_norm(10.0), optax.adam(schedule))
     opt_state = optimizer.init(params)
