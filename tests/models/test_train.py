@@ -91,13 +91,23 @@ def test_dataset_labels_under_other_names(tmp_path):
     structures = emt_structures(2)
     path = tmp_path / "ref.extxyz"
     write_dataset(path, _relabelled(structures))
-    with pytest.raises(ValueError, match=r"structure 0 has no energy or forces"):
+    with pytest.raises(ValueError, match=r"structure 0 has no energy or forces; it has \['REF_energy', 'REF_forces'\]"):
         read_dataset(path)
     back = read_dataset(path, energy_key="REF_energy", forces_key="REF_forces", stress_key="REF_stress")
     for x, y in zip(back, structures, strict=True):
         np.testing.assert_allclose(x.get_potential_energy(), y.get_potential_energy(), rtol=1e-12)
         np.testing.assert_allclose(x.get_forces(), y.get_forces(), atol=1e-7)
         np.testing.assert_allclose(x.get_stress(), y.get_stress(), atol=1e-7)
+    # mace-torch's virials W = -V·stress: read as a stress (named as one, they were taken as it)
+    with_virials = _relabelled(structures)
+    for atoms in with_virials:
+        atoms.info["REF_virials"] = (-atoms.get_volume() * atoms.info.pop("REF_stress")).reshape(9)
+    write_dataset(tmp_path / "virials.extxyz", with_virials)
+    back = read_dataset(
+        tmp_path / "virials.extxyz", energy_key="REF_energy", forces_key="REF_forces", virials_key="REF_virials"
+    )
+    for x, y in zip(back, structures, strict=True):
+        np.testing.assert_allclose(x.get_stress(), y.get_stress(), atol=1e-9)
     with pytest.raises(ValueError, match=r"structure 0 has no DFT_energy"):
         read_dataset(path, energy_key="DFT_energy", forces_key="REF_forces")
     with pytest.raises(TypeError, match=r"forces_key must be a non-empty str, got ''"):

@@ -110,7 +110,11 @@ def _train(args) -> None:
         raise SystemExit(f"error: --valid-fraction must be in (0, 1), got {args.valid_fraction}")
     _check_out(args.out)
     structures = read_dataset(
-        args.data, energy_key=args.energy_key, forces_key=args.forces_key, stress_key=args.stress_key
+        args.data,
+        energy_key=args.energy_key,
+        forces_key=args.forces_key,
+        stress_key=args.stress_key,
+        virials_key=args.virials_key,
     )
     n_valid = max(1, round(len(structures) * args.valid_fraction))
     if len(structures) - n_valid < 1:
@@ -288,6 +292,7 @@ def main(argv=None) -> None:
     p.add_argument("--energy-key", default="energy", help="--data's energy label (e.g. REF_energy, in atoms.info)")
     p.add_argument("--forces-key", default="forces", help="--data's forces label (e.g. REF_forces, in atoms.arrays)")
     p.add_argument("--stress-key", default="stress", help="--data's stress label (e.g. REF_stress, in atoms.info)")
+    p.add_argument("--virials-key", default=None, help="--data's virials (e.g. REF_virials), read as stress -W/V")
     p.add_argument(
         "--preset",
         choices=_PRESETS,

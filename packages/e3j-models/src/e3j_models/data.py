@@ -143,6 +143,7 @@ def read_dataset(
     energy_key: str = "energy",
     forces_key: str = "forces",
     stress_key: str = "stress",
+    virials_key: str | None = None,
 ) -> list:
     """``ase.Atoms`` from an extxyz (or any ASE-readable) file; each must carry energy and forces.
 
@@ -151,7 +152,10 @@ def read_dataset(
     ``REF_energy``, ``REF_forces``, ``REF_stress``; a ``DFT_energy``) name them: each ``*_key``
     other than the default is read from ``atoms.info`` (energy, stress: 6 Voigt or 9 numbers) or
     ``atoms.arrays`` (forces ``[N, 3]``) and becomes the structure's result, replacing what the
-    file's calculator results held. A stress is optional.
+    file's calculator results held. A stress is optional. ``virials_key`` (mace-torch's
+    ``REF_virials``: ``W = -V·σ``, in ``atoms.info``) gives the stress as ``-W / V`` instead, on
+    structures with a cell of nonzero volume; a virial is not a stress, so naming one as
+    ``stress_key`` would train on numbers of the wrong sign and size.
 
     >>> import os, tempfile, numpy as np
     >>> from ase import Atoms
@@ -167,7 +171,8 @@ def read_dataset(
     from ase.calculators.singlepoint import SinglePointCalculator
     from ase.io import read
 
-    for name, key in (("energy_key", energy_key), ("forces_key", forces_key), ("stress_key", stress_key)):
+    named = [("energy_key", energy_key), ("forces_key", forces_key), ("stress_key", stress_key)]
+    for name, key in named + ([("virials_key", virials_key)] if virials_key is not None else []):
         if not isinstance(key, str) or not key:
             raise TypeError(f"{name} must be a non-empty str, got {key!r}")
     path = os.fspath(path)
@@ -194,8 +199,19 @@ def read_dataset(
                     elif prop == "stress" and value.size == 9:
                         value = value.reshape(3, 3)
                     results[prop] = value
+        if virials_key is not None and virials_key in atoms.info:
+            volume = abs(float(np.linalg.det(atoms.cell.array)))
+            if volume == 0:
+                raise ValueError(f"data file {path!r}: structure {k} has {virials_key} but no cell volume")
+            virials = np.asarray(atoms.info[virials_key], np.float64)
+            virials = virials.reshape(3, 3) if virials.size == 9 else virials
+            results["stress"] = -virials / volume
+        if renamed or virials_key is not None:
             atoms.calc = SinglePointCalculator(atoms, **results)
         missing = [keys[p] for p in ("energy", "forces") if p not in results]
         if missing:
-            raise ValueError(f"data file {path!r}: structure {k} has no {' or '.join(missing)}")
+            # a label under another name is the usual cause (mace-torch's REF_energy): say which
+            other = sorted(n for n in [*atoms.info, *atoms.arrays] if any(p in n.lower() for p in ("energy", "force")))
+            hint = f"; it has {other}: name them with energy_key= / forces_key= (--energy-key ...)" if other else ""
+            raise ValueError(f"data file {path!r}: structure {k} has no {' or '.join(missing)}{hint}")
     return structures
