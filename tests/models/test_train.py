@@ -216,6 +216,44 @@ def test_fit_continues_from_given_parameters(tmp_path):
         fit(nequip((28, 29), **TINY), structures[:3], structures[3:], steps=1, progress=False, params=params)
 
 
+def test_evaluate_structures_and_the_test_command(tmp_path, capsys):
+    # a test set's errors: there was no public way to compute them but a Calculator loop
+    import json
+
+    from e3j_models import Potential, save
+    from e3j_models.train import evaluate_structures
+
+    structures = emt_structures(5)
+    result = fit(nequip((28, 29), **TINY), structures[:3], structures[3:], steps=2, progress=False)
+    pot, params = Potential(result.config), result.params
+    got = evaluate_structures(pot, params, structures[3:], batch_size=1)
+    # the oracle: each structure evaluated alone, errors taken in numpy
+    de, df, ds = [], [], []
+    for atoms in structures[3:]:
+        out = pot(params, pot.batch([atoms]), stress=True)
+        de.append((float(out["energy"][0]) - atoms.get_potential_energy()) / len(atoms))
+        df.append(np.asarray(out["forces"])[: len(atoms)] - atoms.get_forces())
+        ds.append(np.asarray(out["stress"][0]) - atoms.get_stress(voigt=False))
+    de, df, ds = np.array(de), np.concatenate(df), np.array(ds)
+    assert got["structures"] == 2 and got["atoms"] == sum(len(a) for a in structures[3:])
+    np.testing.assert_allclose(got["energy_mae_per_atom"], np.abs(de).mean(), rtol=1e-4)
+    np.testing.assert_allclose(got["energy_rmse_per_atom"], np.sqrt(np.square(de).mean()), rtol=1e-4)
+    np.testing.assert_allclose(got["force_mae"], np.abs(df).mean(), rtol=1e-4)
+    np.testing.assert_allclose(got["force_rmse"], np.sqrt(np.square(df).mean()), rtol=1e-4)
+    np.testing.assert_allclose(got["stress_mae"], np.abs(ds).mean(), rtol=1e-3)
+    np.testing.assert_allclose(got["energy_mae_per_atom"], result.validation["energy_mae_per_atom"], rtol=1e-4)
+    # the command line: the same numbers, from a checkpoint and a file
+    save(tmp_path / "m.npz", result.config, params)
+    write_dataset(tmp_path / "test.extxyz", structures[3:])
+    model, data = str(tmp_path / "m.npz"), str(tmp_path / "test.extxyz")
+    main(["test", "--model", model, "--data", data, "--out", str(tmp_path / "t.json")])
+    written = json.loads((tmp_path / "t.json").read_text())
+    assert written["command"].startswith("python -m e3j_models test --model")
+    np.testing.assert_allclose(written["force_mae"], got["force_mae"], rtol=1e-5)
+    with pytest.raises(SystemExit, match=r"--out: the folder '.*missing' does not exist"):
+        main(["test", "--model", str(tmp_path / "m.npz"), "--data", "x", "--out", str(tmp_path / "missing" / "t.json")])
+
+
 def test_training_decreases_loss_and_matches_e3nn_twin():
     pytest.importorskip("e3nn_jax")
     s = emt_structures(3, repeats=[(2, 2, 2)])

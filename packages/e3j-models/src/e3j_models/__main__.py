@@ -37,6 +37,7 @@ def _requires(command: str) -> None:
         "data": ("ase",),
         "train": ("ase", "optax", "tqdm", "matplotlib"),
         "md": ("ase.md.nose_hoover_chain", "tqdm", "matplotlib"),
+        "test": ("ase",),
     }
     for module in modules[command]:
         require(module, f"python -m e3j_models {command}", "train")
@@ -273,6 +274,42 @@ def _md(args) -> None:
     print(json.dumps({k: v for k, v in summary.items() if k != "log"}, indent=1))
 
 
+def _test(args) -> None:
+    from . import Potential, load
+    from .data import read_dataset
+    from .train import evaluate_structures
+
+    if args.out is not None:
+        _check_out_file(args.out)
+    config, params = load(args.model)
+    try:
+        potential = Potential(config, args.backend)
+    except ValueError as err:
+        raise ValueError(f"--backend: {err}") from err
+    structures = read_dataset(
+        args.data,
+        energy_key=args.energy_key,
+        forces_key=args.forces_key,
+        stress_key=args.stress_key,
+        virials_key=args.virials_key,
+    )
+    metrics = evaluate_structures(potential, params, structures, batch_size=args.batch_size)
+    record = {"command": "python -m e3j_models " + shlex.join(args.argv), "model": args.model, "data": args.data}
+    record |= metrics
+    if args.out is not None:
+        _write_json(record, args.out, indent=1)
+    print(json.dumps(record, indent=1))
+
+
+def _check_out_file(path: str) -> None:
+    from ._checks import check_output_path
+
+    try:
+        check_output_path("--out", path)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from err
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m e3j_models")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -350,6 +387,24 @@ def main(argv=None) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=_md)
+
+    p = sub.add_parser(
+        "test",
+        help="a checkpoint's errors on a labelled data file (energy, forces, stress: MAE and RMSE)",
+        formatter_class=_DefaultsHelpFormatter,
+    )
+    p.add_argument("--model", required=True, help="checkpoint written by train (model.npz)")
+    p.add_argument("--data", required=True, help="ASE-readable file with energy/forces (as train's --data)")
+    p.add_argument("--energy-key", default="energy", help="--data's energy label (e.g. REF_energy, in atoms.info)")
+    p.add_argument("--forces-key", default="forces", help="--data's forces label (e.g. REF_forces, in atoms.arrays)")
+    p.add_argument("--stress-key", default="stress", help="--data's stress label (e.g. REF_stress, in atoms.info)")
+    p.add_argument("--virials-key", default=None, help="--data's virials (e.g. REF_virials), read as stress -W/V")
+    p.add_argument("--batch-size", type=int, default=4, help="structures per batch")
+    p.add_argument(
+        "--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin (default: e3j's choice)"
+    )
+    p.add_argument("--out", default=None, help="also write the metrics here (JSON)")
+    p.set_defaults(func=_test)
 
     args = parser.parse_args(argv)
     # the command as given, also when called as main([...]) (sys.argv is then the caller's)

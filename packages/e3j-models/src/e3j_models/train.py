@@ -60,6 +60,7 @@ __all__ = [
     "check_training_data",
     "epoch_losses",
     "evaluate",
+    "evaluate_structures",
     "fit",
     "loss_fn",
     "plot_history",
@@ -294,6 +295,64 @@ def evaluate(potential: Potential, params, batches) -> dict[str, float]:
         n_graphs += int(labels.energy.shape[0])
         n_comp += 3 * int(mask.sum())
     return {"energy_mae_per_atom": e_err / n_graphs, "force_mae": f_err / n_comp}
+
+
+def evaluate_structures(
+    potential: Potential, params: Mapping[str, Any], structures: Sequence, *, batch_size: int = 4, dtype=None
+) -> dict[str, float]:
+    """Errors of ``potential`` with ``params`` on labelled ``structures`` (a test set, as
+    :func:`~e3j_models.data.read_dataset` reads it): ``energy_mae_per_atom`` and
+    ``energy_rmse_per_atom`` (eV/atom), ``force_mae`` and ``force_rmse`` (eV/Å, over components),
+    ``stress_mae`` and ``stress_rmse`` (eV/Å³, over the components of the structures with a stress
+    label on a fully periodic cell; absent without one), and ``structures`` / ``atoms`` counted.
+
+    The structures are checked as :func:`fit` checks its data; energies are compared with the
+    reference energies taken out on the host in float64, as :func:`fit` trains. ``dtype``: the
+    computation's (default: that of ``params``).
+    """
+    check_structure_list("structures", structures)
+    if not structures:
+        raise ValueError("structures is empty: give at least one structure")
+    batch_size = check_int("batch_size", batch_size, 1)
+    if not isinstance(potential, Potential):
+        raise TypeError(f"potential must be an e3j_models.Potential, got {type(potential).__name__}")
+    potential.check_params(params)
+    floats = [a.dtype for a in jax.tree.leaves(params) if jnp.issubdtype(a.dtype, jnp.floating)]
+    dtype = check_model_dtype(dtype if dtype is not None else (floats[0] if floats else None))
+    config = potential.config
+    check_training_data(config, structures, (1.0, 1.0, 0.0), dtype=dtype, every_element=False)
+    bare = Potential(
+        dataclasses.replace(config, atomic_energies=None), potential.backend, factored_radial=potential.factored_radial
+    )
+    params = jax.tree.map(lambda a: jnp.asarray(a, dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
+    e_abs = e_sq = f_abs = f_sq = s_abs = s_sq = 0.0
+    n_structures = n_atoms = n_stress = 0
+    for batch, labels in _batches(structures, config, batch_size, None, dtype, config.atomic_energies):
+        out = _energy_forces_stress(bare, params, batch)
+        de = np.asarray(out["energy"] - labels.energy, np.float64) / np.asarray(labels.num_atoms, np.float64)
+        mask = np.asarray(batch.node_mask)
+        df = np.asarray(out["forces"] - labels.forces, np.float64)[mask]
+        ds = np.asarray(out["stress"] - labels.stress, np.float64)[np.asarray(labels.has_stress)]
+        e_abs, e_sq = e_abs + np.abs(de).sum(), e_sq + np.square(de).sum()
+        f_abs, f_sq = f_abs + np.abs(df).sum(), f_sq + np.square(df).sum()
+        s_abs, s_sq = s_abs + np.abs(ds).sum(), s_sq + np.square(ds).sum()
+        n_structures, n_atoms, n_stress = n_structures + de.size, n_atoms + int(mask.sum()), n_stress + ds.size
+    metrics = {
+        "structures": n_structures,
+        "atoms": n_atoms,
+        "energy_mae_per_atom": e_abs / n_structures,
+        "energy_rmse_per_atom": float(np.sqrt(e_sq / n_structures)),
+        "force_mae": f_abs / (3 * n_atoms),
+        "force_rmse": float(np.sqrt(f_sq / (3 * n_atoms))),
+    }
+    if n_stress:
+        metrics |= {"stress_mae": s_abs / n_stress, "stress_rmse": float(np.sqrt(s_sq / n_stress))}
+    return {k: v if isinstance(v, int) else float(v) for k, v in metrics.items()}
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _energy_forces_stress(potential: Potential, params, batch):
+    return potential(params, batch, forces=True, stress=True)
 
 
 def _check_weights(weights, names: Sequence[str] = ("weights[0]", "weights[1]", "weights[2]")) -> tuple:
