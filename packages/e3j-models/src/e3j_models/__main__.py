@@ -95,7 +95,6 @@ def _train(args) -> None:
     from . import Potential
     from . import config as cfgs
     from ._checks import check_int
-    from .data import read_dataset
     from .train import _check_weights, check_training_data, fit, plot_history, write_history
 
     # checked before anything is read or made, and named as the command line names them
@@ -110,13 +109,7 @@ def _train(args) -> None:
     if not 0 < args.valid_fraction < 1:
         raise SystemExit(f"error: --valid-fraction must be in (0, 1), got {args.valid_fraction}")
     _check_out(args.out)
-    structures = read_dataset(
-        args.data,
-        energy_key=args.energy_key,
-        forces_key=args.forces_key,
-        stress_key=args.stress_key,
-        virials_key=args.virials_key,
-    )
+    structures = _read_data(args)
     n_valid = max(1, round(len(structures) * args.valid_fraction))
     if len(structures) - n_valid < 1:
         raise SystemExit(f"error: --data holds {len(structures)} structures: too few to split off a validation set")
@@ -276,7 +269,6 @@ def _md(args) -> None:
 
 def _test(args) -> None:
     from . import Potential, load
-    from .data import read_dataset
     from .train import evaluate_structures
 
     if args.out is not None:
@@ -286,19 +278,28 @@ def _test(args) -> None:
         potential = Potential(config, args.backend)
     except ValueError as err:
         raise ValueError(f"--backend: {err}") from err
-    structures = read_dataset(
-        args.data,
-        energy_key=args.energy_key,
-        forces_key=args.forces_key,
-        stress_key=args.stress_key,
-        virials_key=args.virials_key,
-    )
+    structures = _read_data(args)
     metrics = evaluate_structures(potential, params, structures, batch_size=args.batch_size)
     record = {"command": "python -m e3j_models " + shlex.join(args.argv), "model": args.model, "data": args.data}
     record |= metrics
     if args.out is not None:
         _write_json(record, args.out, indent=1)
     print(json.dumps(record, indent=1))
+
+
+def _add_label_keys(p: argparse.ArgumentParser) -> None:
+    """The names of --data's labels (read_dataset's keys), as train and test take them."""
+    p.add_argument("--energy-key", default="energy", help="--data's energy label (e.g. REF_energy, in atoms.info)")
+    p.add_argument("--forces-key", default="forces", help="--data's forces label (e.g. REF_forces, in atoms.arrays)")
+    p.add_argument("--stress-key", default="stress", help="--data's stress label (e.g. REF_stress, in atoms.info)")
+    p.add_argument("--virials-key", default=None, help="--data's virials (e.g. REF_virials), read as stress -W/V")
+
+
+def _read_data(args) -> list:
+    from .data import read_dataset
+
+    keys = {k: getattr(args, k) for k in ("energy_key", "forces_key", "stress_key", "virials_key")}
+    return read_dataset(args.data, **keys)
 
 
 def _check_out_file(path: str) -> None:
@@ -326,10 +327,7 @@ def main(argv=None) -> None:
         formatter_class=_DefaultsHelpFormatter,
     )
     p.add_argument("--data", required=True, help="extxyz with energy/forces (python -m e3j_models data)")
-    p.add_argument("--energy-key", default="energy", help="--data's energy label (e.g. REF_energy, in atoms.info)")
-    p.add_argument("--forces-key", default="forces", help="--data's forces label (e.g. REF_forces, in atoms.arrays)")
-    p.add_argument("--stress-key", default="stress", help="--data's stress label (e.g. REF_stress, in atoms.info)")
-    p.add_argument("--virials-key", default=None, help="--data's virials (e.g. REF_virials), read as stress -W/V")
+    _add_label_keys(p)
     p.add_argument(
         "--preset",
         choices=_PRESETS,
@@ -395,10 +393,7 @@ def main(argv=None) -> None:
     )
     p.add_argument("--model", required=True, help="checkpoint written by train (model.npz)")
     p.add_argument("--data", required=True, help="ASE-readable file with energy/forces (as train's --data)")
-    p.add_argument("--energy-key", default="energy", help="--data's energy label (e.g. REF_energy, in atoms.info)")
-    p.add_argument("--forces-key", default="forces", help="--data's forces label (e.g. REF_forces, in atoms.arrays)")
-    p.add_argument("--stress-key", default="stress", help="--data's stress label (e.g. REF_stress, in atoms.info)")
-    p.add_argument("--virials-key", default=None, help="--data's virials (e.g. REF_virials), read as stress -W/V")
+    _add_label_keys(p)
     p.add_argument("--batch-size", type=int, default=4, help="structures per batch")
     p.add_argument(
         "--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin (default: e3j's choice)"
