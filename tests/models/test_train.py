@@ -130,6 +130,7 @@ def test_cli_train_reads_labels_under_the_names_given(tmp_path, monkeypatch):
 
     def fake_fit(config, train, valid, **kwargs):
         seen.extend(train)
+        assert valid and all(a.get_forces().shape == (len(a), 3) for a in valid)
         raise SystemExit("fit called")
 
     monkeypatch.setattr(train_module, "fit", fake_fit)
@@ -137,6 +138,13 @@ def test_cli_train_reads_labels_under_the_names_given(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="fit called"):
         main(["train", "--data", str(data), "--preset", "nequip", "--out", str(tmp_path / "run"), *keys])
     assert len(seen) == 2 and seen[0].get_forces().shape == (len(seen[0]), 3)
+    # a validation file of its own (mace-torch's --valid_file): all of --data trains
+    valid = tmp_path / "valid.extxyz"
+    write_dataset(valid, _relabelled(emt_structures(2)))
+    seen.clear()
+    with pytest.raises(SystemExit, match="fit called"):
+        main(["train", "--data", str(data), "--valid-file", str(valid), "--out", str(tmp_path / "run2"), *keys])
+    assert len(seen) == 3
 
 
 def test_prepare_config_fits_reference_energies():

@@ -110,12 +110,17 @@ def _train(args) -> None:
         raise SystemExit(f"error: --valid-fraction must be in (0, 1), got {args.valid_fraction}")
     _check_out(args.out)
     structures = _read_data(args)
-    n_valid = max(1, round(len(structures) * args.valid_fraction))
-    if len(structures) - n_valid < 1:
-        raise SystemExit(f"error: --data holds {len(structures)} structures: too few to split off a validation set")
-    # the split is the last structures of the file: a generated set is already in seeded random order
-    train, valid = structures[:-n_valid], structures[-n_valid:]
-    elements = sorted({int(z) for a in structures for z in a.numbers})
+    if args.valid_file is not None:  # a validation set of its own (mace-torch's --valid_file)
+        train, valid = structures, _read_data(args, args.valid_file)
+        where = "train[k] is --data's structure k, valid[k] --valid-file's"
+    else:
+        n_valid = max(1, round(len(structures) * args.valid_fraction))
+        if len(structures) - n_valid < 1:
+            raise SystemExit(f"error: --data holds {len(structures)} structures: too few to split off a validation set")
+        # the split is the last structures of the file: a generated set is already in seeded random order
+        train, valid = structures[:-n_valid], structures[-n_valid:]
+        where = f"train[k] is the file's structure k, valid[k] its structure {len(train)} + k"
+    elements = sorted({int(z) for a in [*train, *valid] for z in a.numbers})
     overrides = {"num_channels": args.channels, "l_max": args.l_max, "cutoff": args.cutoff}
     if args.layers is not None:
         overrides["num_layers"] = args.layers
@@ -133,7 +138,6 @@ def _train(args) -> None:
     try:
         check_training_data(config, train, weights, valid)
     except ValueError as err:
-        where = f"train[k] is the file's structure k, valid[k] its structure {len(train)} + k"
         raise ValueError(f"--data: {err} ({where})") from err
     # history.json and loss.png of an earlier run are rewritten at the end
     _make_out(args.out, ("model.npz", "metrics.json", "history.json", "loss.png"))
@@ -295,11 +299,12 @@ def _add_label_keys(p: argparse.ArgumentParser) -> None:
     p.add_argument("--virials-key", default=None, help="--data's virials (e.g. REF_virials), read as stress -W/V")
 
 
-def _read_data(args) -> list:
+def _read_data(args, path: str | None = None) -> list:
+    """``--data`` (or ``path``) read with the label keys given."""
     from .data import read_dataset
 
     keys = {k: getattr(args, k) for k in ("energy_key", "forces_key", "stress_key", "virials_key")}
-    return read_dataset(args.data, **keys)
+    return read_dataset(args.data if path is None else path, **keys)
 
 
 def _check_out_file(path: str) -> None:
@@ -347,6 +352,9 @@ def main(argv=None) -> None:
     p.add_argument("--force-weight", type=float, default=1.0, help="loss weight of the forces")
     p.add_argument("--stress-weight", type=float, default=0.0, help="loss weight of the stress")
     p.add_argument("--valid-fraction", type=float, default=0.1, help="share of --data held out (its last structures)")
+    p.add_argument(
+        "--valid-file", default=None, help="a validation set of its own (labels as --data's); all of --data trains"
+    )
     p.add_argument("--eval-every", type=int, default=100, help="validate every so many steps (0: never)")
     p.add_argument(
         "--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin (default: e3j's choice)"
