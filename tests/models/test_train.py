@@ -112,6 +112,11 @@ def test_dataset_labels_under_other_names(tmp_path):
         read_dataset(path, energy_key="DFT_energy", forces_key="REF_forces")
     with pytest.raises(TypeError, match=r"forces_key must be a non-empty str, got ''"):
         read_dataset(path, forces_key="")
+    weighted = _relabelled(structures)
+    weighted[1].info["config_weight"] = 0.0  # mace-torch drops this structure from the loss; fit does not
+    write_dataset(tmp_path / "weighted.extxyz", weighted)
+    with pytest.warns(UserWarning, match=r"per-structure weights \['config_weight'\] are not read"):
+        read_dataset(tmp_path / "weighted.extxyz", energy_key="REF_energy", forces_key="REF_forces")
     # the named label replaces the file's own: a file with both takes the one asked for
     both = _relabelled(structures)
     for atoms, ref in zip(both, structures, strict=True):

@@ -23,6 +23,7 @@ True
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -186,6 +187,14 @@ def read_dataset(
         raise ValueError(f"data file {path!r} holds no structures")
     keys = {"energy": energy_key, "forces": forces_key, "stress": stress_key}
     renamed = {p: k for p, k in keys.items() if k != p}
+    # per-structure loss weights (mace-torch's config_weight, energy_weight, ...) are not read: say so
+    weighted = sorted({n for atoms in structures for n in atoms.info if "weight" in n.lower()})
+    if weighted:
+        warnings.warn(
+            f"data file {path!r}: per-structure weights {weighted} are not read; fit weighs every structure "
+            "alike (its weights apply to the energy, force and stress terms)",
+            stacklevel=2,
+        )
     for k, atoms in enumerate(structures):
         results = dict(atoms.calc.results) if atoms.calc is not None else {}
         if renamed:
