@@ -152,6 +152,46 @@ def test_cli_train_reads_labels_under_the_names_given(tmp_path, monkeypatch):
     assert len(seen) == 3
 
 
+def _isolated(symbol: str):
+    from ase import Atoms
+
+    atom = Atoms(symbol)
+    atom.calc = EMT()
+    atom.get_forces()
+    return atom
+
+
+def test_isolated_atoms_give_the_reference_energies(tmp_path, monkeypatch):
+    # mace-torch's datasets carry IsolatedAtom frames for the E0s; they were trained on as data
+    import e3j_models.train as train_module
+    from e3j_models.train import isolated_atom_energies
+
+    ni, cu = _isolated("Ni"), _isolated("Cu")
+    structures = emt_structures(4)
+    energies, others = isolated_atom_energies([ni, *structures, cu])
+    assert energies == {28: ni.get_potential_energy(), 29: cu.get_potential_energy()} and len(others) == 4
+    other = _isolated("Cu")
+    other.calc.results["energy"] += 1.0
+    with pytest.raises(ValueError, match=r"element 29 has isolated-atom energies"):
+        isolated_atom_energies([cu, other])
+    data = tmp_path / "d.extxyz"
+    write_dataset(data, [ni, *structures, cu])
+    seen = {}
+
+    def fake_fit(config, train, valid, **kwargs):
+        seen.update(config=config, train=train, valid=valid)
+        raise SystemExit("fit called")
+
+    monkeypatch.setattr(train_module, "fit", fake_fit)
+    with pytest.raises(SystemExit, match="fit called"):
+        main(["train", "--data", str(data), "--preset", "nequip", "--e0s", "isolated", "--out", str(tmp_path / "r")])
+    assert seen["config"].atomic_energies == (ni.get_potential_energy(), cu.get_potential_energy())
+    assert all(len(a) > 1 for a in [*seen["train"], *seen["valid"]])
+    write_dataset(data, [cu, *structures])
+    with pytest.raises(SystemExit, match=r"--e0s isolated: --data has no isolated atom of element\(s\) \[28\]"):
+        main(["train", "--data", str(data), "--e0s", "isolated", "--out", str(tmp_path / "r2")])
+
+
 def test_prepare_config_fits_reference_energies():
     structures = emt_structures(6)
     cfg = prepare_config(nequip((28, 29), **TINY), structures)

@@ -95,7 +95,7 @@ def _train(args) -> None:
     from . import Potential
     from . import config as cfgs
     from ._checks import check_int
-    from .train import _check_weights, check_training_data, fit, plot_history, write_history
+    from .train import _check_weights, check_training_data, fit, isolated_atom_energies, plot_history, write_history
 
     # checked before anything is read or made, and named as the command line names them
     if not (math.isfinite(args.lr) and args.lr > 0):  # a negative rate climbs the loss
@@ -110,6 +110,11 @@ def _train(args) -> None:
         raise SystemExit(f"error: --valid-fraction must be in (0, 1), got {args.valid_fraction}")
     _check_out(args.out)
     structures = _read_data(args)
+    e0 = None
+    if args.e0s == "isolated":  # the isolated atoms give the reference energies and do not train
+        e0, structures = isolated_atom_energies(structures)
+        if not structures:
+            raise SystemExit("error: --data holds only isolated atoms: nothing to train on")
     if args.valid_file is not None:  # a validation set of its own (mace-torch's --valid_file)
         train, valid = structures, _read_data(args, args.valid_file)
         where = "train[k] is --data's structure k, valid[k] --valid-file's"
@@ -120,6 +125,8 @@ def _train(args) -> None:
         # the split is the last structures of the file: a generated set is already in seeded random order
         train, valid = structures[:-n_valid], structures[-n_valid:]
         where = f"train[k] is the file's structure k, valid[k] its structure {len(train)} + k"
+    if e0 is not None:
+        where += ", counted without the isolated atoms"
     elements = sorted({int(z) for a in [*train, *valid] for z in a.numbers})
     overrides = {"num_channels": args.channels, "l_max": args.l_max, "cutoff": args.cutoff}
     if args.layers is not None:
@@ -130,6 +137,11 @@ def _train(args) -> None:
     else:
         overrides["radial_mlp"] = (args.radial_hidden,) * 2
         overrides["node_irreps"] = "2x0e + 1o" if args.l_max == 1 else "2x0e + 1o + 2e"
+    if e0 is not None:
+        missing = [z for z in elements if z not in e0]
+        if missing:
+            raise SystemExit(f"error: --e0s isolated: --data has no isolated atom of element(s) {missing}")
+        overrides["atomic_energies"] = tuple(e0[z] for z in elements)
     config = getattr(cfgs, args.preset)(elements, **overrides)
     try:
         Potential(config, args.backend)  # the backend checked now, before --out is touched
@@ -354,6 +366,12 @@ def main(argv=None) -> None:
     p.add_argument("--valid-fraction", type=float, default=0.1, help="share of --data held out (its last structures)")
     p.add_argument(
         "--valid-file", default=None, help="a validation set of its own (labels as --data's); all of --data trains"
+    )
+    p.add_argument(
+        "--e0s",
+        choices=("fit", "isolated"),
+        default="fit",
+        help="reference energies: least squares on the training energies, or --data's isolated atoms (not trained on)",
     )
     p.add_argument("--eval-every", type=int, default=100, help="validate every so many steps (0: never)")
     p.add_argument(

@@ -62,6 +62,7 @@ __all__ = [
     "evaluate",
     "evaluate_structures",
     "fit",
+    "isolated_atom_energies",
     "loss_fn",
     "plot_history",
     "prepare_config",
@@ -86,6 +87,37 @@ def _results(atoms, k: int | str):
         name = k if isinstance(k, str) else f"structure {k}"
         raise ValueError(f"{name} has no reference energy and forces (atoms.calc.results)")
     return res
+
+
+def isolated_atom_energies(structures: Sequence) -> tuple[dict[int, float], list]:
+    """``({atomic number: energy}, others)``: the energies of ``structures``' isolated atoms (one
+    atom, no periodic direction, or ``info["config_type"] == "IsolatedAtom"`` as mace-torch marks
+    them) and the other structures, in order. The energies are a config's ``atomic_energies`` taken
+    from the reference method itself; an element with two isolated atoms of different energies is
+    refused (``ValueError``).
+
+    >>> from ase import Atoms
+    >>> from ase.calculators.singlepoint import SinglePointCalculator
+    >>> h = Atoms("H")
+    >>> h.calc = SinglePointCalculator(h, energy=-13.6, forces=[[0.0, 0.0, 0.0]])
+    >>> isolated_atom_energies([h])
+    ({1: -13.6}, [])
+    """
+    check_structure_list("structures", structures)
+    energies: dict[int, float] = {}
+    others = []
+    for k, atoms in enumerate(structures):
+        isolated = atoms.info.get("config_type") == "IsolatedAtom" or (len(atoms) == 1 and not atoms.pbc.any())
+        if not isolated:
+            others.append(atoms)
+            continue
+        if len(atoms) != 1:
+            raise ValueError(f"structure {k} is marked IsolatedAtom but holds {len(atoms)} atoms")
+        z, energy = int(atoms.numbers[0]), float(_results(atoms, k)["energy"])
+        if z in energies and energies[z] != energy:
+            raise ValueError(f"structure {k}: element {z} has isolated-atom energies {energies[z]} and {energy}")
+        energies[z] = energy
+    return energies, others
 
 
 def prepare_config(config: MACEConfig | NequIPConfig, structures: Sequence) -> MACEConfig | NequIPConfig:
