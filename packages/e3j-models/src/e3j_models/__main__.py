@@ -285,10 +285,11 @@ def _md(args) -> None:
 
 def _test(args) -> None:
     from . import Potential, load
+    from ._checks import check_output_path
     from .train import evaluate_structures
 
     if args.out is not None:
-        _check_out_file(args.out)
+        check_output_path("--out", args.out)
     config, params = load(args.model)
     try:
         potential = Potential(config, args.backend)
@@ -301,6 +302,12 @@ def _test(args) -> None:
     if args.out is not None:
         _write_json(record, args.out, indent=1)
     print(json.dumps(record, indent=1))
+
+
+def _add_backend(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin (default: e3j's choice)"
+    )
 
 
 def _add_label_keys(p: argparse.ArgumentParser) -> None:
@@ -317,15 +324,6 @@ def _read_data(args, path: str | None = None) -> list:
 
     keys = {k: getattr(args, k) for k in ("energy_key", "forces_key", "stress_key", "virials_key")}
     return read_dataset(args.data if path is None else path, **keys)
-
-
-def _check_out_file(path: str) -> None:
-    from ._checks import check_output_path
-
-    try:
-        check_output_path("--out", path)
-    except ValueError as err:
-        raise SystemExit(f"error: {err}") from err
 
 
 def main(argv=None) -> None:
@@ -374,9 +372,7 @@ def main(argv=None) -> None:
         help="reference energies: least squares on the training energies, or --data's isolated atoms (not trained on)",
     )
     p.add_argument("--eval-every", type=int, default=100, help="validate every so many steps (0: never)")
-    p.add_argument(
-        "--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin (default: e3j's choice)"
-    )
+    _add_backend(p)
     p.add_argument(
         "--array-radial",
         action="store_true",
@@ -399,9 +395,7 @@ def main(argv=None) -> None:
     p.add_argument("--temperature", type=float, default=300.0, help="K")
     p.add_argument("--pressure", type=float, default=0.0, help="GPa (npt)")
     p.add_argument("--log-every", type=int, default=1, help="log every so many steps")
-    p.add_argument(
-        "--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin (default: e3j's choice)"
-    )
+    _add_backend(p)
     p.add_argument(
         "--array-radial",
         action="store_true",
@@ -421,9 +415,7 @@ def main(argv=None) -> None:
     p.add_argument("--data", required=True, help="ASE-readable file with energy/forces (as train's --data)")
     _add_label_keys(p)
     p.add_argument("--batch-size", type=int, default=4, help="structures per batch")
-    p.add_argument(
-        "--backend", default=None, help="e3j backend name, or 'e3nn' for the e3nn-jax twin (default: e3j's choice)"
-    )
+    _add_backend(p)
     p.add_argument("--out", default=None, help="also write the metrics here (JSON)")
     p.set_defaults(func=_test)
 

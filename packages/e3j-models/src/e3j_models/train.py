@@ -342,6 +342,10 @@ def evaluate_structures(
     reference energies taken out on the host in float64, as :func:`fit` trains. ``dtype``: the
     computation's (default: that of ``params``).
     """
+    from e3j.backends import current_backend_request
+
+    from .calculator import _energy_forces_stress  # keyed by the backend request too; needs ASE, as the data does
+
     check_structure_list("structures", structures)
     if not structures:
         raise ValueError("structures is empty: give at least one structure")
@@ -356,11 +360,11 @@ def evaluate_structures(
     bare = Potential(
         dataclasses.replace(config, atomic_energies=None), potential.backend, factored_radial=potential.factored_radial
     )
-    params = jax.tree.map(lambda a: jnp.asarray(a, dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
+    params = _floats_as(params, dtype)
     e_abs = e_sq = f_abs = f_sq = s_abs = s_sq = 0.0
     n_structures = n_atoms = n_stress = 0
     for batch, labels in _batches(structures, config, batch_size, None, dtype, config.atomic_energies):
-        out = _energy_forces_stress(bare, params, batch)
+        out = _energy_forces_stress(bare, current_backend_request(), params, batch)
         de = np.asarray(out["energy"] - labels.energy, np.float64) / np.asarray(labels.num_atoms, np.float64)
         mask = np.asarray(batch.node_mask)
         df = np.asarray(out["forces"] - labels.forces, np.float64)[mask]
@@ -382,9 +386,9 @@ def evaluate_structures(
     return {k: v if isinstance(v, int) else float(v) for k, v in metrics.items()}
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _energy_forces_stress(potential: Potential, params, batch):
-    return potential(params, batch, forces=True, stress=True)
+def _floats_as(params, dtype):
+    """``params`` with its floating leaves in ``dtype`` (a loaded model's numpy arrays included)."""
+    return jax.tree.map(lambda a: jnp.asarray(a, dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
 
 
 def _check_weights(weights, names: Sequence[str] = ("weights[0]", "weights[1]", "weights[2]")) -> tuple:
@@ -463,7 +467,7 @@ def fit(
         params = potential.init(jax.random.key(seed), train_batches[0][0], dtype=dtype)
     else:
         potential.check_params(params)
-        params = jax.tree.map(lambda a: jnp.asarray(a, dtype) if jnp.issubdtype(a.dtype, jnp.floating) else a, params)
+        params = _floats_as(params, dtype)
     schedule = optax.cosine_decay_schedule(learning_rate, steps, alpha=0.01)
     optimizer = optax.chain(optax.clip_by_global_norm(10.0), optax.adam(schedule))
     opt_state = optimizer.init(params)
