@@ -108,14 +108,14 @@ def test_dataset_labels_under_other_names(tmp_path):
     )
     for x, y in zip(back, structures, strict=True):
         np.testing.assert_allclose(x.get_stress(), y.get_stress(), atol=1e-9)
-    with pytest.raises(ValueError, match=r"structure 0 has no DFT_energy"):
+    with pytest.raises(ValueError, match=r"no structure has DFT_energy; it has \['REF_energy'\]"):
         read_dataset(path, energy_key="DFT_energy", forces_key="REF_forces")
     with pytest.raises(TypeError, match=r"forces_key must be a non-empty str, got ''"):
         read_dataset(path, forces_key="")
     weighted = _relabelled(structures)
-    weighted[1].info["config_weight"] = 0.0  # mace-torch drops this structure from the loss; fit does not
+    weighted[1].info["energy_weight"] = 0.0  # not mace-torch's name (config_energy_weight): not read
     write_dataset(tmp_path / "weighted.extxyz", weighted)
-    with pytest.warns(UserWarning, match=r"per-structure weights \['config_weight'\] are not read"):
+    with pytest.warns(UserWarning, match=r"per-structure weights \['energy_weight'\] are not read"):
         read_dataset(tmp_path / "weighted.extxyz", energy_key="REF_energy", forces_key="REF_forces")
     # the named label replaces the file's own: a file with both takes the one asked for
     both = _relabelled(structures)
@@ -577,8 +577,16 @@ def test_fit_names_what_it_refuses_before_training(tmp_path):
             call()
 
 
-@pytest.mark.parametrize("flag, factored", [([], True), (["--array-radial"], False)])
-def test_cli_train_passes_the_radial_route_to_fit(tmp_path, monkeypatch, flag, factored):
+@pytest.mark.parametrize(
+    "flag, key, value",
+    [
+        ([], "factored_radial", True),
+        (["--array-radial"], "factored_radial", False),
+        ([], "batch_shapes", 4),
+        (["--batch-shapes", "1"], "batch_shapes", 1),
+    ],
+)
+def test_cli_train_passes_its_flags_to_fit(tmp_path, monkeypatch, flag, key, value):
     import e3j_models.train as train_module
 
     data = tmp_path / "d.extxyz"
@@ -592,4 +600,4 @@ def test_cli_train_passes_the_radial_route_to_fit(tmp_path, monkeypatch, flag, f
     monkeypatch.setattr(train_module, "fit", fake_fit)
     with pytest.raises(SystemExit, match="fit called"):
         main(["train", "--data", str(data), "--preset", "nequip", "--out", str(tmp_path / "run"), *flag])
-    assert seen["factored_radial"] is factored
+    assert seen[key] == value and type(seen[key]) is type(value)

@@ -95,7 +95,15 @@ def _train(args) -> None:
     from . import Potential
     from . import config as cfgs
     from ._checks import check_int
-    from .train import _check_weights, check_training_data, fit, isolated_atom_energies, plot_history, write_history
+    from .train import (
+        _check_weights,
+        _selection_metric,
+        check_training_data,
+        fit,
+        isolated_atom_energies,
+        plot_history,
+        write_history,
+    )
 
     # checked before anything is read or made, and named as the command line names them
     if not (math.isfinite(args.lr) and args.lr > 0):  # a negative rate climbs the loss
@@ -104,6 +112,7 @@ def _train(args) -> None:
         raise SystemExit(f"error: --eval-every must be >= 0 (0: no validation during training), got {args.eval_every}")
     check_int("--steps", args.steps, 1)
     check_int("--batch-size", args.batch_size, 1)
+    check_int("--batch-shapes", args.batch_shapes, 1)
     weights = (args.energy_weight, args.force_weight, args.stress_weight)
     _check_weights(weights, ("--energy-weight", "--force-weight", "--stress-weight"))
     if not 0 < args.valid_fraction < 1:
@@ -160,6 +169,7 @@ def _train(args) -> None:
         valid,
         steps=args.steps,
         batch_size=args.batch_size,
+        batch_shapes=args.batch_shapes,
         learning_rate=args.lr,
         weights=weights,
         seed=args.seed,
@@ -171,7 +181,8 @@ def _train(args) -> None:
     seconds = time.perf_counter() - t0
     write_history(result.history, os.path.join(args.out, "history.json"))
     plot_history(result.history, os.path.join(args.out, "loss.png"))
-    best = min(result.history["valid"], key=lambda v: v["force_mae"]) if result.history["valid"] else result.validation
+    evaluations = result.history["valid"]
+    best = min(evaluations, key=lambda v: v[_selection_metric(v)]) if evaluations else result.validation
     metrics = {
         "preset": args.preset,
         "command": "python -m e3j_models " + shlex.join(args.argv),
@@ -357,6 +368,12 @@ def main(argv=None) -> None:
     p.add_argument("--radial-hidden", type=int, default=32, help="width of the radial MLP's 2 hidden layers")
     p.add_argument("--steps", type=int, default=500, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=4, help="structures per batch")
+    p.add_argument(
+        "--batch-shapes",
+        type=int,
+        default=4,
+        help="most padded batch sizes (each compiles the training step once; 1: one size for all)",
+    )
     p.add_argument("--lr", type=float, default=5e-3, help="peak learning rate (Adam, cosine decay)")
     p.add_argument("--energy-weight", type=float, default=1.0, help="loss weight of the energy per atom")
     p.add_argument("--force-weight", type=float, default=1.0, help="loss weight of the forces")

@@ -44,13 +44,15 @@ class GraphBatch(NamedTuple):
 class Labels(NamedTuple):
     """Reference values padded like the batch: ``energy [G]``, ``num_atoms [G]``, ``forces [N, 3]``,
     ``stress [G, 3, 3]`` (ASE sign, eV/Å³), ``has_stress`` (bool ``[G]``: which structures' stress is a
-    label; a scalar applies to all)."""
+    label; a scalar applies to all), ``weights`` (``[G, 3]``: each structure's weight of its energy,
+    forces and stress terms in the loss, 0 for a label it lacks; ``None``: all 1)."""
 
     energy: jax.Array
     num_atoms: jax.Array
     forces: jax.Array
     stress: jax.Array
     has_stress: jax.Array
+    weights: jax.Array | None = None
 
 
 # jax.export serializes a function's argument and result trees by name: a deployed potential takes a

@@ -31,9 +31,12 @@ import numpy as np
 from ._checks import check_int
 from ._optional import require
 
-__all__ = ["LATTICE_CONSTANTS", "dataset_format", "emt_structures", "read_dataset", "write_dataset"]
+__all__ = ["LATTICE_CONSTANTS", "WEIGHT_KEYS", "dataset_format", "emt_structures", "read_dataset", "write_dataset"]
 
 LATTICE_CONSTANTS = {"Cu": 3.61, "Ni": 3.52}
+# mace-torch's per-structure loss weights, read from atoms.info by fit: the first multiplies each
+# term's own (energy, forces, stress); all default to 1
+WEIGHT_KEYS = ("config_weight", "config_energy_weight", "config_forces_weight", "config_stress_weight")
 """fcc lattice constants (Å) mixed by Vegard's law."""
 
 _REPEATS = ((2, 2, 2), (3, 2, 2), (3, 3, 2), (3, 3, 3))
@@ -146,7 +149,7 @@ def read_dataset(
     stress_key: str = "stress",
     virials_key: str | None = None,
 ) -> list:
-    """``ase.Atoms`` from an extxyz (or any ASE-readable) file; each must carry energy and forces.
+    """``ase.Atoms`` from an extxyz (or any ASE-readable) file, each with an energy, forces or both.
 
     By default the labels are what ASE reads as the structure's calculator results (extxyz's
     ``energy``, ``forces`` and ``stress``). Datasets that keep them under other names (mace-torch's
@@ -157,6 +160,12 @@ def read_dataset(
     ``REF_virials``: ``W = -V·σ``, in ``atoms.info``) gives the stress as ``-W / V`` instead, on
     structures with a cell of nonzero volume; a virial is not a stress, so naming one as
     ``stress_key`` would train on numbers of the wrong sign and size.
+
+    A structure may lack its energy or its forces (not both): :func:`~e3j_models.train.fit` gives
+    that term weight 0 there, as mace-torch does. A label absent from every structure while the
+    file holds keys that look like it is refused with their names (a label under another name is
+    the usual cause). mace-torch's per-structure weights (``WEIGHT_KEYS`` in ``atoms.info``) stay
+    there for ``fit`` to read; ``config_virials_weight`` weighs the stress read from virials.
 
     >>> import os, tempfile, numpy as np
     >>> from ase import Atoms
@@ -187,14 +196,15 @@ def read_dataset(
         raise ValueError(f"data file {path!r} holds no structures")
     keys = {"energy": energy_key, "forces": forces_key, "stress": stress_key}
     renamed = {p: k for p, k in keys.items() if k != p}
-    # per-structure loss weights (mace-torch's config_weight, energy_weight, ...) are not read: say so
-    weighted = sorted({n for atoms in structures for n in atoms.info if "weight" in n.lower()})
+    # per-structure loss weights other than mace-torch's config_*_weight are not read: say so
+    weighted = sorted({n for atoms in structures for n in atoms.info if "weight" in n.lower()} - set(WEIGHT_KEYS))
     if weighted:
         warnings.warn(
-            f"data file {path!r}: per-structure weights {weighted} are not read; fit weighs every structure "
-            "alike (its weights apply to the energy, force and stress terms)",
+            f"data file {path!r}: per-structure weights {weighted} are not read; fit reads "
+            f"{', '.join(WEIGHT_KEYS)} (mace-torch's)",
             stacklevel=2,
         )
+    has = {"energy": [], "forces": []}
     for k, atoms in enumerate(structures):
         results = dict(atoms.calc.results) if atoms.calc is not None else {}
         if renamed:
@@ -215,12 +225,25 @@ def read_dataset(
             virials = np.asarray(atoms.info[virials_key], np.float64)
             virials = virials.reshape(3, 3) if virials.size == 9 else virials
             results["stress"] = -virials / volume
+            if "config_virials_weight" in atoms.info and "config_stress_weight" not in atoms.info:
+                atoms.info["config_stress_weight"] = atoms.info["config_virials_weight"]
         if renamed or virials_key is not None:
             atoms.calc = SinglePointCalculator(atoms, **results)
-        missing = [keys[p] for p in ("energy", "forces") if p not in results]
-        if missing:
-            # a label under another name is the usual cause (mace-torch's REF_energy): say which
-            other = sorted(n for n in [*atoms.info, *atoms.arrays] if any(p in n.lower() for p in ("energy", "force")))
-            hint = f"; it has {other}: name them with energy_key= / forces_key= (--energy-key ...)" if other else ""
-            raise ValueError(f"data file {path!r}: structure {k} has no {' or '.join(missing)}{hint}")
+        for p in has:
+            has[p].append(p in results)
+        if not (has["energy"][-1] or has["forces"][-1]):
+            hint = _label_hint(atoms, ("energy", "force"))
+            raise ValueError(f"data file {path!r}: structure {k} has no {energy_key} or {forces_key}{hint}")
+    for p, name in (("energy", "energy"), ("forces", "force")):
+        # absent from every structure: under another name (mace-torch's REF_energy), or not in the file
+        hint = _label_hint(structures[0], (name,), exclude=set(keys.values()))
+        if not any(has[p]) and hint:
+            raise ValueError(f"data file {path!r}: no structure has {keys[p]}{hint}")
     return structures
+
+
+def _label_hint(atoms, words: tuple[str, ...], exclude: set = frozenset()) -> str:
+    """What a structure holds that looks like a label (its keys containing ``words``), as an error's
+    hint to name them; "" when nothing does."""
+    other = sorted(n for n in [*atoms.info, *atoms.arrays] if n not in exclude and any(w in n.lower() for w in words))
+    return f"; it has {other}: name them with energy_key= / forces_key= (--energy-key ...)" if other else ""

@@ -141,7 +141,8 @@ def bucket_size(n: int, headroom: float = 0.1, multiple: int = 8) -> int:
     target = n * (1.0 + headroom)
     if 1.0 + headroom == 1.0:  # no grid: (1 + headroom)^k is 1 for every k
         return int(multiple * math.ceil(target / multiple))
-    k = max(0, math.ceil(math.log(max(target / multiple, 1.0), 1.0 + headroom)))
+    # (1 + headroom)^k >= target / multiple is enough, not needed: ceil() may lift the k below it
+    k = max(0, math.ceil(math.log(max(target / multiple, 1.0), 1.0 + headroom)) - 1)
     while multiple * math.ceil((1.0 + headroom) ** k) < target:
         k += 1
     return int(multiple * math.ceil((1.0 + headroom) ** k))
@@ -151,7 +152,8 @@ def _structure_graph(st, index: dict, cutoff: float, dtype, where: str, given=No
     """One structure's checked ``(positions, numbers, cell, pbc, senders, receivers, shifts)``,
     positions moved near the origin: what :func:`batch_structures` refuses in it (``where`` names
     it), the one place those checks live. ``index`` maps the model's atomic numbers to species;
-    ``given``: the structure's neighbour list, when the caller has it."""
+    ``given``: the structure's neighbour list, when the caller has it. Last: the neighbour list as
+    :func:`neighbour_list` gives it (before the move)."""
     if isinstance(st, dict):
         if "positions" not in st or "numbers" not in st:
             raise ValueError(f"a structure given as a dict needs 'positions' and 'numbers', got keys {sorted(st)}")
@@ -174,13 +176,14 @@ def _structure_graph(st, index: dict, cutoff: float, dtype, where: str, given=No
         s, r, shifts = neighbour_list(positions, cutoff, cell, pbc)
     else:
         s, r, shifts = _given_neighbours(given, positions.shape[0], where or f" (structure {g})")
+    found = (s, r, shifts)
     positions, shifts = _near_origin(positions, cell, pbc, s, r, shifts)
     lattice = cell if pbc.any() else np.zeros((3, 3))
     zero = zero_length_edges(positions, s, r, np.asarray(shifts), lattice, (np.float64, dtype))
     if zero.size:
         k = zero[0]
         raise ValueError(f"atoms {s[k]} and {r[k]}{where} coincide (distance 0): positions must be distinct")
-    return positions, numbers, cell, pbc, s, r, shifts
+    return positions, numbers, cell, pbc, s, r, shifts, found
 
 
 def check_structure(
@@ -189,8 +192,17 @@ def check_structure(
     """``structure`` (as :func:`batch_structures` takes it) checked as :func:`batch_structures`
     checks each of its structures, without building a batch: ``ValueError`` (or ``TypeError``)
     naming ``where`` for what a model cannot read."""
+    _checked_neighbours(structure, atomic_numbers, cutoff, dtype, where)
+
+
+def _checked_neighbours(structure, atomic_numbers, cutoff, dtype, where: str = ""):
+    """:func:`check_structure`, returning the structure's neighbour list ``(senders, receivers,
+    shifts)`` as :func:`neighbour_list` gives it (for :func:`batch_structures`' ``neighbours``), so
+    that a caller that checks and then batches builds it once."""
     index = {z: k for k, z in enumerate(check_atomic_numbers(atomic_numbers))}
-    _structure_graph(structure, index, check_positive_real("cutoff", cutoff), check_float_dtype(dtype), where)
+    return _structure_graph(structure, index, check_positive_real("cutoff", cutoff), check_float_dtype(dtype), where)[
+        -1
+    ]
 
 
 def batch_structures(
@@ -233,7 +245,7 @@ def batch_structures(
     for g, st in enumerate(structures):
         where = f" (structure {g})" if len(structures) > 1 else ""
         given = None if neighbours is None else neighbours[g]
-        positions, numbers, cell, pbc, s, r, shifts = _structure_graph(st, index, cutoff, dtype, where, given, g)
+        positions, numbers, cell, pbc, s, r, shifts, _ = _structure_graph(st, index, cutoff, dtype, where, given, g)
         pos_all.append(positions)
         spec_all.append(np.array([index[int(z)] for z in numbers]))
         graph_all.append(np.full(positions.shape[0], g))

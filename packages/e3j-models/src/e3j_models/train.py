@@ -2,19 +2,23 @@
 
 The loss of a batch is ``w_E · mean_g ((E_g - E_g^ref) / n_g)² + w_F · mean_{atoms, xyz} (F - F^ref)²
 + w_S · mean_g' mean_ij (σ_g' - σ_g'^ref)²`` (energy per atom, eV² / (eV/Å)² / (eV/Å³)²; the stress
-term when ``w_S > 0``, over the batch's structures ``g'`` that carry a stress label and are
-periodic in all three directions, 0 for a batch with none; ``fit`` refuses ``w_S > 0`` when no
-training structure has one). Forces in the loss mean a
-second derivative through every convolution: ``jax.grad`` of a loss built on ``jax.grad``.
+term when ``w_S > 0``). Each term is over the structures (atoms) that have its label: the stress
+over those periodic in all three directions, 0 for a batch with none. Each structure's squared
+errors are multiplied by its own weights (mace-torch's ``config_weight`` times
+``config_{energy,forces,stress}_weight`` from ``atoms.info``, 1 by default), and the means count
+the structures (atoms) whose weight is > 0. ``fit`` refuses a term of weight > 0 that no training
+structure has a label of. Forces in the loss mean a second derivative through every convolution:
+``jax.grad`` of a loss built on ``jax.grad``.
 
-Batches: the training structures are split once (seeded) into batches of ``batch_size`` and every
-batch is padded to one common :func:`~e3j_models.bucket_size` of nodes and edges, so training
-compiles one step per batch shape (two when the last batch is smaller); each epoch visits the batches
-in a new seeded order. The optimizer is ``clip_by_global_norm(10) → adam`` with a cosine decay of the
-learning rate to 1 % over the run. Before training, per-element reference energies are fitted to
-the training energies by least squares and stored in the config's ``atomic_energies`` (a config
-that gives them keeps its own), and ``avg_num_neighbors`` is set to the training set's mean
-neighbour count.
+Batches: the training structures are split once (seeded) into batches of ``batch_size``, each
+padded to one of at most ``batch_shapes`` node/edge sizes chosen to pad the least (a dataset of
+small and large cells no longer pads every batch to the largest); training compiles the step once
+per size (and again for a smaller last batch). The batches are kept on the host, each copied to the
+device as its step comes; each epoch visits them in a new seeded order. The optimizer is
+``clip_by_global_norm(10) → adam`` with a cosine decay of the learning rate to 1 % over the run.
+Before training, per-element reference energies are fitted to the training energies by least
+squares and stored in the config's ``atomic_energies`` (a config that gives them keeps its own),
+and ``avg_num_neighbors`` is set to the training set's mean neighbour count.
 
 >>> from e3j_models import nequip
 >>> from e3j_models.data import emt_structures
@@ -30,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -50,8 +55,9 @@ from ._checks import (
 from ._optional import require
 from .batch import GraphBatch, Labels
 from .config import MACEConfig, NequIPConfig, check_config
+from .data import WEIGHT_KEYS
 from .io import save
-from .neighbours import batch_structures, bucket_size, check_structure, neighbour_list
+from .neighbours import _checked_neighbours, batch_structures, bucket_size, neighbour_list
 from .potential import Potential
 
 __all__ = [
@@ -80,13 +86,31 @@ class FitResult(NamedTuple):
     validation: dict[str, float]
 
 
-def _results(atoms, k: int | str):
-    """The structure's labels (``atoms.calc.results``); ``k`` names it (an index: ``structure k``)."""
-    res = atoms.calc.results if atoms.calc is not None else {}
-    if "energy" not in res or "forces" not in res:
-        name = k if isinstance(k, str) else f"structure {k}"
-        raise ValueError(f"{name} has no reference energy and forces (atoms.calc.results)")
-    return res
+def _results(atoms) -> Mapping[str, Any]:
+    """The structure's labels (``atoms.calc.results``; empty without a calculator)."""
+    return atoms.calc.results if atoms.calc is not None else {}
+
+
+def _label_weights(atoms, results, config_weights: bool = True) -> tuple[float, float, float]:
+    """The structure's weights of its energy, forces and stress terms: 0 for a label it lacks (the
+    stress: unless periodic in all directions), else mace-torch's ``config_weight`` times
+    ``config_{energy,forces,stress}_weight`` from ``atoms.info`` (each 1 when absent; all 1 without
+    ``config_weights``). ``ValueError`` for a weight that is not a finite number >= 0."""
+    present = ("energy" in results, "forces" in results, _has_stress(atoms, results))
+    if not config_weights:
+        return tuple(float(p) for p in present)
+    values = {}
+    for key in WEIGHT_KEYS:
+        value = atoms.info.get(key, 1.0)
+        try:
+            values[key] = float(value)
+        except (TypeError, ValueError):
+            values[key] = math.nan
+        if not (math.isfinite(values[key]) and values[key] >= 0):
+            raise ValueError(f"has {key} {value!r}: a per-structure weight must be a finite number >= 0")
+    base = values["config_weight"]
+    terms = (base * values[f"config_{p}_weight"] for p in ("energy", "forces", "stress"))
+    return tuple(w if p else 0.0 for w, p in zip(terms, present, strict=True))
 
 
 def isolated_atom_energies(structures: Sequence) -> tuple[dict[int, float], list]:
@@ -113,7 +137,9 @@ def isolated_atom_energies(structures: Sequence) -> tuple[dict[int, float], list
             continue
         if len(atoms) != 1:
             raise ValueError(f"structure {k} is marked IsolatedAtom but holds {len(atoms)} atoms")
-        z, energy = int(atoms.numbers[0]), float(_results(atoms, k)["energy"])
+        if "energy" not in _results(atoms):
+            raise ValueError(f"structure {k} is an isolated atom without an energy label")
+        z, energy = int(atoms.numbers[0]), float(_results(atoms)["energy"])
         if z in energies and energies[z] != energy:
             raise ValueError(f"structure {k}: element {z} has isolated-atom energies {energies[z]} and {energy}")
         energies[z] = energy
@@ -125,12 +151,19 @@ def prepare_config(config: MACEConfig | NequIPConfig, structures: Sequence) -> M
     (mean over atoms) taken from ``structures``. Every element of the config must occur in them
     (``ValueError`` naming those that do not: their energies could not be fitted, nor their
     embeddings trained); where the compositions do not tell the elements' energies apart (all
-    structures in one ratio) the least-squares solution of smallest norm is taken. A config that
+    structures in one ratio) the least-squares solution of smallest norm is taken. Structures
+    without an energy label do not enter the fit (none with one: the energies are 0). A config that
     has ``atomic_energies`` already (isolated atoms' energies from the reference method, or an
     earlier fit's) keeps them."""
+    return _fitted_config(config, structures, [_num_edges(atoms, config.cutoff) for atoms in structures])
+
+
+def _fitted_config(config, structures: Sequence, num_edges: Sequence[int]):
+    """:func:`prepare_config` given each structure's neighbour count (``fit`` has them from its checks)."""
     z = list(config.atomic_numbers)
     counts = np.zeros((len(structures), len(z)))
     energies = np.zeros(len(structures))
+    labelled = np.zeros(len(structures), bool)
     neighbours = 0
     atoms_total = 0
     for k, atoms in enumerate(structures):
@@ -139,12 +172,18 @@ def prepare_config(config: MACEConfig | NequIPConfig, structures: Sequence) -> M
             raise ValueError(f"structure {k} holds atomic numbers {unknown} unknown to the config ({z})")
         for i, zi in enumerate(z):
             counts[k, i] = np.sum(atoms.numbers == zi)
-        energies[k] = _results(atoms, k)["energy"]
-        neighbours += _num_edges(atoms, config.cutoff)
+        labelled[k] = "energy" in _results(atoms)
+        energies[k] = _results(atoms)["energy"] if labelled[k] else 0.0
+        neighbours += num_edges[k]
         atoms_total += len(atoms)
     _check_elements_present(z, structures)
     given = config.atomic_energies
-    e0 = np.linalg.lstsq(counts, energies, rcond=None)[0] if given is None else given
+    if given is not None:
+        e0 = given
+    elif labelled.any():
+        e0 = np.linalg.lstsq(counts[labelled], energies[labelled], rcond=None)[0]
+    else:  # forces alone fix no energy offset
+        e0 = np.zeros(len(z))
     return dataclasses.replace(
         config,
         atomic_energies=tuple(float(x) for x in e0),
@@ -173,97 +212,201 @@ def check_training_data(
     every_element: bool = True,
 ) -> None:
     """What :func:`fit` refuses in its data (``ValueError``), checked before anything is trained:
-    in any structure of ``train`` or ``valid`` (named ``train[k]``, ``valid[k]``), missing or
-    non-finite labels (energy; forces ``[N, 3]``; stress where the loss reads it) and what the
-    model cannot read (an element not in the config, no atoms, non-finite positions, atoms that
-    coincide in ``dtype``); a config element in no training structure (unless ``every_element`` is
-    False: fine-tuning trained parameters on a subset of the elements); a stress weight with no
-    stress label to use."""
+    in any structure of ``train`` or ``valid`` (named ``train[k]``, ``valid[k]``), neither energy
+    nor forces, non-finite labels (energy; forces ``[N, 3]``; stress where the loss reads it),
+    per-structure weights that are not finite numbers >= 0 (``config_weight`` ...,
+    :data:`~e3j_models.data.WEIGHT_KEYS`) and what the model cannot read (an element not in the
+    config, no atoms, non-finite positions, atoms that coincide in ``dtype``); a config element in
+    no training structure (unless ``every_element`` is False: fine-tuning trained parameters on a
+    subset of the elements); a loss weight > 0 of a term no training structure has a label of
+    (energy-only data needs ``weights[1] = 0``)."""
+    _check_training_data(config, train, weights, valid, dtype=dtype, every_element=every_element)
+
+
+def _check_training_data(config, train, weights, valid=(), *, dtype=np.float32, every_element=True):
+    """:func:`check_training_data`, returning the neighbour lists it built: ``(train's, valid's)``,
+    one ``(senders, receivers, shifts)`` per structure, for :func:`_batches`."""
     check_config(config)
     check_structure_list("train", train)
     check_structure_list("valid", valid)
+    found = {"train": [], "valid": []}
     for part, structures in (("train", train), ("valid", valid)):
         for k, atoms in enumerate(structures):
-            _check_structure_data(config, atoms, f"{part}[{k}]", weights, dtype)
+            found[part].append(_check_structure_data(config, atoms, f"{part}[{k}]", weights, dtype))
     if every_element:
         _check_elements_present(config.atomic_numbers, train)
-    if weights[2] > 0 and not any(_has_stress(a, _results(a, k)) for k, a in enumerate(train)):
-        raise ValueError(
-            f"weights[2] (stress) is {weights[2]} but no training structure has a stress label on a fully "
-            "periodic cell (atoms.calc.results['stress']; virials are not read): the term would be 0"
-        )
+    labels = (
+        "an energy label",
+        "forces",
+        "a stress label on a fully periodic cell (atoms.calc.results['stress']; read_dataset reads virials too)",
+    )
+    used = np.array([_label_weights(a, _results(a)) for a in train]).reshape(-1, 3).max(axis=0, initial=0) > 0
+    for i, (term, label) in enumerate(zip(("energy", "forces", "stress"), labels, strict=True)):
+        if weights[i] > 0 and not used[i]:
+            raise ValueError(
+                f"weights[{i}] ({term}) is {weights[i]} but no training structure has {label} with a weight > 0: "
+                f"the term would be 0 (weights[{i}] = 0 trains on the other labels alone)"
+            )
+    return found["train"], found["valid"]
 
 
-def _check_structure_data(config, atoms, name: str, weights: tuple, dtype) -> None:
+def _check_structure_data(config, atoms, name: str, weights: tuple, dtype):
     """``ValueError`` naming structure ``name`` for labels the loss would read and cannot use, or
     atoms the model cannot read (a NaN force passed to a validation MAE of NaN and no checkpoint;
-    coincident atoms were named by their place in a shuffled batch)."""
-    res = _results(atoms, name)
+    coincident atoms were named by their place in a shuffled batch). Returns the structure's
+    neighbour list, built by the check."""
+    res = _results(atoms)
     n = len(atoms)
-    energy = np.asarray(res["energy"], np.float64)
-    if energy.size != 1 or not np.isfinite(energy).all():
-        raise ValueError(f"{name} has a reference energy that is not one finite number: {res['energy']}")
-    forces = np.asarray(res["forces"], np.float64)
-    if forces.shape != (n, 3):
-        raise ValueError(f"{name} has reference forces of shape {forces.shape}, expected [{n}, 3]")
-    if not np.isfinite(forces).all():
-        raise ValueError(
-            f"{name} has non-finite reference forces (atom {int(np.argwhere(~np.isfinite(forces))[0, 0])})"
-        )
+    if "energy" not in res and "forces" not in res:
+        raise ValueError(f"{name} has no reference energy or forces (atoms.calc.results)")
+    if "energy" in res:
+        energy = np.asarray(res["energy"], np.float64)
+        if energy.size != 1 or not np.isfinite(energy).all():
+            raise ValueError(f"{name} has a reference energy that is not one finite number: {res['energy']}")
+    if "forces" in res:
+        forces = np.asarray(res["forces"], np.float64)
+        if forces.shape != (n, 3):
+            raise ValueError(f"{name} has reference forces of shape {forces.shape}, expected [{n}, 3]")
+        if not np.isfinite(forces).all():
+            raise ValueError(
+                f"{name} has non-finite reference forces (atom {int(np.argwhere(~np.isfinite(forces))[0, 0])})"
+            )
+    try:
+        _label_weights(atoms, res)
+    except ValueError as err:
+        raise ValueError(f"{name} {err}") from None
     if weights[2] > 0 and _has_stress(atoms, res):  # a label the loss reads
         stress = np.asarray(res["stress"], np.float64)
         if stress.shape not in ((6,), (3, 3)) or not np.isfinite(stress).all():
             raise ValueError(f"{name} has a reference stress that is not 6 or 3×3 finite numbers: {stress!r}")
-    check_structure(atoms, config.atomic_numbers, config.cutoff, dtype=dtype, where=f" ({name})")
+    return _checked_neighbours(atoms, config.atomic_numbers, config.cutoff, dtype, where=f" ({name})")
 
 
 def _num_edges(atoms, cutoff: float) -> int:
     return len(neighbour_list(atoms.positions, cutoff, np.asarray(atoms.cell), atoms.pbc)[0])
 
 
-def _batches(structures, config, batch_size, rng, dtype, reference_energies=None):
-    """Seeded split into batches, all padded to one node/edge bucket: ``[(GraphBatch, Labels)]``.
+def _padding_shapes(sizes: Sequence[tuple[int, int]], max_shapes: int) -> list[tuple[int, int]]:
+    """Each batch's padded ``(nodes, edges)``: at most ``max_shapes`` distinct ones (each compiles
+    the training step once), chosen to pad the least.
 
-    ``reference_energies`` (one per element of ``config.atomic_numbers``, or None): subtracted from
-    each structure's energy label in float64 before the cast to ``dtype``, so that a float32 label
-    keeps the digits of an energy far from zero (all-electron totals: ~1e4 eV per atom)."""
+    ``sizes``: each batch's ``(nodes, edges)``, one padding node included. Batches are ordered by
+    their edges' :func:`~e3j_models.bucket_size`; each shape covers a run of that order, padded to
+    its largest nodes and edges (on the bucket grid), and the runs minimize the padded nodes plus
+    edges over all batches (dynamic programming over the grid's values, a few dozen even for a
+    dataset of a million structures). Fewer shapes are taken where more would pad less by under
+    10 %: a compile costs more than a few percent of an epoch.
+
+    >>> _padding_shapes([(9, 100), (9, 110), (300, 3000)], 4)
+    [(16, 128), (16, 128), (336, 3568)]
+    >>> _padding_shapes([(9, 100), (9, 110), (300, 3000)], 1)
+    [(336, 3568), (336, 3568), (336, 3568)]
+    """
+    grid = [bucket_size(e) for _, e in sizes]
+    values = sorted(set(grid))
+    where = {v: i for i, v in enumerate(values)}
+    count = np.zeros(len(values), np.int64)
+    most_nodes = np.zeros(len(values), np.int64)
+    for (n, _), g in zip(sizes, grid, strict=True):
+        count[where[g]] += 1
+        most_nodes[where[g]] = max(most_nodes[where[g]], n)
+    m = len(values)
+
+    def run(i: int, j: int) -> tuple[int, int]:  # the shape of grid values i..j
+        return bucket_size(int(most_nodes[i : j + 1].max())), values[j]
+
+    cost = [[sum(count[i : j + 1]) * sum(run(i, j)) if i <= j else 0 for j in range(m)] for i in range(m)]
+    # best[k][j]: the least padding of grid values 0..j in k + 1 runs; cut[k][j]: where the last begins
+    best = [[float(cost[0][j]) for j in range(m)]]
+    cut = [[0] * m]
+    for _ in range(1, min(max_shapes, m)):
+        prev, row, starts = best[-1], [], []
+        for j in range(m):
+            options = [(prev[i - 1] + cost[i][j], i) for i in range(1, j + 1)] or [(np.inf, 0)]
+            value, start = min(options)
+            row.append(value if value < prev[j] else prev[j])
+            starts.append(start if value < prev[j] else -1)
+        best.append(row)
+        cut.append(starts)
+    k = next(k for k in range(len(best)) if best[k][m - 1] <= 1.1 * best[-1][m - 1])
+    shape_of = {}
+    j = m - 1
+    while j >= 0:
+        while k > 0 and cut[k][j] < 0:  # k + 1 runs pad no less than k here
+            k -= 1
+        i = cut[k][j] if k > 0 else 0
+        for v in values[i : j + 1]:
+            shape_of[v] = run(i, j)
+        j, k = i - 1, k - 1
+    return [shape_of[g] for g in grid]
+
+
+def _batches(
+    structures,
+    config,
+    batch_size,
+    rng,
+    dtype,
+    reference_energies=None,
+    *,
+    neighbours=None,
+    max_shapes: int = 1,
+    config_weights: bool = True,
+):
+    """Seeded split into batches, on the host: ``[(GraphBatch, Labels)]`` of numpy arrays, each
+    padded to one of at most ``max_shapes`` node/edge sizes (:func:`_padding_shapes`).
+
+    The batches stay in host memory (a dataset's batches can exceed a GPU's); ``fit`` moves each to
+    the device as its step comes. ``neighbours``: each structure's neighbour list, when the caller
+    has built them (default: built here). ``reference_energies`` (one per element of
+    ``config.atomic_numbers``, or None): subtracted from each structure's energy label in float64
+    before the cast to ``dtype``, so that a float32 label keeps the digits of an energy far from
+    zero (all-electron totals: ~1e4 eV per atom). ``config_weights``: the labels' weights include
+    the structures' own (:func:`_label_weights`); False: 1 for each label present (for metrics)."""
     e0 = None if reference_energies is None else dict(zip(config.atomic_numbers, reference_energies, strict=True))
+    if neighbours is None:
+        neighbours = [neighbour_list(a.positions, config.cutoff, np.asarray(a.cell), a.pbc) for a in structures]
     order = rng.permutation(len(structures)) if rng is not None else np.arange(len(structures))
     groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    sizes = []
-    for grp in groups:
-        n = sum(len(structures[k]) for k in grp)
-        e = sum(_num_edges(structures[k], config.cutoff) for k in grp)
-        sizes.append((n, e))
-    n_pad = bucket_size(max(n for n, _ in sizes) + 1)
-    e_pad = bucket_size(max(e for _, e in sizes))
+    sizes = [
+        (sum(len(structures[k]) for k in grp) + 1, sum(len(neighbours[k][0]) for k in grp)) for grp in groups
+    ]  # one padding node at least: padding edges point at it
+    shapes = _padding_shapes(sizes, max_shapes)
     out = []
-    for grp in groups:
+    host = jax.local_devices(backend="cpu")[0]
+    for grp, (n_pad, e_pad) in zip(groups, shapes, strict=True):
         sts = [structures[k] for k in grp]
-        batch = batch_structures(
-            sts, config.atomic_numbers, config.cutoff, num_nodes=n_pad, num_edges=e_pad, dtype=dtype
-        )
+        with jax.default_device(host):  # built where it stays: not on an accelerator and back
+            batch = batch_structures(
+                sts,
+                config.atomic_numbers,
+                config.cutoff,
+                num_nodes=n_pad,
+                num_edges=e_pad,
+                dtype=dtype,
+                neighbours=[neighbours[k] for k in grp],
+            )
+        batch = jax.tree.map(np.asarray, batch)
+        energies = np.zeros(len(sts))  # float64 until the reference energies are out
         forces = np.zeros((n_pad, 3), dtype)
         stress = np.zeros((len(sts), 3, 3), dtype)
         has_stress = np.zeros(len(sts), bool)
+        label_weights = np.zeros((len(sts), 3), dtype)
         offset = 0
-        for j, (k, atoms) in enumerate(zip(grp, sts, strict=True)):
-            res = _results(atoms, int(k))
-            forces[offset : offset + len(atoms)] = res["forces"]
+        for j, atoms in enumerate(sts):
+            res = _results(atoms)
+            label_weights[j] = _label_weights(atoms, res, config_weights)
+            if "energy" in res:
+                energies[j] = float(res["energy"]) - (0.0 if e0 is None else sum(e0[int(z)] for z in atoms.numbers))
+            if "forces" in res:
+                forces[offset : offset + len(atoms)] = res["forces"]
             offset += len(atoms)
             if _has_stress(atoms, res):
                 s = np.asarray(res["stress"])
                 stress[j] = s if s.shape == (3, 3) else _voigt_to_full(s)
                 has_stress[j] = True
-        energies = [float(_results(a, 0)["energy"]) for a in sts]
-        if e0 is not None:
-            energies = [e - sum(e0[int(z)] for z in a.numbers) for e, a in zip(energies, sts, strict=True)]
         labels = Labels(
-            jnp.asarray(energies, dtype),
-            jnp.asarray([len(a) for a in sts], dtype),
-            jnp.asarray(forces),
-            jnp.asarray(stress),
-            jnp.asarray(has_stress),
+            energies.astype(dtype), np.asarray([len(a) for a in sts], dtype), forces, stress, has_stress, label_weights
         )
         out.append((batch, labels))
     return out
@@ -289,21 +432,31 @@ def loss_fn(
     """``(loss, parts)`` of one batch (see the module docstring); ``weights = (w_E, w_F, w_S)``."""
     w_e, w_f, w_s = weights
     out = potential(params, batch, forces=True, stress=w_s > 0)
-    e = jnp.mean(((out["energy"] - labels.energy) / labels.num_atoms) ** 2)
-    mask = batch.node_mask[:, None]
-    f = jnp.sum(jnp.where(mask, (out["forces"] - labels.forces) ** 2, 0)) / (3 * jnp.sum(batch.node_mask))
+    per = _per_structure_weights(labels)
+    e_err = ((out["energy"] - labels.energy) / labels.num_atoms) ** 2
+    e = jnp.sum(jnp.where(per[:, 0] > 0, per[:, 0] * e_err, 0)) / jnp.maximum(jnp.sum(per[:, 0] > 0), 1)
+    per_atom = jnp.where(batch.node_mask, per[batch.node_graph, 1], 0)[:, None]
+    f_err = jnp.where(per_atom > 0, per_atom * (out["forces"] - labels.forces) ** 2, 0)
+    f = jnp.sum(f_err) / (3 * jnp.maximum(jnp.sum(per_atom > 0), 1))
     parts = {"energy": e, "forces": f}
     loss = w_e * e + w_f * f
     if w_s > 0:
         # structures without a stress label add 0, and so does their gradient: an open structure's
         # predicted stress is NaN, which must not reach the square (where()'s gradient still would)
-        has = jnp.broadcast_to(labels.has_stress, labels.energy.shape)[:, None, None]
-        predicted = jnp.where(has, out["stress"], labels.stress)
+        has = jnp.broadcast_to(labels.has_stress, labels.energy.shape) & (per[:, 2] > 0)
+        predicted = jnp.where(has[:, None, None], out["stress"], labels.stress)
         per_structure = jnp.mean((predicted - labels.stress) ** 2, axis=(1, 2))
-        s = jnp.sum(per_structure) / jnp.maximum(jnp.sum(has), 1)
+        s = jnp.sum(jnp.where(has, per[:, 2] * per_structure, 0)) / jnp.maximum(jnp.sum(has), 1)
         parts["stress"] = s
         loss = loss + w_s * s
     return loss, parts
+
+
+def _per_structure_weights(labels: Labels) -> jax.Array:
+    """``[G, 3]``: the labels' weights, 1 where they give none."""
+    if labels.weights is None:
+        return jnp.ones((labels.energy.shape[0], 3), labels.energy.dtype)
+    return jnp.asarray(labels.weights)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -314,19 +467,32 @@ def _energy_and_forces(potential: Potential, params, batch):
 
 
 def evaluate(potential: Potential, params, batches) -> dict[str, float]:
-    """Mean absolute errors over ``batches``: ``energy_mae_per_atom`` (eV/atom), ``force_mae`` (eV/Å).
+    """Mean absolute errors over ``batches``: ``energy_mae_per_atom`` (eV/atom), ``force_mae`` (eV/Å),
+    over the structures (atoms) whose labels' weight is > 0; a metric with none is left out.
 
     Compiles once per potential and batch shape (repeated calls, as ``fit``'s validation makes,
     reuse it)."""
     e_err, f_err, n_graphs, n_comp = 0.0, 0.0, 0, 0
     for batch, labels in batches:
         out = _energy_and_forces(potential, params, batch)
-        e_err += float(jnp.sum(jnp.abs(out["energy"] - labels.energy) / labels.num_atoms))
-        mask = np.asarray(batch.node_mask)
+        counted = np.asarray(_per_structure_weights(labels)) > 0
+        de = np.abs(np.asarray(out["energy"] - labels.energy) / np.asarray(labels.num_atoms))
+        e_err += float(np.sum(de[counted[:, 0]]))
+        mask = np.asarray(batch.node_mask) & counted[np.asarray(batch.node_graph), 1]
         f_err += float(np.sum(np.abs(np.asarray(out["forces"] - labels.forces))[mask]))
-        n_graphs += int(labels.energy.shape[0])
+        n_graphs += int(counted[:, 0].sum())
         n_comp += 3 * int(mask.sum())
-    return {"energy_mae_per_atom": e_err / n_graphs, "force_mae": f_err / n_comp}
+    metrics = {}  # a metric without labels is left out (an energy-only validation set has no force MAE)
+    if n_graphs:
+        metrics["energy_mae_per_atom"] = e_err / n_graphs
+    if n_comp:
+        metrics["force_mae"] = f_err / n_comp
+    return metrics
+
+
+def _selection_metric(metrics: Mapping[str, float]) -> str:
+    """The validation metric that picks the best model: the force MAE, else the energy MAE."""
+    return "force_mae" if "force_mae" in metrics else "energy_mae_per_atom"
 
 
 def evaluate_structures(
@@ -337,6 +503,8 @@ def evaluate_structures(
     ``energy_rmse_per_atom`` (eV/atom), ``force_mae`` and ``force_rmse`` (eV/Å, over components),
     ``stress_mae`` and ``stress_rmse`` (eV/Å³, over the components of the structures with a stress
     label on a fully periodic cell; absent without one), and ``structures`` / ``atoms`` counted.
+    Energy and force metrics are over the structures that have those labels (absent where none
+    has); per-structure weights do not enter.
 
     The structures are checked as :func:`fit` checks its data; energies are compared with the
     reference energies taken out on the host in float64, as :func:`fit` trains. ``dtype``: the
@@ -356,31 +524,43 @@ def evaluate_structures(
     floats = [a.dtype for a in jax.tree.leaves(params) if jnp.issubdtype(a.dtype, jnp.floating)]
     dtype = check_model_dtype(dtype if dtype is not None else (floats[0] if floats else None))
     config = potential.config
-    check_training_data(config, structures, (1.0, 1.0, 0.0), dtype=dtype, every_element=False)
+    neighbours, _ = _check_training_data(config, structures, (0.0, 0.0, 0.0), dtype=dtype, every_element=False)
     bare = Potential(
         dataclasses.replace(config, atomic_energies=None), potential.backend, factored_radial=potential.factored_radial
     )
     params = _floats_as(params, dtype)
     e_abs = e_sq = f_abs = f_sq = s_abs = s_sq = 0.0
-    n_structures = n_atoms = n_stress = 0
-    for batch, labels in _batches(structures, config, batch_size, None, dtype, config.atomic_energies):
+    n_structures = n_atoms = n_energy = n_forces = n_stress = 0
+    batches = _batches(
+        structures,
+        config,
+        batch_size,
+        None,
+        dtype,
+        config.atomic_energies,
+        neighbours=neighbours,
+        max_shapes=4,
+        config_weights=False,
+    )
+    for batch, labels in batches:
         out = _energy_forces_stress(bare, current_backend_request(), params, batch)
+        has = np.asarray(labels.weights) > 0  # which labels each structure has
         de = np.asarray(out["energy"] - labels.energy, np.float64) / np.asarray(labels.num_atoms, np.float64)
-        mask = np.asarray(batch.node_mask)
-        df = np.asarray(out["forces"] - labels.forces, np.float64)[mask]
+        de = de[has[:, 0]]
+        real = np.asarray(batch.node_mask)
+        labelled = real & has[np.asarray(batch.node_graph), 1]
+        df = np.asarray(out["forces"] - labels.forces, np.float64)[labelled]
         ds = np.asarray(out["stress"] - labels.stress, np.float64)[np.asarray(labels.has_stress)]
         e_abs, e_sq = e_abs + np.abs(de).sum(), e_sq + np.square(de).sum()
         f_abs, f_sq = f_abs + np.abs(df).sum(), f_sq + np.square(df).sum()
         s_abs, s_sq = s_abs + np.abs(ds).sum(), s_sq + np.square(ds).sum()
-        n_structures, n_atoms, n_stress = n_structures + de.size, n_atoms + int(mask.sum()), n_stress + ds.size
-    metrics = {
-        "structures": n_structures,
-        "atoms": n_atoms,
-        "energy_mae_per_atom": e_abs / n_structures,
-        "energy_rmse_per_atom": float(np.sqrt(e_sq / n_structures)),
-        "force_mae": f_abs / (3 * n_atoms),
-        "force_rmse": float(np.sqrt(f_sq / (3 * n_atoms))),
-    }
+        n_structures, n_atoms = n_structures + has.shape[0], n_atoms + int(real.sum())
+        n_energy, n_forces, n_stress = n_energy + de.size, n_forces + df.size, n_stress + ds.size
+    metrics = {"structures": n_structures, "atoms": n_atoms}
+    if n_energy:
+        metrics |= {"energy_mae_per_atom": e_abs / n_energy, "energy_rmse_per_atom": float(np.sqrt(e_sq / n_energy))}
+    if n_forces:
+        metrics |= {"force_mae": f_abs / n_forces, "force_rmse": float(np.sqrt(f_sq / n_forces))}
     if n_stress:
         metrics |= {"stress_mae": s_abs / n_stress, "stress_rmse": float(np.sqrt(s_sq / n_stress))}
     return {k: v if isinstance(v, int) else float(v) for k, v in metrics.items()}
@@ -419,6 +599,7 @@ def fit(
     progress: bool = True,
     factored_radial: bool = True,
     params: Mapping[str, Any] | None = None,
+    batch_shapes: int = 4,
 ) -> FitResult:
     """Train for ``steps`` optimizer steps on ``train``; validate on ``valid``.
 
@@ -429,11 +610,19 @@ def fit(
     are subtracted from the energy labels on the host, in float64, and left out of the trained
     model's graph, so float32 training keeps the digits of large absolute energies.
 
+    ``weights``: the loss's weights of the energy, forces and stress terms; each structure's own
+    (mace-torch's ``config_weight`` and ``config_{energy,forces,stress}_weight`` in ``atoms.info``)
+    multiply them, and a structure without forces or without an energy label adds nothing to that
+    term (energy-only data trains with ``weights[1] = 0``).
+
     ``backend`` ``"e3nn"`` trains the e3nn-jax twin (same parameter tree). ``eval_every > 0`` records
-    validation MAEs every so many steps and, with ``checkpoint``, saves the best model there
-    (atomically: a temp file renamed). ``factored_radial``: as :class:`Potential`'s (both routes'
+    validation MAEs every so many steps and, with ``checkpoint``, saves the best model there by the
+    force MAE (the energy MAE when no validation structure has forces; atomically: a temp file
+    renamed). ``factored_radial``: as :class:`Potential`'s (both routes'
     training gradients measured in docs/models.md). ``dtype``: of the parameters and batches,
-    float32 or float64 (which needs ``jax_enable_x64``). Returns a :class:`FitResult`.
+    float32 or float64 (which needs ``jax_enable_x64``). ``batch_shapes``: the most padded batch
+    sizes training uses (each compiles the step once; see the module docstring), 1 for one size
+    for all. Returns a :class:`FitResult`.
     """
     optax = require("optax", "fit")
     if progress:
@@ -444,6 +633,7 @@ def fit(
     eval_every = check_int("eval_every", eval_every, 0)
     learning_rate = check_positive_real("learning_rate", learning_rate)  # a negative rate climbs the loss
     seed = check_int("seed", seed, 0)
+    batch_shapes = check_int("batch_shapes", batch_shapes, 1)
     if checkpoint is not None:  # now: it is written at the end (or at the first validation)
         checkpoint = check_output_path("checkpoint", checkpoint)
     if not train:
@@ -452,19 +642,22 @@ def fit(
         raise ValueError("valid is empty: give at least one validation structure")
     weights = _check_weights(weights)
     dtype = check_model_dtype(dtype)
-    check_training_data(config, train, weights, valid, dtype=dtype, every_element=params is None)
+    train_nl, valid_nl = _check_training_data(config, train, weights, valid, dtype=dtype, every_element=params is None)
     if params is None:
-        config = prepare_config(config, train)
+        config = _fitted_config(config, train, [len(s) for s, _, _ in train_nl])
     elif config.atomic_energies is None:
         raise ValueError("config has no atomic_energies: fine-tuning params needs the config they were trained with")
     # the model trained and validated here leaves the reference energies out; the labels leave them
     # out too (on the host, in float64): the same residuals, without float32's rounding of ~1e4 eV
     potential = Potential(dataclasses.replace(config, atomic_energies=None), backend, factored_radial=factored_radial)
     rng = np.random.default_rng(seed)
-    train_batches = _batches(train, config, batch_size, rng, dtype, config.atomic_energies)
-    valid_batches = _batches(valid, config, batch_size, None, dtype, config.atomic_energies)
+    e0 = config.atomic_energies
+    train_batches = _batches(train, config, batch_size, rng, dtype, e0, neighbours=train_nl, max_shapes=batch_shapes)
+    valid_batches = _batches(
+        valid, config, batch_size, None, dtype, e0, neighbours=valid_nl, max_shapes=batch_shapes, config_weights=False
+    )
     if params is None:
-        params = potential.init(jax.random.key(seed), train_batches[0][0], dtype=dtype)
+        params = potential.init(jax.random.key(seed), jax.device_put(train_batches[0][0]), dtype=dtype)
     else:
         potential.check_params(params)
         params = _floats_as(params, dtype)
@@ -483,6 +676,8 @@ def fit(
 
     history: dict[str, Any] = {"step": [], "train_loss": [], "time": [], "eval_step": [], "valid": []}
     history["steps_per_epoch"] = len(train_batches)
+    # the padded (nodes, edges) of the training batches: one compile of the step each
+    history["batch_shapes"] = sorted({(b.graph.num_nodes, b.graph.num_edges) for b, _ in train_batches})
     best = np.inf
     bar = None
     if progress:
@@ -492,12 +687,20 @@ def fit(
     t0 = time.perf_counter()
     throughput = _Throughput()
     order: list[int] = []
-    for i in range(steps):
+
+    def next_batch():  # each epoch visits every batch once, in a new seeded order
+        nonlocal order
         if not order:
             order = rng.permutation(len(train_batches)).tolist()
-        batch, labels = train_batches[order.pop()]
+        return jax.device_put(train_batches[order.pop()])
+
+    batch, labels = next_batch()
+    for i in range(steps):
         t_step = time.perf_counter()
         params, opt_state, loss, _ = step(params, opt_state, batch, labels)
+        current = (batch, labels)
+        if i + 1 < steps:  # the next batch's copy to the device overlaps this step (dispatched, not done)
+            batch, labels = next_batch()
         loss = float(loss)
         if not np.isfinite(loss):
             if i == 0:  # computed before the first update: not the learning rate's doing
@@ -506,7 +709,7 @@ def fit(
                 )
             raise FloatingPointError(f"training loss is {loss} at step {i}: lower learning_rate")
         elapsed = time.perf_counter() - t0
-        throughput.add((batch, labels), batch.num_graphs, elapsed - (t_step - t0))
+        throughput.add(current, current[0].num_graphs, elapsed - (t_step - t0))
         history["step"].append(i)
         history["train_loss"].append(loss)
         history["time"].append(elapsed)
@@ -516,8 +719,8 @@ def fit(
                 raise FloatingPointError(f"validation MAEs are {val} at step {i + 1}: the model is not finite there")
             history["eval_step"].append(i + 1)
             history["valid"].append(val)
-            if checkpoint is not None and val["force_mae"] < best:
-                best = val["force_mae"]
+            if checkpoint is not None and val[_selection_metric(val)] < best:
+                best = val[_selection_metric(val)]
                 _save_atomic(checkpoint, config, params)
         if bar is not None:
             rate = throughput.rate()
@@ -608,9 +811,10 @@ def plot_history(history: dict[str, list], path: str | os.PathLike) -> None:
     axes[0].legend()
     if history["valid"]:
         steps = history["eval_step"]
-        axes[1].semilogy(steps, [v["force_mae"] for v in history["valid"]], "o-", label="force MAE (eV/Å)")
+        forces = [v.get("force_mae", np.nan) for v in history["valid"]]  # absent without force labels
+        axes[1].semilogy(steps, forces, "o-", label="force MAE (eV/Å)")
         axes[1].semilogy(
-            steps, [v["energy_mae_per_atom"] for v in history["valid"]], "s-", label="energy MAE (eV/atom)"
+            steps, [v.get("energy_mae_per_atom", np.nan) for v in history["valid"]], "s-", label="energy MAE (eV/atom)"
         )
         axes[1].set_xlabel("step")
         axes[1].legend()
