@@ -349,3 +349,22 @@ def test_md_step_pieces_runs_on_the_reference_and_writes_its_timings(tmp_path):
     record = json.loads(out.read_text())
     assert record["backend"] == "reference" and record["command"].startswith("python benchmarks/md_step_pieces.py")
     assert set(record["best_ms"]) == {"step", "convolution_0"} and 0 < record["share_of_step"]["convolution_0"] < 1
+
+
+@pytest.mark.slow
+def test_training_padding_pads_less_by_bucket_with_the_same_losses(tmp_path):
+    # ~1.5 min on 2 cores (four training compiles): in `nox -s slow`
+    out = tmp_path / "padding.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks/training_padding.py"), "--structures", "4", "--epochs", "2"]
+    cmd += ["--batch-size", "1", "--small", "1", "1", "1", "--large", "2", "2", "2", "--large-every", "2"]
+    cmd += ["--shapes", "1", "2", "--channels", "2", "--l-max", "1", "--json", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=900)
+    import json
+
+    record = json.loads(out.read_text())
+    assert record["backend"] == "reference" and record["command"].startswith("python benchmarks/training_padding.py")
+    one, by_bucket = record["rows"]
+    assert (one["compiles"], by_bucket["compiles"]) == (1, 2)
+    assert 1 <= by_bucket["padded_over_real"]["nodes"] < one["padded_over_real"]["nodes"]
+    assert 1 <= by_bucket["padded_over_real"]["edges"] < one["padded_over_real"]["edges"]
+    np.testing.assert_allclose(by_bucket["train_loss"], one["train_loss"], rtol=1e-4)
