@@ -59,3 +59,11 @@ class CooOp:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.irreps_x} ⊗ {self.irreps_y} -> {self.irreps_out}, {self.num_paths} paths)"
+
+    # equal ops compute the same thing: the descriptor defines the op, and as a static `jit`
+    # argument an op built again with the same arguments must not compile again
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.coo == self.coo
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self.coo))

@@ -52,6 +52,16 @@ class Linear:
         self._rows_in = _rows_by_irrep(self.irreps_in)
         self._rows_out = _rows_by_irrep(self.irreps_out)
 
+    def _key(self) -> tuple:
+        return (self.irreps_in, self.irreps_out, self.channels_in, self.channels_out)
+
+    # equal maps for equal arguments (a static `jit` argument built again must not compile again)
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other._key() == self._key()
+
+    def __hash__(self) -> int:
+        return hash(("Linear", *self._key()))
+
     def weight_shapes(self) -> dict[str, tuple[int, int, int, int]]:
         return {
             str(ir): (len(self._rows_in[ir]), len(rows), self.channels_in, self.channels_out)

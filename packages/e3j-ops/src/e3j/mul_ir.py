@@ -109,6 +109,14 @@ class MulIrConvolution:
         # (C, op) per group: the uniform-channel ops run per call
         self.groups = tuple((g.channels, Convolution.from_coo(g.coo)) for g in self.plan.groups)
 
+    # equal (the same cached plan: equal arguments) ops compute the same thing, so that a static
+    # `jit` argument built again does not compile again
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other.plan is self.plan
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, id(self.plan)))
+
     @classmethod
     def _of_plan(cls, plan: Plan) -> MulIrConvolution:
         """The convolution of a plan built elsewhere (e.g. one reading a larger product's weights)."""
@@ -282,6 +290,12 @@ class MulIrTensorProduct:
             grouping,
         )
         self.groups = tuple((g.channels, TensorProduct.from_coo(g.coo)) for g in self.plan.groups)
+
+    def __eq__(self, other: object) -> bool:  # as MulIrConvolution's
+        return type(other) is type(self) and other.plan is self.plan
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, id(self.plan)))
 
     @property
     def irreps_x(self) -> Irreps:
