@@ -429,7 +429,7 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
     for atoms in unlabelled:
         atoms.calc.results.pop("stress", None)
     write_dataset(tmp_path / "no-stress.extxyz", unlabelled)
-    with pytest.raises(SystemExit, match=r"--data: weights\[2\] \(stress\) is 1.0 but no training structure"):
+    with pytest.raises(SystemExit, match=r"--data: --stress-weight \(stress\) is 1.0 but no training structure"):
         main([*args[:1], "--data", str(tmp_path / "no-stress.extxyz"), *args[3:], "--stress-weight", "1"])
     # labels fit cannot use and atoms the model cannot read, named by their place in the file (a
     # coincident pair was named by its place in a shuffled batch, after --out was emptied; a NaN

@@ -179,3 +179,33 @@ def test_read_dataset_takes_partly_labelled_files_and_reads_weights(tmp_path):
     write_dataset(tmp_path / "other.extxyz", other)
     with pytest.warns(UserWarning, match=r"per-structure weights \['my_weight'\] are not read"):
         read_dataset(tmp_path / "other.extxyz")
+
+
+def test_cli_trains_an_energy_only_file_with_no_force_weight(tmp_path):
+    import json
+
+    from e3j_models.__main__ import main
+
+    write_dataset(tmp_path / "e.extxyz", [_relabel(a, forces=False) for a in emt_structures(6, repeats=[(2, 2, 2)])])
+    args = ["train", "--data", str(tmp_path / "e.extxyz"), "--preset", "nequip", "--channels", "2", "--layers", "1"]
+    args += [
+        "--l-max",
+        "1",
+        "--radial-hidden",
+        "4",
+        "--steps",
+        "2",
+        "--eval-every",
+        "1",
+        "--out",
+        str(tmp_path / "run"),
+    ]
+    with pytest.raises(
+        SystemExit, match=r"--data: --force-weight \(forces\) is 1.0 but no training structure has forces"
+    ):
+        main(args)
+    assert not (tmp_path / "run").exists()
+    main([*args, "--force-weight", "0"])
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert set(metrics["checkpoint_validation"]) == {"energy_mae_per_atom"}
+    assert np.isfinite(metrics["final_validation"]["energy_mae_per_atom"])

@@ -96,9 +96,9 @@ def _train(args) -> None:
     from . import config as cfgs
     from ._checks import check_int
     from .train import (
+        _check_training_data,
         _check_weights,
         _selection_metric,
-        check_training_data,
         fit,
         isolated_atom_energies,
         plot_history,
@@ -114,7 +114,8 @@ def _train(args) -> None:
     check_int("--batch-size", args.batch_size, 1)
     check_int("--batch-shapes", args.batch_shapes, 1)
     weights = (args.energy_weight, args.force_weight, args.stress_weight)
-    _check_weights(weights, ("--energy-weight", "--force-weight", "--stress-weight"))
+    flags = ("--energy-weight", "--force-weight", "--stress-weight")
+    _check_weights(weights, flags)
     if not 0 < args.valid_fraction < 1:
         raise SystemExit(f"error: --valid-fraction must be in (0, 1), got {args.valid_fraction}")
     _check_out(args.out)
@@ -157,7 +158,7 @@ def _train(args) -> None:
     except ValueError as err:
         raise ValueError(f"--backend: {err}") from err
     try:
-        check_training_data(config, train, weights, valid)
+        _check_training_data(config, train, weights, valid, names=flags)
     except ValueError as err:
         raise ValueError(f"--data: {err} ({where})") from err
     # history.json and loss.png of an earlier run are rewritten at the end

@@ -223,9 +223,19 @@ def check_training_data(
     _check_training_data(config, train, weights, valid, dtype=dtype, every_element=every_element)
 
 
-def _check_training_data(config, train, weights, valid=(), *, dtype=np.float32, every_element=True):
+def _check_training_data(
+    config,
+    train,
+    weights,
+    valid=(),
+    *,
+    dtype=np.float32,
+    every_element=True,
+    names=("weights[0]", "weights[1]", "weights[2]"),
+):
     """:func:`check_training_data`, returning the neighbour lists it built: ``(train's, valid's)``,
-    one ``(senders, receivers, shifts)`` per structure, for :func:`_batches`."""
+    one ``(senders, receivers, shifts)`` per structure, for :func:`_batches`. ``names`` name the
+    loss weights in errors (the command line's flags)."""
     check_config(config)
     check_structure_list("train", train)
     check_structure_list("valid", valid)
@@ -244,8 +254,8 @@ def _check_training_data(config, train, weights, valid=(), *, dtype=np.float32, 
     for i, (term, label) in enumerate(zip(("energy", "forces", "stress"), labels, strict=True)):
         if weights[i] > 0 and not used[i]:
             raise ValueError(
-                f"weights[{i}] ({term}) is {weights[i]} but no training structure has {label} with a weight > 0: "
-                f"the term would be 0 (weights[{i}] = 0 trains on the other labels alone)"
+                f"{names[i]} ({term}) is {weights[i]} but no training structure has {label} with a weight > 0: "
+                f"the term would be 0 ({names[i]} 0 trains on the other labels alone)"
             )
     return found["train"], found["valid"]
 
