@@ -106,6 +106,23 @@ def test_training_batches_stay_on_the_host():
     assert leaves and all(type(a) is np.ndarray for a in leaves), {type(a).__name__ for a in leaves}
 
 
+def test_training_batches_without_a_cpu_backend(monkeypatch):
+    # JAX_PLATFORMS=cuda leaves the CPU backend out: local_devices(backend="cpu") raises there
+    import jax
+
+    def no_cpu(backend=None, **kwargs):
+        raise RuntimeError(f"Unknown backend {backend}")
+
+    structures = emt_structures(2, repeats=[(2, 2, 2)])
+    cfg = prepare_config(nequip((28, 29), **TINY), structures)
+    want = _batches(structures, cfg, 2, None, np.float32)
+    monkeypatch.setattr(jax, "local_devices", no_cpu)
+    got = _batches(structures, cfg, 2, None, np.float32)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert type(a) is np.ndarray
+        np.testing.assert_array_equal(a, b)
+
+
 def test_fit_builds_each_neighbour_list_once(monkeypatch):
     from e3j_models import neighbours, train
 

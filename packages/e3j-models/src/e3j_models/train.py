@@ -383,7 +383,7 @@ def _batches(
     ]  # one padding node at least: padding edges point at it
     shapes = _padding_shapes(sizes, max_shapes)
     out = []
-    host = jax.local_devices(backend="cpu")[0]
+    host = _host_device()
     for grp, (n_pad, e_pad) in zip(groups, shapes, strict=True):
         sts = [structures[k] for k in grp]
         with jax.default_device(host):  # built where it stays: not on an accelerator and back
@@ -420,6 +420,15 @@ def _batches(
         )
         out.append((batch, labels))
     return out
+
+
+def _host_device():
+    """The CPU device, where the batches are built and kept; None (the default device, the batches
+    then copied out) where ``JAX_PLATFORMS`` leaves the CPU backend out."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return None
 
 
 def _has_stress(atoms, results) -> bool:
