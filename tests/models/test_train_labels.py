@@ -175,6 +175,14 @@ def test_read_dataset_takes_partly_labelled_files_and_reads_weights(tmp_path):
     # an energy-only file (nothing like forces in it) is read as one
     write_dataset(tmp_path / "energies.extxyz", [_relabel(a, forces=False) for a in structures])
     assert all("forces" not in a.calc.results for a in read_dataset(tmp_path / "energies.extxyz"))
+    # mace-torch's virials weight weighs the stress read from virials
+    virial = [_relabel(a, stress=False, config_virials_weight=0.25) for a in structures]
+    for atoms, ref in zip(virial, structures, strict=True):
+        atoms.info["REF_virials"] = (-ref.get_volume() * ref.get_stress(voigt=False)).reshape(9)
+    write_dataset(tmp_path / "virials.extxyz", virial)
+    back = read_dataset(tmp_path / "virials.extxyz", virials_key="REF_virials")
+    assert all(a.info["config_stress_weight"] == 0.25 for a in back)
+    np.testing.assert_allclose(back[0].get_stress(), structures[0].get_stress(), atol=1e-9)
     other = [_relabel(a, my_weight=2.0) for a in structures]
     write_dataset(tmp_path / "other.extxyz", other)
     with pytest.warns(UserWarning, match=r"per-structure weights \['my_weight'\] are not read"):

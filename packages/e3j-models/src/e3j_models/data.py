@@ -34,10 +34,11 @@ from ._optional import require
 __all__ = ["LATTICE_CONSTANTS", "WEIGHT_KEYS", "dataset_format", "emt_structures", "read_dataset", "write_dataset"]
 
 LATTICE_CONSTANTS = {"Cu": 3.61, "Ni": 3.52}
-# mace-torch's per-structure loss weights, read from atoms.info by fit: the first multiplies each
-# term's own (energy, forces, stress); all default to 1
-WEIGHT_KEYS = ("config_weight", "config_energy_weight", "config_forces_weight", "config_stress_weight")
 """fcc lattice constants (Å) mixed by Vegard's law."""
+
+WEIGHT_KEYS = ("config_weight", "config_energy_weight", "config_forces_weight", "config_stress_weight")
+"""mace-torch's per-structure loss weights, read from ``atoms.info`` by ``fit``: the first
+multiplies each of the others (energy, forces, stress terms); each is 1 when absent."""
 
 _REPEATS = ((2, 2, 2), (3, 2, 2), (3, 3, 2), (3, 3, 3))
 
