@@ -155,7 +155,7 @@ def prepare_config(config: MACEConfig | NequIPConfig, structures: Sequence) -> M
     without an energy label do not enter the fit (none with one: the energies are 0). A config that
     has ``atomic_energies`` already (isolated atoms' energies from the reference method, or an
     earlier fit's) keeps them."""
-    return _fitted_config(config, structures, [_num_edges(atoms, config.cutoff) for atoms in structures])
+    return _fitted_config(config, structures, [len(_neighbours(atoms, config.cutoff)[0]) for atoms in structures])
 
 
 def _fitted_config(config, structures: Sequence, num_edges: Sequence[int]):
@@ -240,9 +240,13 @@ def _check_training_data(
     check_structure_list("train", train)
     check_structure_list("valid", valid)
     found = {"train": [], "valid": []}
+    label_weights = []  # the training structures' (energy, forces, stress) weights
     for part, structures in (("train", train), ("valid", valid)):
         for k, atoms in enumerate(structures):
-            found[part].append(_check_structure_data(config, atoms, f"{part}[{k}]", weights, dtype))
+            neighbours, its_weights = _check_structure_data(config, atoms, f"{part}[{k}]", weights, dtype)
+            found[part].append(neighbours)
+            if part == "train":
+                label_weights.append(its_weights)
     if every_element:
         _check_elements_present(config.atomic_numbers, train)
     labels = (
@@ -250,7 +254,7 @@ def _check_training_data(
         "forces",
         "a stress label on a fully periodic cell (atoms.calc.results['stress']; read_dataset reads virials too)",
     )
-    used = np.array([_label_weights(a, _results(a)) for a in train]).reshape(-1, 3).max(axis=0, initial=0) > 0
+    used = np.array(label_weights).reshape(-1, 3).max(axis=0, initial=0) > 0
     for i, (term, label) in enumerate(zip(("energy", "forces", "stress"), labels, strict=True)):
         if weights[i] > 0 and not used[i]:
             raise ValueError(
@@ -264,7 +268,7 @@ def _check_structure_data(config, atoms, name: str, weights: tuple, dtype):
     """``ValueError`` naming structure ``name`` for labels the loss would read and cannot use, or
     atoms the model cannot read (a NaN force passed to a validation MAE of NaN and no checkpoint;
     coincident atoms were named by their place in a shuffled batch). Returns the structure's
-    neighbour list, built by the check."""
+    neighbour list, built by the check, and its :func:`_label_weights`."""
     res = _results(atoms)
     n = len(atoms)
     if "energy" not in res and "forces" not in res:
@@ -282,18 +286,21 @@ def _check_structure_data(config, atoms, name: str, weights: tuple, dtype):
                 f"{name} has non-finite reference forces (atom {int(np.argwhere(~np.isfinite(forces))[0, 0])})"
             )
     try:
-        _label_weights(atoms, res)
+        label_weights = _label_weights(atoms, res)
     except ValueError as err:
         raise ValueError(f"{name} {err}") from None
     if weights[2] > 0 and _has_stress(atoms, res):  # a label the loss reads
         stress = np.asarray(res["stress"], np.float64)
         if stress.shape not in ((6,), (3, 3)) or not np.isfinite(stress).all():
             raise ValueError(f"{name} has a reference stress that is not 6 or 3×3 finite numbers: {stress!r}")
-    return _checked_neighbours(atoms, config.atomic_numbers, config.cutoff, dtype, where=f" ({name})")
+    neighbours = _checked_neighbours(atoms, config.atomic_numbers, config.cutoff, dtype, where=f" ({name})")
+    return neighbours, label_weights
 
 
-def _num_edges(atoms, cutoff: float) -> int:
-    return len(neighbour_list(atoms.positions, cutoff, np.asarray(atoms.cell), atoms.pbc)[0])
+def _neighbours(atoms, cutoff: float):
+    """A structure's unchecked neighbour list ``(senders, receivers, shifts)`` (what the checks'
+    :func:`_checked_neighbours` returns, for structures that were not checked here)."""
+    return neighbour_list(atoms.positions, cutoff, np.asarray(atoms.cell), atoms.pbc)
 
 
 def _padding_shapes(sizes: Sequence[tuple[int, int]], max_shapes: int) -> list[tuple[int, int]]:
@@ -322,10 +329,16 @@ def _padding_shapes(sizes: Sequence[tuple[int, int]], max_shapes: int) -> list[t
         most_nodes[where[g]] = max(most_nodes[where[g]], n)
     m = len(values)
 
-    def run(i: int, j: int) -> tuple[int, int]:  # the shape of grid values i..j
-        return bucket_size(int(most_nodes[i : j + 1].max())), values[j]
-
-    cost = [[sum(count[i : j + 1]) * sum(run(i, j)) if i <= j else 0 for j in range(m)] for i in range(m)]
+    # run[i][j]: the one shape of the batches of grid values i..j; cost[i][j]: their padded nodes
+    # plus edges (counts and largest nodes carried along j: O(m²))
+    run = [[(0, 0)] * m for _ in range(m)]
+    cost = [[0] * m for _ in range(m)]
+    for i in range(m):
+        batches, nodes = 0, 0
+        for j in range(i, m):
+            batches, nodes = batches + int(count[j]), max(nodes, int(most_nodes[j]))
+            run[i][j] = (bucket_size(nodes), values[j])
+            cost[i][j] = batches * sum(run[i][j])
     # best[k][j]: the least padding of grid values 0..j in k + 1 runs; cut[k][j]: where the last begins
     best = [[float(cost[0][j]) for j in range(m)]]
     cut = [[0] * m]
@@ -346,7 +359,7 @@ def _padding_shapes(sizes: Sequence[tuple[int, int]], max_shapes: int) -> list[t
             k -= 1
         i = cut[k][j] if k > 0 else 0
         for v in values[i : j + 1]:
-            shape_of[v] = run(i, j)
+            shape_of[v] = run[i][j]
         j, k = i - 1, k - 1
     return [shape_of[g] for g in grid]
 
@@ -375,7 +388,7 @@ def _batches(
     the structures' own (:func:`_label_weights`); False: 1 for each label present (for metrics)."""
     e0 = None if reference_energies is None else dict(zip(config.atomic_numbers, reference_energies, strict=True))
     if neighbours is None:
-        neighbours = [neighbour_list(a.positions, config.cutoff, np.asarray(a.cell), a.pbc) for a in structures]
+        neighbours = [_neighbours(a, config.cutoff) for a in structures]
     order = rng.permutation(len(structures)) if rng is not None else np.arange(len(structures))
     groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     sizes = [
