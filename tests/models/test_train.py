@@ -1,5 +1,6 @@
 """EMT data generation and training (e3j_models.data, e3j_models.train, the CLI)."""
 
+import itertools
 import json
 import os
 
@@ -436,27 +437,33 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
     # force in the validation part gave a "completed" run without a model)
     for k, (change, match) in enumerate(
         [
-            (lambda a: a.positions.__setitem__(2, a.positions[0]), r"--data: atoms 2 and 0 \(train\[1\]\) coincide"),
-            (lambda a: a.positions.__setitem__((0, 1), np.nan), r"--data: positions \(train\[1\]\) must be finite"),
+            (lambda a: a.positions.__setitem__(2, a.positions[0]), r"atoms 2 and 0 \(STRUCTURE\) coincide"),
+            (lambda a: a.positions.__setitem__((0, 1), np.nan), r"positions \(STRUCTURE\) must be finite"),
             (
                 lambda a: a.calc.results["forces"].__setitem__((0, 0), np.inf),
-                r"--data: train\[1\] has non-finite reference forces",
+                r"STRUCTURE has non-finite reference forces",
             ),
             (
                 lambda a: a.calc.results.__setitem__("energy", np.nan),
-                r"--data: train\[1\] has a reference energy that is not one",
+                r"STRUCTURE has a reference energy that is not one",
             ),
         ]
     ):
-        for which in (1, 2):  # a training structure, the validation one
+        # one of the file's 3 structures validates; each is named by its place in the file
+        held = {}
+        for seed, which in itertools.product(range(4) if k == 0 else (0,), (0, 1, 2)):
             bad = read_dataset(args[2])
             change(bad[which])
             write_dataset(tmp_path / f"bad{k}.extxyz", bad)
-            # the file's structures 0, 1 train, 2 validates
-            name = "train\\[1\\]" if which == 1 else "valid\\[0\\]"
-            where = r" \(train\[k\] is the file's structure k, valid\[k\] its structure 2 \+ k\)$"
-            with pytest.raises(SystemExit, match=match.replace("train\\[1\\]", name) + ".*" + where):
-                main([*args[:1], "--data", str(tmp_path / f"bad{k}.extxyz"), *args[3:], "--valid-fraction", "0.34"])
+            pattern = "error: " + match.replace("STRUCTURE", rf"--data structure {which}( \(validation\))?")
+            with pytest.raises(SystemExit, match=pattern) as err:
+                extra = ["--valid-fraction", "0.34", "--seed", str(seed)]
+                main([*args[:1], "--data", str(tmp_path / f"bad{k}.extxyz"), *args[3:], *extra])
+            if "(validation)" in str(err.value):
+                held.setdefault(seed, []).append(which)
+        assert all(len(v) == 1 for v in held.values()) and len(held) == (4 if k == 0 else 1), held
+        if k == 0:  # the split is drawn by --seed (mace-torch's), not the file's tail
+            assert len({v[0] for v in held.values()}) > 1, held
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     (tmp_path / "a_file").write_text("")
     with pytest.raises(SystemExit, match=r"--out '.*a_file' exists and is not a directory"):

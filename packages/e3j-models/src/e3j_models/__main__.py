@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -91,6 +92,25 @@ def _make_out(path: str, stale: tuple[str, ...]) -> None:
             os.remove(os.path.join(path, name))
 
 
+def _named_in_files(message: str, names: dict) -> str:
+    """``message`` of the training checks with each ``train[k]`` / ``valid[k]`` named by its file
+    and place there (``names``: part -> (flag, each structure's index in that file)); a message
+    that names no structure is said of ``--data``.
+
+    >>> _named_in_files("valid[1] has no forces", {"valid": ("--data", [4, 9])})
+    '--data structure 9 (validation) has no forces'
+    """
+
+    def named(m: re.Match) -> str:
+        flag, index = names[m[1]]
+        return f"{flag} structure {index[int(m[2])]}" + (
+            " (validation)" if m[1] == "valid" and flag == "--data" else ""
+        )
+
+    out = re.sub(r"\b(train|valid)\[(\d+)\]", named, message)
+    return out if out != message else f"--data: {message}"
+
+
 def _train(args) -> None:
     from . import Potential
     from . import config as cfgs
@@ -120,23 +140,27 @@ def _train(args) -> None:
         raise SystemExit(f"error: --valid-fraction must be in (0, 1), got {args.valid_fraction}")
     _check_out(args.out)
     structures = _read_data(args)
+    in_file = list(range(len(structures)))  # each structure's index in --data
     e0 = None
     if args.e0s == "isolated":  # the isolated atoms give the reference energies and do not train
-        e0, structures = isolated_atom_energies(structures)
+        e0, others = isolated_atom_energies(structures)
+        kept = {id(a) for a in others}
+        in_file = [k for k, a in enumerate(structures) if id(a) in kept]
+        structures = others
         if not structures:
             raise SystemExit("error: --data holds only isolated atoms: nothing to train on")
     if args.valid_file is not None:  # a validation set of its own (mace-torch's --valid_file)
         train, valid = structures, _read_data(args, args.valid_file)
-        where = "train[k] is --data's structure k, valid[k] --valid-file's"
+        names = {"train": ("--data", in_file), "valid": ("--valid-file", range(len(valid)))}
     else:
         n_valid = max(1, round(len(structures) * args.valid_fraction))
         if len(structures) - n_valid < 1:
             raise SystemExit(f"error: --data holds {len(structures)} structures: too few to split off a validation set")
-        # the split is the last structures of the file: a generated set is already in seeded random order
-        train, valid = structures[:-n_valid], structures[-n_valid:]
-        where = f"train[k] is the file's structure k, valid[k] its structure {len(train)} + k"
-    if e0 is not None:
-        where += ", counted without the isolated atoms"
+        # a random split, seeded (mace-torch's): a file sorted by configuration type validates on all types
+        held = np.sort(np.random.default_rng(args.seed).permutation(len(structures))[:n_valid])
+        kept = np.setdiff1d(np.arange(len(structures)), held)
+        train, valid = [structures[k] for k in kept], [structures[k] for k in held]
+        names = {"train": ("--data", [in_file[k] for k in kept]), "valid": ("--data", [in_file[k] for k in held])}
     elements = sorted({int(z) for a in [*train, *valid] for z in a.numbers})
     overrides = {"num_channels": args.channels, "l_max": args.l_max, "cutoff": args.cutoff}
     if args.layers is not None:
@@ -160,7 +184,7 @@ def _train(args) -> None:
     try:
         _check_training_data(config, train, weights, valid, names=flags)
     except ValueError as err:
-        raise ValueError(f"--data: {err} ({where})") from err
+        raise ValueError(_named_in_files(str(err), names)) from err
     # history.json and loss.png of an earlier run are rewritten at the end
     _make_out(args.out, ("model.npz", "metrics.json", "history.json", "loss.png"))
     t0 = time.perf_counter()
@@ -379,7 +403,9 @@ def main(argv=None) -> None:
     p.add_argument("--energy-weight", type=float, default=1.0, help="loss weight of the energy per atom")
     p.add_argument("--force-weight", type=float, default=1.0, help="loss weight of the forces")
     p.add_argument("--stress-weight", type=float, default=0.0, help="loss weight of the stress")
-    p.add_argument("--valid-fraction", type=float, default=0.1, help="share of --data held out (its last structures)")
+    p.add_argument(
+        "--valid-fraction", type=float, default=0.1, help="share of --data held out, drawn at random (--seed)"
+    )
     p.add_argument(
         "--valid-file", default=None, help="a validation set of its own (labels as --data's); all of --data trains"
     )
@@ -396,7 +422,9 @@ def main(argv=None) -> None:
         action="store_true",
         help="multiply the radial MLP's output out before each convolution (factored_radial=False)",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="draws the parameters, the validation split and each epoch's batches"
+    )
     p.set_defaults(func=_train)
 
     p = sub.add_parser(
