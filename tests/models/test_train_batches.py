@@ -1,5 +1,7 @@
-"""Training batches: padded sizes by size bucket, host residency, one neighbour list per structure."""
+"""Training batches: drawn anew every epoch, padded sizes by size bucket (and graphs), host residency,
+one neighbour list per structure."""
 
+import dataclasses
 import itertools
 import math
 
@@ -11,7 +13,16 @@ pytest.importorskip("optax")
 
 from e3j_models import bucket_size, nequip
 from e3j_models.data import emt_structures
-from e3j_models.train import _batches, _padding_shapes, fit, prepare_config
+from e3j_models.neighbours import _checked_graph, batch_structures
+from e3j_models.train import (
+    _batch,
+    _batches,
+    _padding_shapes,
+    epoch_losses,
+    fit,
+    loss_fn,
+    prepare_config,
+)
 
 TINY = dict(num_layers=1, num_channels=4, node_irreps="0e + 1o", l_max=1, cutoff=3.0, radial_mlp=(8,))
 
@@ -149,3 +160,172 @@ def test_cli_train_refuses_batch_shapes_below_one(tmp_path):
     with pytest.raises(SystemExit, match=r"--batch-shapes must be an int > 0, got 0"):
         main([*run, "--batch-shapes", "0"])
     assert not (tmp_path / "run").exists()
+
+
+def _recorded_batches(monkeypatch, train_structures):
+    """fit's batches of ``train_structures`` as it builds them: ``[(structure indices, padded shapes)]``
+    (a few more than it trains on: they are built ahead)."""
+    import jax
+
+    from e3j_models import train
+
+    built = []
+    original = train._batch
+
+    def recording(structures, group, *args, **kwargs):
+        out = original(structures, group, *args, **kwargs)
+        if structures is train_structures:
+            built.append((sorted(int(k) for k in group), tuple(np.shape(a) for a in jax.tree.leaves(out))))
+        return out
+
+    monkeypatch.setattr(train, "_batch", recording)
+    return built
+
+
+def test_every_epoch_draws_new_batches(monkeypatch):
+    """mace-torch's shuffled loader: each epoch visits every structure once, in batches of a new
+    seeded membership; the same seed draws the same batches."""
+    structures = emt_structures(10, repeats=[(1, 1, 2)])
+    train = structures[:8]
+    built = _recorded_batches(monkeypatch, train)
+    kw = {"steps": 12, "batch_size": 2, "progress": False, "seed": 3}
+    fit(nequip((28, 29), **TINY), train, structures[8:], **kw)
+    first = [g for g, _ in built[:12]]
+    assert len(first) == 12
+    epochs = [first[:4], first[4:8], first[8:]]
+    for epoch in epochs:
+        assert sorted(k for g in epoch for k in g) == list(range(8)), epoch
+    memberships = [{tuple(g) for g in epoch} for epoch in epochs]
+    assert memberships[0] != memberships[1] and memberships[1] != memberships[2], memberships
+    built.clear()
+    fit(nequip((28, 29), **TINY), train, structures[8:], **kw)
+    assert [g for g, _ in built[:12]] == first
+    built.clear()
+    fit(nequip((28, 29), **TINY), train, structures[8:], **{**kw, "seed": 4})
+    assert [g for g, _ in built[:12]] != first
+
+
+def test_a_smaller_last_batch_keeps_the_shapes_and_padding_is_counted(monkeypatch):
+    """5 structures in batches of 2: the last batch of each epoch holds one structure and an empty
+    graph, in the shapes of the others (no compile of its own); history's padding is the padded
+    over the real nodes and edges of the batches trained on."""
+    structures = emt_structures(7, repeats=[(1, 1, 2), (2, 1, 2), (2, 2, 2)])
+    train = structures[:5]
+    built = _recorded_batches(monkeypatch, train)
+    cfg = prepare_config(nequip((28, 29), **TINY), train)
+    result = fit(cfg, train, structures[5:], steps=6, batch_size=2, batch_shapes=1, progress=False)
+    del built[6:]  # built ahead, not trained on
+    assert [len(g) for g, _ in built] == [2, 2, 1, 2, 2, 1]
+    assert len({shapes for _, shapes in built}) == 1, {shapes for _, shapes in built}
+    ((nodes, edges),) = result.history["batch_shapes"]
+    real_nodes = sum(len(structures[k]) for g, _ in built for k in g)
+    real_edges = 0
+    for g, _ in built:
+        (b, _) = _batches([structures[k] for k in g], cfg, 2, None, np.float32)[0]
+        real_edges += int(b.graph.num_valid)
+    assert result.history["padding"]["nodes"] == pytest.approx(6 * nodes / real_nodes)
+    assert result.history["padding"]["edges"] == pytest.approx(6 * edges / real_edges)
+
+
+@pytest.mark.parametrize("weights", [(1.0, 1.0, 0.0), (1.0, 10.0, 1.0)])
+def test_padding_graphs_change_no_loss_or_gradient(weights):
+    """An empty graph of weight 0 (a smaller last batch padded to batch_size graphs): the same loss
+    and gradient as the batch without it, in float64, the stress term included (an empty graph's
+    zero cell gives a NaN stress, which must not reach the gradient)."""
+    import jax
+
+    from e3j_models import Potential
+
+    with jax.enable_x64(True):
+        structures = emt_structures(3, repeats=[(1, 1, 2), (2, 1, 2)])
+        for a in structures:
+            a.calc.results["stress"] = a.get_stress()
+        cfg = prepare_config(nequip((28, 29), **TINY), structures)
+        pot = Potential(cfg)
+        graphs = [_checked_graph(a, cfg.atomic_numbers, cfg.cutoff, np.float64) for a in structures]
+        shape = (64, 2048)
+        plain = _batch(structures, [0, 2, 1], shape, cfg, np.float64, None, graphs)
+        padded = _batch(structures, [0, 2, 1], shape, cfg, np.float64, None, graphs, num_graphs=5)
+        assert padded[0].num_graphs == 5 and plain[0].num_graphs == 3
+        params = pot.init(jax.random.key(0), jax.device_put(plain[0]), dtype=np.float64)
+
+        def loss(p, b):
+            return loss_fn(pot, p, *jax.device_put(b), weights)[0]
+
+        want, want_grad = jax.value_and_grad(loss)(params, plain)
+        got, got_grad = jax.value_and_grad(loss)(params, padded)
+    assert np.isfinite(float(want)) and float(want) > 0
+    np.testing.assert_allclose(float(got), float(want), rtol=1e-12)
+    for a, b in zip(jax.tree.leaves(got_grad), jax.tree.leaves(want_grad), strict=True):
+        assert np.all(np.isfinite(a))
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14)
+
+
+def test_batch_structures_pads_graphs():
+    structures = emt_structures(2, repeats=[(1, 1, 2)])
+    b = batch_structures(structures, (28, 29), 3.0, num_graphs=4)
+    assert b.num_graphs == 4 and b.cell.shape == (4, 3, 3)
+    np.testing.assert_array_equal(b.cell[2:], 0)
+    assert int(np.max(b.node_graph)) == 1  # padding nodes join a structure's graph, masked out
+    with pytest.raises(ValueError, match=r"num_graphs=1 cannot hold 2 structures"):
+        batch_structures(structures, (28, 29), 3.0, num_graphs=1)
+    with pytest.raises(ValueError, match=r"num_graphs must be an int > 0 or None, got 0"):
+        batch_structures(structures, (28, 29), 3.0, num_graphs=0)
+
+
+def test_epoch_loss_does_not_depend_on_the_batches_membership():
+    """With the parameters held (a learning rate of 1e-12), every epoch's loss is the loss of all
+    training structures as one batch, in float64, while the mean of its per-step losses moves with
+    the epoch's batches (a batch's forces are a mean over its atoms)."""
+    import jax
+
+    from e3j_models import Potential
+
+    with jax.enable_x64(True):
+        structures = emt_structures(9, repeats=[(1, 1, 2), (2, 1, 2), (2, 2, 2)])
+        train, valid = structures[:7], structures[7:]
+        kw = {"steps": 9, "batch_size": 2, "progress": False, "dtype": np.float64, "learning_rate": 1e-12}
+        result = fit(nequip((28, 29), **TINY), train, valid, weights=(1.0, 10.0, 0.0), **kw)
+        cfg = result.config
+        ((batch, labels),) = _batches(train, cfg, len(train), None, np.float64, cfg.atomic_energies)
+        pot = Potential(dataclasses.replace(cfg, atomic_energies=None))
+        whole = float(loss_fn(pot, result.params, *jax.device_put((batch, labels)), (1.0, 10.0, 0.0))[0])
+    losses = np.asarray(result.history["train_loss"])
+    assert result.history["steps_per_epoch"] == 4 and len(result.history["epoch_loss"]) == 2
+    np.testing.assert_allclose(result.history["epoch_loss"], whole, rtol=1e-9)
+    np.testing.assert_allclose(epoch_losses(result.history), whole, rtol=1e-9)
+    per_step = losses[:8].reshape(2, 4).mean(axis=1)
+    assert abs(per_step[0] / per_step[1] - 1) > 1e-3, per_step  # what the epoch loss is free of
+
+
+def test_prefetched_batches_keep_their_order_raise_and_stop():
+    import threading
+    import time
+
+    from e3j_models.train import _prefetched
+
+    assert list(_prefetched(iter(range(7)), depth=2)) == list(range(7))
+
+    def failing():
+        yield 1
+        raise RuntimeError("structure 3 is bad")
+
+    got = _prefetched(failing(), depth=2)
+    assert next(got) == 1
+    with pytest.raises(RuntimeError, match="structure 3 is bad"):
+        next(got)
+    drawn = []
+
+    def endless():
+        for k in itertools.count():
+            drawn.append(k)
+            yield k
+
+    got = _prefetched(endless(), depth=2)
+    assert [next(got) for _ in range(3)] == [0, 1, 2]
+    got.close()
+    time.sleep(0.5)
+    n = len(drawn)
+    time.sleep(0.3)
+    assert len(drawn) == n <= 3 + 2 + 1, drawn  # stopped: at most depth + 1 drawn ahead
+    assert not any(t.name == "e3j_models-batches" and t.is_alive() for t in threading.enumerate())

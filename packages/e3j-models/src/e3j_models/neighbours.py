@@ -192,16 +192,16 @@ def check_structure(
     """``structure`` (as :func:`batch_structures` takes it) checked as :func:`batch_structures`
     checks each of its structures, without building a batch: ``ValueError`` (or ``TypeError``)
     naming ``where`` for what a model cannot read."""
-    _checked_neighbours(structure, atomic_numbers, cutoff, dtype, where)
+    _checked_graph(structure, atomic_numbers, cutoff, dtype, where)
 
 
-def _checked_neighbours(structure, atomic_numbers, cutoff, dtype, where: str = ""):
-    """:func:`check_structure`, returning the structure's neighbour list ``(senders, receivers,
-    shifts)`` as :func:`neighbour_list` gives it (for :func:`batch_structures`' ``neighbours``), so
-    that a caller that checks and then batches builds it once."""
+def _checked_graph(structure, atomic_numbers, cutoff, dtype, where: str = ""):
+    """:func:`check_structure`, returning what :func:`_assemble` batches of the structure:
+    :func:`_structure_graph`'s ``(positions, numbers, cell, pbc, senders, receivers, shifts)``, so
+    that a caller that checks and then batches (again and again: ``fit``'s epochs) builds it once."""
     index = {z: k for k, z in enumerate(check_atomic_numbers(atomic_numbers))}
     return _structure_graph(structure, index, check_positive_real("cutoff", cutoff), check_float_dtype(dtype), where)[
-        -1
+        :7
     ]
 
 
@@ -215,6 +215,7 @@ def batch_structures(
     headroom: float = 0.1,
     dtype=np.float64,
     neighbours: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
+    num_graphs: int | None = None,
 ) -> GraphBatch:
     """One padded :class:`GraphBatch` of ``structures`` (``ase.Atoms``, or dicts with ``positions``,
     ``numbers`` and optionally ``cell``, ``pbc``).
@@ -222,6 +223,9 @@ def batch_structures(
     ``atomic_numbers`` maps each element to the model's species index. ``num_nodes`` / ``num_edges``
     fix the padded sizes (an error if too small); by default they are :func:`bucket_size` of the
     counts (the nodes get one padding node at least so padding edges have somewhere to point).
+    ``num_graphs`` (default: one per structure) pads the graphs too: the structures are the first,
+    the rest empty (no atoms, a zero cell: an energy of 0), so that a smaller last batch keeps the
+    shapes of the others.
     ``neighbours``: each structure's ``(senders, receivers, shifts)`` from :func:`neighbour_list` with
     this ``cutoff``, when the caller has them already (default: computed here).
 
@@ -240,14 +244,34 @@ def batch_structures(
     dtype = check_float_dtype(dtype)
     num_nodes = None if num_nodes is None else check_int("num_nodes", num_nodes, 0, " or None")
     num_edges = None if num_edges is None else check_int("num_edges", num_edges, 0, " or None")
+    num_graphs = len(structures) if num_graphs is None else check_int("num_graphs", num_graphs, 1, " or None")
+    if num_graphs < len(structures):
+        raise ValueError(f"num_graphs={num_graphs} cannot hold {len(structures)} structures")
+    graphs = [
+        _structure_graph(
+            st,
+            index,
+            cutoff,
+            dtype,
+            f" (structure {g})" if len(structures) > 1 else "",
+            None if neighbours is None else neighbours[g],
+            g,
+        )[:7]
+        for g, st in enumerate(structures)
+    ]
+    return _assemble(graphs, index, num_nodes, num_edges, headroom, dtype, num_graphs)
+
+
+def _assemble(graphs, index: dict, num_nodes, num_edges, headroom: float, dtype, num_graphs: int) -> GraphBatch:
+    """One padded :class:`GraphBatch` of checked structures (:func:`_structure_graph`'s first seven
+    items each; ``index``: atomic number -> species), as :func:`batch_structures` documents it."""
+    lookup = np.full(max(index) + 1, -1, np.int64)
+    lookup[list(index)] = list(index.values())
     pos_all, spec_all, graph_all, s_all, r_all, sh_all, cells = [], [], [], [], [], [], []
     offset = 0
-    for g, st in enumerate(structures):
-        where = f" (structure {g})" if len(structures) > 1 else ""
-        given = None if neighbours is None else neighbours[g]
-        positions, numbers, cell, pbc, s, r, shifts, _ = _structure_graph(st, index, cutoff, dtype, where, given, g)
+    for g, (positions, numbers, cell, pbc, s, r, shifts) in enumerate(graphs):
         pos_all.append(positions)
-        spec_all.append(np.array([index[int(z)] for z in numbers]))
+        spec_all.append(lookup[numbers])
         graph_all.append(np.full(positions.shape[0], g))
         s_all.append(s + offset)
         r_all.append(r + offset)
@@ -260,15 +284,16 @@ def batch_structures(
     if n_pad < n or e_pad < e:
         raise ValueError(f"num_nodes={n_pad} / num_edges={e_pad} cannot hold {n} atoms and {e} edges")
     pad_n, pad_e = n_pad - n, e_pad - e
-    last = len(structures) - 1
+    last = len(graphs) - 1
     return make_batch(
         np.concatenate([*pos_all, np.zeros((pad_n, 3))]).astype(dtype),
         np.concatenate([*spec_all, np.zeros(pad_n, np.int64)]),
         np.concatenate([*s_all, np.full(pad_e, n_pad - 1)]),
         np.concatenate([*r_all, np.full(pad_e, n_pad - 1)]),
         shifts=np.concatenate([*sh_all, np.zeros((pad_e, 3), np.int64)]),
-        cell=np.stack(cells),
+        cell=np.concatenate([np.stack(cells), np.zeros((num_graphs - len(graphs), 3, 3))]),
         node_graph=np.concatenate([*graph_all, np.full(pad_n, last)]),
         node_mask=np.arange(n_pad) < n,
         edge_mask=np.arange(e_pad) < e,
+        num_graphs=num_graphs,
     )

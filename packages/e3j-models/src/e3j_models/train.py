@@ -10,11 +10,13 @@ the structures (atoms) whose weight is > 0. ``fit`` refuses a term of weight > 0
 structure has a label of. Forces in the loss mean a second derivative through every convolution:
 ``jax.grad`` of a loss built on ``jax.grad``.
 
-Batches: the training structures are split once (seeded) into batches of ``batch_size``, each
-padded to one of at most ``batch_shapes`` node/edge sizes chosen to pad the least (a dataset of
-small and large cells no longer pads every batch to the largest); training compiles the step once
-per size (and again for a smaller last batch). The batches are kept on the host, each copied to the
-device as its step comes; each epoch visits them in a new seeded order. The optimizer is
+Batches: every epoch the training structures are drawn in a new seeded order (``seed``, epoch)
+and cut into batches of ``batch_size``, as mace-torch's shuffled loader does. Each batch is padded
+to one of at most ``batch_shapes`` node/edge sizes, chosen before step 0 over every batch the run
+will take to pad the least (a dataset of small and large cells does not pad every batch to the
+largest), and to ``batch_size`` graphs (a smaller last batch holds empty graphs of weight 0):
+training compiles the step once per size. Each batch is built on the host as its step comes and
+copied to the device while the step before it runs. The optimizer is
 ``clip_by_global_norm(10) → adam`` with a cosine decay of the learning rate to 1 % over the run.
 Before training, per-element reference energies are fitted to the training energies by least
 squares and stored in the config's ``atomic_energies`` (a config that gives them keeps its own),
@@ -33,11 +35,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import math
 import os
+import queue
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -57,7 +62,7 @@ from .batch import GraphBatch, Labels
 from .config import MACEConfig, NequIPConfig, check_config
 from .data import WEIGHT_KEYS
 from .io import save
-from .neighbours import _checked_neighbours, batch_structures, bucket_size, neighbour_list
+from .neighbours import _assemble, _checked_graph, bucket_size, neighbour_list
 from .potential import Potential
 
 __all__ = [
@@ -233,9 +238,9 @@ def _check_training_data(
     every_element=True,
     names=("weights[0]", "weights[1]", "weights[2]"),
 ):
-    """:func:`check_training_data`, returning the neighbour lists it built: ``(train's, valid's)``,
-    one ``(senders, receivers, shifts)`` per structure, for :func:`_batches`. ``names`` name the
-    loss weights in errors (the command line's flags)."""
+    """:func:`check_training_data`, returning each structure's checked graph it built (for
+    :func:`_batch`; :func:`~e3j_models.neighbours._checked_graph`): ``(train's, valid's)``. ``names``
+    name the loss weights in errors (the command line's flags)."""
     check_config(config)
     check_structure_list("train", train)
     check_structure_list("valid", valid)
@@ -243,8 +248,8 @@ def _check_training_data(
     label_weights = []  # the training structures' (energy, forces, stress) weights
     for part, structures in (("train", train), ("valid", valid)):
         for k, atoms in enumerate(structures):
-            neighbours, its_weights = _check_structure_data(config, atoms, f"{part}[{k}]", weights, dtype)
-            found[part].append(neighbours)
+            graph, its_weights = _check_structure_data(config, atoms, f"{part}[{k}]", weights, dtype)
+            found[part].append(graph)
             if part == "train":
                 label_weights.append(its_weights)
     if every_element:
@@ -268,7 +273,7 @@ def _check_structure_data(config, atoms, name: str, weights: tuple, dtype):
     """``ValueError`` naming structure ``name`` for labels the loss would read and cannot use, or
     atoms the model cannot read (a NaN force passed to a validation MAE of NaN and no checkpoint;
     coincident atoms were named by their place in a shuffled batch). Returns the structure's
-    neighbour list, built by the check, and its :func:`_label_weights`."""
+    checked graph, built by the check, and its :func:`_label_weights`."""
     res = _results(atoms)
     n = len(atoms)
     if "energy" not in res and "forces" not in res:
@@ -293,42 +298,43 @@ def _check_structure_data(config, atoms, name: str, weights: tuple, dtype):
         stress = np.asarray(res["stress"], np.float64)
         if stress.shape not in ((6,), (3, 3)) or not np.isfinite(stress).all():
             raise ValueError(f"{name} has a reference stress that is not 6 or 3×3 finite numbers: {stress!r}")
-    neighbours = _checked_neighbours(atoms, config.atomic_numbers, config.cutoff, dtype, where=f" ({name})")
-    return neighbours, label_weights
+    graph = _checked_graph(atoms, config.atomic_numbers, config.cutoff, dtype, where=f" ({name})")
+    return graph, label_weights
 
 
 def _neighbours(atoms, cutoff: float):
-    """A structure's unchecked neighbour list ``(senders, receivers, shifts)`` (what the checks'
-    :func:`_checked_neighbours` returns, for structures that were not checked here)."""
+    """A structure's unchecked neighbour list ``(senders, receivers, shifts)`` (for structures that
+    were not checked here)."""
     return neighbour_list(atoms.positions, cutoff, np.asarray(atoms.cell), atoms.pbc)
 
 
-def _padding_shapes(sizes: Sequence[tuple[int, int]], max_shapes: int) -> list[tuple[int, int]]:
-    """Each batch's padded ``(nodes, edges)``: at most ``max_shapes`` distinct ones (each compiles
-    the training step once), chosen to pad the least.
+def _bucket_counts(nodes: np.ndarray, edges: np.ndarray, into: dict[int, tuple[int, int]]) -> None:
+    """Adds batches of ``nodes`` (one padding node included) and ``edges`` to ``into``: ``{edge
+    bucket (:func:`~e3j_models.bucket_size`): (batches, their largest nodes)}``, the counts that
+    :func:`_shape_table` chooses shapes from (accumulated epoch by epoch, not kept per batch)."""
+    nodes, edges = np.asarray(nodes, np.int64), np.asarray(edges, np.int64)
+    distinct, inverse = np.unique(edges, return_inverse=True)
+    grid = np.array([bucket_size(int(e)) for e in distinct], np.int64)[inverse.reshape(-1)]
+    for g in np.unique(grid):
+        these = grid == g
+        count, most = into.get(int(g), (0, 0))
+        into[int(g)] = (count + int(these.sum()), max(most, int(nodes[these].max())))
 
-    ``sizes``: each batch's ``(nodes, edges)``, one padding node included. Batches are ordered by
-    their edges' :func:`~e3j_models.bucket_size`; each shape covers a run of that order, padded to
-    its largest nodes and edges (on the bucket grid), and the runs minimize the padded nodes plus
-    edges over all batches (dynamic programming over the grid's values, a few dozen even for a
-    dataset of a million structures). Fewer shapes are taken where more would pad less by under
-    10 %: a compile costs more than a few percent of an epoch.
 
-    >>> _padding_shapes([(9, 100), (9, 110), (300, 3000)], 4)
-    [(16, 128), (16, 128), (336, 3568)]
-    >>> _padding_shapes([(9, 100), (9, 110), (300, 3000)], 1)
-    [(336, 3568), (336, 3568), (336, 3568)]
-    """
-    grid = [bucket_size(e) for _, e in sizes]
-    values = sorted(set(grid))
-    where = {v: i for i, v in enumerate(values)}
-    count = np.zeros(len(values), np.int64)
-    most_nodes = np.zeros(len(values), np.int64)
-    for (n, _), g in zip(sizes, grid, strict=True):
-        count[where[g]] += 1
-        most_nodes[where[g]] = max(most_nodes[where[g]], n)
+def _shape_table(buckets: Mapping[int, tuple[int, int]], max_shapes: int) -> dict[int, tuple[int, int]]:
+    """``{edge bucket: padded (nodes, edges)}`` for batches counted by :func:`_bucket_counts`: at
+    most ``max_shapes`` distinct shapes (each compiles the training step once), chosen to pad the
+    least.
+
+    Each shape covers a run of the edge buckets in order, padded to the run's largest nodes and
+    edges (on the bucket grid), and the runs minimize the padded nodes plus edges over all batches
+    (dynamic programming over the grid's values, a few dozen even for a dataset of a million
+    structures). Fewer shapes are taken where more would pad less by under 10 %: a compile costs
+    more than a few percent of an epoch."""
+    values = sorted(buckets)
+    count = [buckets[v][0] for v in values]
+    most_nodes = [buckets[v][1] for v in values]
     m = len(values)
-
     # run[i][j]: the one shape of the batches of grid values i..j; cost[i][j]: their padded nodes
     # plus edges (counts and largest nodes carried along j: O(m²))
     run = [[(0, 0)] * m for _ in range(m)]
@@ -336,7 +342,7 @@ def _padding_shapes(sizes: Sequence[tuple[int, int]], max_shapes: int) -> list[t
     for i in range(m):
         batches, nodes = 0, 0
         for j in range(i, m):
-            batches, nodes = batches + int(count[j]), max(nodes, int(most_nodes[j]))
+            batches, nodes = batches + count[j], max(nodes, most_nodes[j])
             run[i][j] = (bucket_size(nodes), values[j])
             cost[i][j] = batches * sum(run[i][j])
     # best[k][j]: the least padding of grid values 0..j in k + 1 runs; cut[k][j]: where the last begins
@@ -361,7 +367,50 @@ def _padding_shapes(sizes: Sequence[tuple[int, int]], max_shapes: int) -> list[t
         for v in values[i : j + 1]:
             shape_of[v] = run[i][j]
         j, k = i - 1, k - 1
-    return [shape_of[g] for g in grid]
+    return shape_of
+
+
+def _padding_shapes(sizes: Sequence[tuple[int, int]], max_shapes: int) -> list[tuple[int, int]]:
+    """Each batch's padded ``(nodes, edges)`` (:func:`_shape_table`'s) for batches of ``sizes``:
+    ``(nodes, edges)``, one padding node included.
+
+    >>> _padding_shapes([(9, 100), (9, 110), (300, 3000)], 4)
+    [(16, 128), (16, 128), (336, 3568)]
+    >>> _padding_shapes([(9, 100), (9, 110), (300, 3000)], 1)
+    [(336, 3568), (336, 3568), (336, 3568)]
+    """
+    nodes, edges = np.asarray(sizes, np.int64).reshape(-1, 2).T
+    buckets: dict[int, tuple[int, int]] = {}
+    _bucket_counts(nodes, edges, buckets)
+    table = _shape_table(buckets, max_shapes)
+    return [table[bucket_size(int(e))] for e in edges]
+
+
+def _epoch_order(num_structures: int, seed: int, epoch: int) -> np.ndarray:
+    """The training structures' order in ``epoch``: a permutation seeded by ``(seed, epoch)``, so
+    that any epoch's batches are drawn again without keeping them. Each epoch's batches are this
+    order cut into ``batch_size`` (the last smaller when ``batch_size`` does not divide the count)."""
+    return np.random.default_rng((seed, epoch)).permutation(num_structures)
+
+
+def _batch_sizes(order: np.ndarray, batch_size: int, num_atoms: np.ndarray, num_edges: np.ndarray):
+    """``(nodes, edges)`` of the batches of ``order`` cut into ``batch_size``: each batch's atoms plus
+    one (padding edges point at a padding node) and its edges."""
+    starts = np.arange(0, len(order), batch_size)
+    return np.add.reduceat(num_atoms[order], starts) + 1, np.add.reduceat(num_edges[order], starts)
+
+
+def _training_shapes(num_atoms, num_edges, batch_size: int, steps: int, seed: int, max_shapes: int):
+    """:func:`_shape_table` of the batches of the ``steps`` training steps (every epoch's, drawn by
+    :func:`_epoch_order`): a shape for each batch the run will take."""
+    num_atoms, num_edges = np.asarray(num_atoms, np.int64), np.asarray(num_edges, np.int64)
+    per_epoch = -(-len(num_atoms) // batch_size)
+    buckets: dict[int, tuple[int, int]] = {}
+    for epoch in range(-(-steps // per_epoch)):
+        nodes, edges = _batch_sizes(_epoch_order(len(num_atoms), seed, epoch), batch_size, num_atoms, num_edges)
+        used = min(per_epoch, steps - epoch * per_epoch)
+        _bucket_counts(nodes[:used], edges[:used], buckets)
+    return _shape_table(buckets, max_shapes)
 
 
 def _batches(
@@ -372,67 +421,113 @@ def _batches(
     dtype,
     reference_energies=None,
     *,
-    neighbours=None,
+    graphs=None,
     max_shapes: int = 1,
     config_weights: bool = True,
 ):
-    """Seeded split into batches, on the host: ``[(GraphBatch, Labels)]`` of numpy arrays, each
-    padded to one of at most ``max_shapes`` node/edge sizes (:func:`_padding_shapes`).
-
-    The batches stay in host memory (a dataset's batches can exceed a GPU's); ``fit`` moves each to
-    the device as its step comes. ``neighbours``: each structure's neighbour list, when the caller
-    has built them (default: built here). ``reference_energies`` (one per element of
-    ``config.atomic_numbers``, or None): subtracted from each structure's energy label in float64
-    before the cast to ``dtype``, so that a float32 label keeps the digits of an energy far from
-    zero (all-electron totals: ~1e4 eV per atom). ``config_weights``: the labels' weights include
-    the structures' own (:func:`_label_weights`); False: 1 for each label present (for metrics)."""
-    e0 = None if reference_energies is None else dict(zip(config.atomic_numbers, reference_energies, strict=True))
-    if neighbours is None:
-        neighbours = [_neighbours(a, config.cutoff) for a in structures]
+    """``structures`` (in a seeded order with ``rng``) cut into batches, on the host: ``[(GraphBatch,
+    Labels)]`` of numpy arrays, each padded to one of at most ``max_shapes`` node/edge sizes
+    (:func:`_padding_shapes`). The validation batches; arguments as :func:`_batch`'s (default
+    ``graphs``: checked and built here)."""
+    if graphs is None:
+        graphs = [_checked_graph(a, config.atomic_numbers, config.cutoff, dtype) for a in structures]
     order = rng.permutation(len(structures)) if rng is not None else np.arange(len(structures))
     groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     sizes = [
-        (sum(len(structures[k]) for k in grp) + 1, sum(len(neighbours[k][0]) for k in grp)) for grp in groups
+        (sum(len(structures[k]) for k in grp) + 1, sum(len(graphs[k][4]) for k in grp)) for grp in groups
     ]  # one padding node at least: padding edges point at it
     shapes = _padding_shapes(sizes, max_shapes)
-    out = []
-    host = _host_device()
-    for grp, (n_pad, e_pad) in zip(groups, shapes, strict=True):
-        sts = [structures[k] for k in grp]
-        with jax.default_device(host):  # built where it stays: not on an accelerator and back
-            batch = batch_structures(
-                sts,
-                config.atomic_numbers,
-                config.cutoff,
-                num_nodes=n_pad,
-                num_edges=e_pad,
-                dtype=dtype,
-                neighbours=[neighbours[k] for k in grp],
-            )
-        batch = jax.tree.map(np.asarray, batch)
-        energies = np.zeros(len(sts))  # float64 until the reference energies are out
-        forces = np.zeros((n_pad, 3), dtype)
-        stress = np.zeros((len(sts), 3, 3), dtype)
-        has_stress = np.zeros(len(sts), bool)
-        label_weights = np.zeros((len(sts), 3), dtype)
-        offset = 0
-        for j, atoms in enumerate(sts):
-            res = _results(atoms)
-            label_weights[j] = _label_weights(atoms, res, config_weights)
-            if "energy" in res:
-                energies[j] = float(res["energy"]) - (0.0 if e0 is None else sum(e0[int(z)] for z in atoms.numbers))
-            if "forces" in res:
-                forces[offset : offset + len(atoms)] = res["forces"]
-            offset += len(atoms)
-            if _has_stress(atoms, res):
-                s = np.asarray(res["stress"])
-                stress[j] = s if s.shape == (3, 3) else _voigt_to_full(s)
-                has_stress[j] = True
-        labels = Labels(
-            energies.astype(dtype), np.asarray([len(a) for a in sts], dtype), forces, stress, has_stress, label_weights
-        )
-        out.append((batch, labels))
-    return out
+    return [
+        _batch(structures, grp, shape, config, dtype, reference_energies, graphs, config_weights)
+        for grp, shape in zip(groups, shapes, strict=True)
+    ]
+
+
+def _batch(structures, group, shape, config, dtype, reference_energies, graphs, config_weights=True, num_graphs=None):
+    """Structures ``group`` (indices into ``structures``) as one batch padded to ``shape`` (nodes,
+    edges) and ``num_graphs`` graphs (default: ``len(group)``), on the host: ``(GraphBatch, Labels)``
+    of numpy arrays. A padding graph's labels weigh 0 (its ``num_atoms`` is 1, so that its energy
+    per atom is 0, not 0 / 0).
+
+    The batches stay in host memory (a dataset's batches can exceed a GPU's); ``fit`` moves each to
+    the device as its step comes. ``graphs``: each structure's checked graph
+    (:func:`~e3j_models.neighbours._checked_graph`, built once for every epoch's batches).
+    ``reference_energies`` (one per element of ``config.atomic_numbers``, or None): subtracted from
+    each structure's energy label in float64 before the cast to ``dtype``, so that a float32 label
+    keeps the digits of an energy far from zero (all-electron totals: ~1e4 eV per atom).
+    ``config_weights``: the labels' weights include the structures' own (:func:`_label_weights`);
+    False: 1 for each label present (for metrics)."""
+    e0 = None if reference_energies is None else dict(zip(config.atomic_numbers, reference_energies, strict=True))
+    n_pad, e_pad = shape
+    sts = [structures[k] for k in group]
+    num_graphs = len(sts) if num_graphs is None else num_graphs
+    index = {z: k for k, z in enumerate(config.atomic_numbers)}
+    with jax.default_device(_host_device()):  # built where it stays: not on an accelerator and back
+        batch = _assemble([graphs[k] for k in group], index, n_pad, e_pad, 0.0, dtype, num_graphs)
+    batch = jax.tree.map(np.asarray, batch)
+    energies = np.zeros(num_graphs)  # float64 until the reference energies are out
+    num_atoms = np.ones(num_graphs, dtype)
+    forces = np.zeros((n_pad, 3), dtype)
+    stress = np.zeros((num_graphs, 3, 3), dtype)
+    has_stress = np.zeros(num_graphs, bool)
+    label_weights = np.zeros((num_graphs, 3), dtype)
+    offset = 0
+    for j, atoms in enumerate(sts):
+        res = _results(atoms)
+        num_atoms[j] = len(atoms)
+        label_weights[j] = _label_weights(atoms, res, config_weights)
+        if "energy" in res:
+            energies[j] = float(res["energy"]) - (0.0 if e0 is None else sum(e0[int(z)] for z in atoms.numbers))
+        if "forces" in res:
+            forces[offset : offset + len(atoms)] = res["forces"]
+        offset += len(atoms)
+        if _has_stress(atoms, res):
+            s = np.asarray(res["stress"])
+            stress[j] = s if s.shape == (3, 3) else _voigt_to_full(s)
+            has_stress[j] = True
+    labels = Labels(energies.astype(dtype), num_atoms, forces, stress, has_stress, label_weights)
+    return batch, labels
+
+
+def _prefetched(items: Iterator, depth: int) -> Iterator:
+    """``items`` drawn by a background thread, up to ``depth`` ahead: the host builds the next
+    batches while the main thread waits for the device's step (a wait that releases the GIL). An
+    exception in ``items`` is raised where its item would have come; the thread stops when the
+    returned generator is closed or collected."""
+    out: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(entry) -> bool:  # False once the consumer has stopped
+        while not stop.is_set():
+            try:
+                out.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put((item, None)):
+                    return
+            put((done, None))
+        except BaseException as err:  # handed to the consumer, raised there
+            put((done, err))
+
+    thread = threading.Thread(target=produce, name="e3j_models-batches", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, err = out.get()
+            if err is not None:
+                raise err
+            if item is done:
+                return
+            yield item
+    finally:
+        stop.set()
 
 
 def _host_device():
@@ -462,26 +557,39 @@ def loss_fn(
     weights: tuple[float, float, float] = (1.0, 1.0, 0.0),
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """``(loss, parts)`` of one batch (see the module docstring); ``weights = (w_E, w_F, w_S)``."""
-    w_e, w_f, w_s = weights
-    out = potential(params, batch, forces=True, stress=w_s > 0)
+    return _loss_of(_loss_sums(potential, params, batch, labels, weights), weights)
+
+
+def _loss_of(sums: Mapping[str, tuple], weights, xp=jnp) -> tuple[Any, dict[str, Any]]:
+    """``(loss, parts)`` from :func:`_loss_sums`' terms (``xp=np``: of ``fit``'s float64 sums over an epoch)."""
+    parts = {term: total / xp.maximum(count, 1) for term, (total, count) in sums.items()}
+    loss = sum(
+        w * parts[term] for w, term in zip(weights, ("energy", "forces", "stress"), strict=True) if term in parts
+    )
+    return loss, parts
+
+
+def _loss_sums(potential: Potential, params, batch: GraphBatch, labels: Labels, weights) -> dict[str, tuple]:
+    """Each term of :func:`loss_fn` as ``(sum of the weighted squared errors, count)``: structures
+    for the energy and stress, force components (3 per atom) for the forces; the term is their
+    quotient. Summed over batches, they give the loss of all of them as one batch, whatever the
+    batches' membership (``fit``'s epoch losses)."""
+    stress = weights[2] > 0
+    out = potential(params, batch, forces=True, stress=stress)
     per = _per_structure_weights(labels)
     e_err = ((out["energy"] - labels.energy) / labels.num_atoms) ** 2
-    e = jnp.sum(jnp.where(per[:, 0] > 0, per[:, 0] * e_err, 0)) / jnp.maximum(jnp.sum(per[:, 0] > 0), 1)
+    sums = {"energy": (jnp.sum(jnp.where(per[:, 0] > 0, per[:, 0] * e_err, 0)), jnp.sum(per[:, 0] > 0))}
     per_atom = jnp.where(batch.node_mask, per[batch.node_graph, 1], 0)[:, None]
     f_err = jnp.where(per_atom > 0, per_atom * (out["forces"] - labels.forces) ** 2, 0)
-    f = jnp.sum(f_err) / (3 * jnp.maximum(jnp.sum(per_atom > 0), 1))
-    parts = {"energy": e, "forces": f}
-    loss = w_e * e + w_f * f
-    if w_s > 0:
+    sums["forces"] = (jnp.sum(f_err), 3 * jnp.sum(per_atom > 0))
+    if stress:
         # structures without a stress label add 0, and so does their gradient: an open structure's
         # predicted stress is NaN, which must not reach the square (where()'s gradient still would)
         has = jnp.broadcast_to(labels.has_stress, labels.energy.shape) & (per[:, 2] > 0)
         predicted = jnp.where(has[:, None, None], out["stress"], labels.stress)
         per_structure = jnp.mean((predicted - labels.stress) ** 2, axis=(1, 2))
-        s = jnp.sum(jnp.where(has, per[:, 2] * per_structure, 0)) / jnp.maximum(jnp.sum(has), 1)
-        parts["stress"] = s
-        loss = loss + w_s * s
-    return loss, parts
+        sums["stress"] = (jnp.sum(jnp.where(has, per[:, 2] * per_structure, 0)), jnp.sum(has))
+    return sums
 
 
 def _per_structure_weights(labels: Labels) -> jax.Array:
@@ -556,7 +664,7 @@ def evaluate_structures(
     floats = [a.dtype for a in jax.tree.leaves(params) if jnp.issubdtype(a.dtype, jnp.floating)]
     dtype = check_model_dtype(dtype if dtype is not None else (floats[0] if floats else None))
     config = potential.config
-    neighbours, _ = _check_training_data(config, structures, (0.0, 0.0, 0.0), dtype=dtype, every_element=False)
+    graphs, _ = _check_training_data(config, structures, (0.0, 0.0, 0.0), dtype=dtype, every_element=False)
     bare = Potential(
         dataclasses.replace(config, atomic_energies=None), potential.backend, factored_radial=potential.factored_radial
     )
@@ -570,7 +678,7 @@ def evaluate_structures(
         None,
         dtype,
         config.atomic_energies,
-        neighbours=neighbours,
+        graphs=graphs,
         max_shapes=4,
         config_weights=False,
     )
@@ -654,7 +762,11 @@ def fit(
     training gradients measured in docs/models.md). ``dtype``: of the parameters and batches,
     float32 or float64 (which needs ``jax_enable_x64``). ``batch_shapes``: the most padded batch
     sizes training uses (each compiles the step once; see the module docstring), 1 for one size
-    for all. Returns a :class:`FitResult`.
+    for all. ``seed`` draws the parameters and every epoch's order of the structures. Returns a
+    :class:`FitResult`; its ``history`` holds the per-step ``train_loss`` and ``time``, the
+    validations (``eval_step``, ``valid``), ``steps_per_epoch``, ``batch_shapes`` (the padded
+    ``(nodes, edges)``), ``padding`` (padded over real nodes and edges of the batches trained on)
+    and ``structures_per_second`` (of the steps that did not compile; None if all did).
     """
     optax = require("optax", "fit")
     if progress:
@@ -674,22 +786,40 @@ def fit(
         raise ValueError("valid is empty: give at least one validation structure")
     weights = _check_weights(weights)
     dtype = check_model_dtype(dtype)
-    train_nl, valid_nl = _check_training_data(config, train, weights, valid, dtype=dtype, every_element=params is None)
+    train_graphs, valid_graphs = _check_training_data(
+        config, train, weights, valid, dtype=dtype, every_element=params is None
+    )
     if params is None:
-        config = _fitted_config(config, train, [len(s) for s, _, _ in train_nl])
+        config = _fitted_config(config, train, [len(g[4]) for g in train_graphs])
     elif config.atomic_energies is None:
         raise ValueError("config has no atomic_energies: fine-tuning params needs the config they were trained with")
     # the model trained and validated here leaves the reference energies out; the labels leave them
     # out too (on the host, in float64): the same residuals, without float32's rounding of ~1e4 eV
     potential = Potential(dataclasses.replace(config, atomic_energies=None), backend, factored_radial=factored_radial)
-    rng = np.random.default_rng(seed)
     e0 = config.atomic_energies
-    train_batches = _batches(train, config, batch_size, rng, dtype, e0, neighbours=train_nl, max_shapes=batch_shapes)
+    num_atoms = np.array([len(a) for a in train])
+    num_edges = np.array([len(g[4]) for g in train_graphs])
+    shape_of = _training_shapes(num_atoms, num_edges, batch_size, steps, seed, batch_shapes)
+    counted = np.zeros((2, 2), np.int64)  # [padded, real] × [nodes, edges] of the batches trained on
+
+    def training_batches():  # every epoch the structures in a new seeded order, cut into batches
+        for epoch in itertools.count():
+            order = _epoch_order(len(train), seed, epoch)
+            for start in range(0, len(order), batch_size):
+                group = order[start : start + batch_size]
+                shape = shape_of[bucket_size(int(num_edges[group].sum()))]
+                real = (len(group), int(num_atoms[group].sum()), int(num_edges[group].sum()))
+                # a smaller last batch padded to batch_size graphs: no compile of its own
+                yield _batch(train, group, shape, config, dtype, e0, train_graphs, num_graphs=batch_size), shape, real
+
     valid_batches = _batches(
-        valid, config, batch_size, None, dtype, e0, neighbours=valid_nl, max_shapes=batch_shapes, config_weights=False
+        valid, config, batch_size, None, dtype, e0, graphs=valid_graphs, max_shapes=batch_shapes, config_weights=False
     )
+    batches = _prefetched(training_batches(), depth=2)
+    host_batch, shape, real = next(batches)
+    batch, labels = jax.device_put(host_batch)
     if params is None:
-        params = potential.init(jax.random.key(seed), jax.device_put(train_batches[0][0]), dtype=dtype)
+        params = potential.init(jax.random.key(seed), batch, dtype=dtype)
     else:
         potential.check_params(params)
         params = _floats_as(params, dtype)
@@ -700,16 +830,19 @@ def fit(
     @jax.jit
     def step(params, opt_state, batch, labels):
         def objective(p):
-            return loss_fn(potential, p, batch, labels, weights)
+            sums = _loss_sums(potential, p, batch, labels, weights)
+            return _loss_of(sums, weights)[0], sums
 
-        (loss, parts), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        (loss, sums), grads = jax.value_and_grad(objective, has_aux=True)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss, parts
+        return optax.apply_updates(params, updates), opt_state, loss, sums
 
     history: dict[str, Any] = {"step": [], "train_loss": [], "time": [], "eval_step": [], "valid": []}
-    history["steps_per_epoch"] = len(train_batches)
+    history["steps_per_epoch"] = -(-len(train) // batch_size)
+    history["epoch_loss"] = []  # each complete epoch's loss, its batches taken as one (epoch_losses)
+    epoch_sums: dict[str, np.ndarray] = {}
     # the padded (nodes, edges) of the training batches: one compile of the step each
-    history["batch_shapes"] = sorted({(b.graph.num_nodes, b.graph.num_edges) for b, _ in train_batches})
+    history["batch_shapes"] = sorted(set(shape_of.values()))
     best = np.inf
     bar = None
     if progress:
@@ -718,48 +851,54 @@ def fit(
         bar = tqdm(total=steps, desc=f"train {config.kind}", unit="step")
     t0 = time.perf_counter()
     throughput = _Throughput()
-    order: list[int] = []
-
-    def next_batch():  # each epoch visits every batch once, in a new seeded order
-        nonlocal order
-        if not order:
-            order = rng.permutation(len(train_batches)).tolist()
-        return jax.device_put(train_batches[order.pop()])
-
-    batch, labels = next_batch()
-    for i in range(steps):
-        t_step = time.perf_counter()
-        params, opt_state, loss, _ = step(params, opt_state, batch, labels)
-        current = (batch, labels)
-        if i + 1 < steps:  # the next batch's copy to the device overlaps this step (dispatched, not done)
-            batch, labels = next_batch()
-        loss = float(loss)
-        if not np.isfinite(loss):
-            if i == 0:  # computed before the first update: not the learning rate's doing
-                raise FloatingPointError(
-                    f"training loss is {loss} at step 0, before any update: not finite on the initial parameters"
-                )
-            raise FloatingPointError(f"training loss is {loss} at step {i}: lower learning_rate")
-        elapsed = time.perf_counter() - t0
-        throughput.add(current, current[0].num_graphs, elapsed - (t_step - t0))
-        history["step"].append(i)
-        history["train_loss"].append(loss)
-        history["time"].append(elapsed)
-        if eval_every and ((i + 1) % eval_every == 0 or i + 1 == steps):
-            val = evaluate(potential, params, valid_batches)
-            if not all(np.isfinite(v) for v in val.values()):  # never "best": no checkpoint would be written
-                raise FloatingPointError(f"validation MAEs are {val} at step {i + 1}: the model is not finite there")
-            history["eval_step"].append(i + 1)
-            history["valid"].append(val)
-            if checkpoint is not None and val[_selection_metric(val)] < best:
-                best = val[_selection_metric(val)]
-                _save_atomic(checkpoint, config, params)
-        if bar is not None:
-            rate = throughput.rate()
-            bar.set_postfix(loss=f"{loss:.4g}", structs_per_s="-" if rate is None else f"{rate:.1f}")
-            bar.update()
+    try:
+        for i in range(steps):
+            t_step = time.perf_counter()
+            params, opt_state, loss, sums = step(params, opt_state, batch, labels)
+            current, current_count = (batch, labels), real[0]
+            counted[:] += (shape, real[1:])
+            if i + 1 < steps:  # the next batch's copy overlaps this step (dispatched, not done)
+                host_batch, shape, real = next(batches)
+                batch, labels = jax.device_put(host_batch)
+            loss = float(loss)
+            if not np.isfinite(loss):
+                if i == 0:  # computed before the first update: not the learning rate's doing
+                    raise FloatingPointError(
+                        f"training loss is {loss} at step 0, before any update: not finite on the initial parameters"
+                    )
+                raise FloatingPointError(f"training loss is {loss} at step {i}: lower learning_rate")
+            for term, value in jax.device_get(sums).items():
+                epoch_sums[term] = epoch_sums.get(term, 0) + np.asarray(value, np.float64)
+            if (i + 1) % history["steps_per_epoch"] == 0:
+                history["epoch_loss"].append(float(_loss_of(epoch_sums, weights, np)[0]))
+                epoch_sums = {}
+            elapsed = time.perf_counter() - t0
+            throughput.add(current, current_count, elapsed - (t_step - t0))
+            history["step"].append(i)
+            history["train_loss"].append(loss)
+            history["time"].append(elapsed)
+            if eval_every and ((i + 1) % eval_every == 0 or i + 1 == steps):
+                val = evaluate(potential, params, valid_batches)
+                if not all(np.isfinite(v) for v in val.values()):  # never "best": no checkpoint would be written
+                    raise FloatingPointError(
+                        f"validation MAEs are {val} at step {i + 1}: the model is not finite there"
+                    )
+                history["eval_step"].append(i + 1)
+                history["valid"].append(val)
+                if checkpoint is not None and val[_selection_metric(val)] < best:
+                    best = val[_selection_metric(val)]
+                    _save_atomic(checkpoint, config, params)
+            if bar is not None:
+                rate = throughput.rate()
+                bar.set_postfix(loss=f"{loss:.4g}", structs_per_s="-" if rate is None else f"{rate:.1f}")
+                bar.update()
+    finally:
+        batches.close()  # the builder thread stops
     if bar is not None:
         bar.close()
+    history["structures_per_second"] = throughput.rate()  # None: every step compiled
+    # padded over real nodes (atoms) and edges of the batches trained on
+    history["padding"] = {key: float(counted[0, k] / max(counted[1, k], 1)) for k, key in enumerate(("nodes", "edges"))}
     validation = evaluate(potential, params, valid_batches)
     if checkpoint is not None and not eval_every:
         _save_atomic(checkpoint, config, params)
@@ -768,8 +907,8 @@ def fit(
 
 class _Throughput:
     """Structures per second of the training steps alone: a step whose batch shapes are new (so
-    that ``jit`` compiled it: the first, and e.g. the first smaller last batch) is left out, as is
-    the time spent outside the steps (evaluation, checkpoints).
+    that ``jit`` compiled it: the first of each padded size) is left out, as is the time spent
+    outside the steps (evaluation, checkpoints).
 
     >>> t = _Throughput()
     >>> t.add(np.zeros(4), 4, 9.0)  # compiles
@@ -800,15 +939,23 @@ class _Throughput:
 
 
 def epoch_losses(history: dict[str, Any], steps_per_epoch: int | None = None) -> np.ndarray:
-    """The smoothed loss curve: the mean training loss of each complete epoch, ``[num_epochs]``.
+    """The smoothed loss curve: the training loss of each complete epoch, ``[num_epochs]``.
 
-    An epoch visits every training batch once, so its mean is free of the spread between easy and
-    hard batches that makes the per-step loss (and any moving average shorter than an epoch) jump.
-    ``steps_per_epoch`` defaults to the one :func:`fit` records in ``history``.
+    An epoch visits every training structure once, so its loss is free of the spread between easy
+    and hard batches that makes the per-step loss (and any moving average shorter than an epoch)
+    jump. :func:`fit` records it (``history["epoch_loss"]``) as the loss of the epoch's batches
+    taken as one batch (each term's squared errors summed over the epoch, divided by its count of
+    structures or force components), which the batches' membership, drawn anew every epoch, does
+    not change; a mean of the per-step losses weighs each structure by its batch's size. Without
+    that record (histories of earlier versions), or with ``steps_per_epoch`` given, it is the mean
+    of the per-step losses of each epoch (``steps_per_epoch`` defaulting to the one :func:`fit`
+    records).
 
     >>> epoch_losses({"train_loss": [4.0, 2.0, 3.0, 1.0, 9.0], "steps_per_epoch": 2}).tolist()
     [3.0, 2.0]
     """
+    if steps_per_epoch is None and history.get("epoch_loss") is not None:
+        return np.asarray(history["epoch_loss"], np.float64)
     k = history.get("steps_per_epoch") if steps_per_epoch is None else steps_per_epoch
     k = check_int("steps_per_epoch", k, 1, " (history has none recorded?)")
     loss = np.asarray(history["train_loss"], np.float64)
@@ -838,7 +985,7 @@ def plot_history(history: dict[str, list], path: str | os.PathLike) -> None:
     if history.get("steps_per_epoch"):
         k = history["steps_per_epoch"]
         epochs = epoch_losses(history)
-        axes[0].semilogy(k * np.arange(1, len(epochs) + 1) - 1, epochs, "o-", ms=3, label="epoch mean")
+        axes[0].semilogy(k * np.arange(1, len(epochs) + 1) - 1, epochs, "o-", ms=3, label="epoch loss")
     axes[0].set_xlabel("step")
     axes[0].legend()
     if history["valid"]:
