@@ -152,8 +152,7 @@ def _structure_graph(st, index: dict, cutoff: float, dtype, where: str, given=No
     """One structure's checked ``(positions, numbers, cell, pbc, senders, receivers, shifts)``,
     positions moved near the origin: what :func:`batch_structures` refuses in it (``where`` names
     it), the one place those checks live. ``index`` maps the model's atomic numbers to species;
-    ``given``: the structure's neighbour list, when the caller has it. Last: the neighbour list as
-    :func:`neighbour_list` gives it (before the move)."""
+    ``given``: the structure's neighbour list, when the caller has it."""
     if isinstance(st, dict):
         if "positions" not in st or "numbers" not in st:
             raise ValueError(f"a structure given as a dict needs 'positions' and 'numbers', got keys {sorted(st)}")
@@ -176,14 +175,13 @@ def _structure_graph(st, index: dict, cutoff: float, dtype, where: str, given=No
         s, r, shifts = neighbour_list(positions, cutoff, cell, pbc)
     else:
         s, r, shifts = _given_neighbours(given, positions.shape[0], where or f" (structure {g})")
-    found = (s, r, shifts)
     positions, shifts = _near_origin(positions, cell, pbc, s, r, shifts)
     lattice = cell if pbc.any() else np.zeros((3, 3))
     zero = zero_length_edges(positions, s, r, np.asarray(shifts), lattice, (np.float64, dtype))
     if zero.size:
         k = zero[0]
         raise ValueError(f"atoms {s[k]} and {r[k]}{where} coincide (distance 0): positions must be distinct")
-    return positions, numbers, cell, pbc, s, r, shifts, found
+    return positions, numbers, cell, pbc, s, r, shifts
 
 
 def check_structure(
@@ -200,9 +198,7 @@ def _checked_graph(structure, atomic_numbers, cutoff, dtype, where: str = ""):
     :func:`_structure_graph`'s ``(positions, numbers, cell, pbc, senders, receivers, shifts)``, so
     that a caller that checks and then batches (again and again: ``fit``'s epochs) builds it once."""
     index = {z: k for k, z in enumerate(check_atomic_numbers(atomic_numbers))}
-    return _structure_graph(structure, index, check_positive_real("cutoff", cutoff), check_float_dtype(dtype), where)[
-        :7
-    ]
+    return _structure_graph(structure, index, check_positive_real("cutoff", cutoff), check_float_dtype(dtype), where)
 
 
 def batch_structures(
@@ -256,15 +252,15 @@ def batch_structures(
             f" (structure {g})" if len(structures) > 1 else "",
             None if neighbours is None else neighbours[g],
             g,
-        )[:7]
+        )
         for g, st in enumerate(structures)
     ]
     return _assemble(graphs, index, num_nodes, num_edges, headroom, dtype, num_graphs)
 
 
 def _assemble(graphs, index: dict, num_nodes, num_edges, headroom: float, dtype, num_graphs: int) -> GraphBatch:
-    """One padded :class:`GraphBatch` of checked structures (:func:`_structure_graph`'s first seven
-    items each; ``index``: atomic number -> species), as :func:`batch_structures` documents it."""
+    """One padded :class:`GraphBatch` of checked structures (:func:`_structure_graph`'s each;
+    ``index``: atomic number -> species), as :func:`batch_structures` documents it."""
     lookup = np.full(max(index) + 1, -1, np.int64)
     lookup[list(index)] = list(index.values())
     pos_all, spec_all, graph_all, s_all, r_all, sh_all, cells = [], [], [], [], [], [], []
