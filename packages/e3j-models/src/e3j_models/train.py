@@ -433,10 +433,9 @@ def _batches(
         graphs = [_checked_graph(a, config.atomic_numbers, config.cutoff, dtype) for a in structures]
     order = rng.permutation(len(structures)) if rng is not None else np.arange(len(structures))
     groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    sizes = [
-        (sum(len(structures[k]) for k in grp) + 1, sum(len(graphs[k][4]) for k in grp)) for grp in groups
-    ]  # one padding node at least: padding edges point at it
-    shapes = _padding_shapes(sizes, max_shapes)
+    num_atoms = np.array([len(a) for a in structures])
+    num_edges = np.array([len(g[4]) for g in graphs])
+    shapes = _padding_shapes(np.stack(_batch_sizes(order, batch_size, num_atoms, num_edges), axis=1), max_shapes)
     return [
         _batch(structures, grp, shape, config, dtype, reference_energies, graphs, config_weights)
         for grp, shape in zip(groups, shapes, strict=True)
