@@ -329,3 +329,41 @@ def test_prefetched_batches_keep_their_order_raise_and_stop():
     time.sleep(0.3)
     assert len(drawn) == n <= 3 + 2 + 1, drawn  # stopped: at most depth + 1 drawn ahead
     assert not any(t.name == "e3j_models-batches" and t.is_alive() for t in threading.enumerate())
+
+
+def test_cached_graphs_are_narrow_and_batch_as_built():
+    """The graphs fit keeps for a run hold indices and shifts in their narrowest integer types
+    (5 bytes per edge below 128 atoms, 7 below 32,768; int64 and float64 took 40), and batch exactly
+    as batch_structures builds them, offsets past int16 included."""
+    from e3j_models.neighbours import _assemble
+
+    structures = emt_structures(3, repeats=[(2, 2, 2), (1, 1, 2), (3, 3, 2)])
+    cfg = nequip((28, 29), **{**TINY, "cutoff": 5.0})
+    graphs = [_checked_graph(a, cfg.atomic_numbers, cfg.cutoff, np.float64) for a in structures]
+    for g in graphs:
+        s, r, shifts = g[4:]
+        assert len(s) > 30 * len(g[0])  # edges outnumber atoms
+        assert (s.nbytes + r.nbytes + shifts.nbytes) / len(s) == 5
+    group = [2, 0, 1]
+    got = _batch(structures, group, (256, 16384), cfg, np.float64, None, graphs)[0]
+    want = batch_structures(
+        [structures[k] for k in group], cfg.atomic_numbers, cfg.cutoff, num_nodes=256, num_edges=16384
+    )
+    _assert_batches_equal(got, want)
+
+    # 300 atoms (int16 indices) 120 times: offsets up to 35,700
+    chain = {"positions": np.arange(300.0)[:, None] * np.array([1.0, 0.5, 0.0]), "numbers": np.full(300, 28)}
+    one = _checked_graph(chain, (28,), 1.5, np.float64)
+    assert one[4].dtype == np.int16 and one[6].dtype == np.int8
+    got = _assemble([one] * 120, {28: 0}, None, None, 0.1, np.float64, 120)
+    want = batch_structures([chain] * 120, (28,), 1.5)
+    assert int(np.max(np.asarray(got.graph.senders)[np.asarray(got.graph.edge_mask)])) == 36000 - 1
+    _assert_batches_equal(got, want)
+
+
+def _assert_batches_equal(got, want):
+    import jax
+
+    paths = jax.tree_util.tree_flatten_with_path(want)[0]
+    for (path, b), a in zip(paths, jax.tree.leaves(got), strict=True):
+        np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
