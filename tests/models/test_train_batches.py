@@ -134,7 +134,7 @@ def test_training_batches_without_a_cpu_backend(monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-def test_fit_builds_each_neighbour_list_once(monkeypatch):
+def _count_neighbour_lists(monkeypatch) -> list:
     from e3j_models import neighbours, train
 
     calls = []
@@ -146,8 +146,28 @@ def test_fit_builds_each_neighbour_list_once(monkeypatch):
 
     monkeypatch.setattr(neighbours, "neighbour_list", counted)
     monkeypatch.setattr(train, "neighbour_list", counted)
+    return calls
+
+
+def test_fit_builds_each_neighbour_list_once(monkeypatch):
+    calls = _count_neighbour_lists(monkeypatch)
     structures = emt_structures(5, repeats=[(2, 2, 2)])
     fit(nequip((28, 29), **TINY), structures[:3], structures[3:], steps=1, progress=False)
+    assert len(calls) == 5, f"{len(calls)} neighbour lists for 5 structures"
+
+
+def test_cli_train_builds_each_neighbour_list_once(monkeypatch, tmp_path):
+    """The command line checks its data before --out is touched, and fit trains on the graphs that
+    check built (they were built twice)."""
+    from e3j_models.__main__ import main
+    from e3j_models.data import write_dataset
+
+    data = tmp_path / "d.extxyz"
+    write_dataset(data, emt_structures(5, repeats=[(2, 2, 2)]))
+    calls = _count_neighbour_lists(monkeypatch)
+    args = ["train", "--data", str(data), "--preset", "nequip", "--out", str(tmp_path / "run"), "--channels", "2"]
+    main([*args, "--layers", "1", "--l-max", "1", "--cutoff", "3.0", "--radial-hidden", "4", "--steps", "1"])
+    assert (tmp_path / "run" / "metrics.json").exists()
     assert len(calls) == 5, f"{len(calls)} neighbour lists for 5 structures"
 
 

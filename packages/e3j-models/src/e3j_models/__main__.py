@@ -181,8 +181,8 @@ def _train(args) -> None:
         Potential(config, args.backend)  # the backend checked now, before --out is touched
     except ValueError as err:
         raise ValueError(f"--backend: {err}") from err
-    try:
-        _check_training_data(config, train, weights, valid, names=flags)
+    try:  # fit takes the graphs the checks built: each neighbour list is built once
+        checked = _check_training_data(config, train, weights, valid, names=flags)
     except ValueError as err:
         raise ValueError(_named_in_files(str(err), names)) from err
     # history.json and loss.png of an earlier run are rewritten at the end
@@ -202,6 +202,7 @@ def _train(args) -> None:
         factored_radial=not args.array_radial,
         eval_every=args.eval_every,
         checkpoint=os.path.join(args.out, "model.npz"),
+        _checked=checked,
     )
     seconds = time.perf_counter() - t0
     write_history(result.history, os.path.join(args.out, "history.json"))

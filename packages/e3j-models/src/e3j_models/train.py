@@ -739,6 +739,7 @@ def fit(
     factored_radial: bool = True,
     params: Mapping[str, Any] | None = None,
     batch_shapes: int = 4,
+    _checked: tuple | None = None,
 ) -> FitResult:
     """Train for ``steps`` optimizer steps on ``train``; validate on ``valid``.
 
@@ -785,9 +786,9 @@ def fit(
         raise ValueError("valid is empty: give at least one validation structure")
     weights = _check_weights(weights)
     dtype = check_model_dtype(dtype)
-    train_graphs, valid_graphs = _check_training_data(
-        config, train, weights, valid, dtype=dtype, every_element=params is None
-    )
+    if _checked is None:  # else the caller's _check_training_data of these arguments (the command line's)
+        _checked = _check_training_data(config, train, weights, valid, dtype=dtype, every_element=params is None)
+    train_graphs, valid_graphs = _checked
     if params is None:
         config = _fitted_config(config, train, [len(g[4]) for g in train_graphs])
     elif config.atomic_energies is None:
