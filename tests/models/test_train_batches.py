@@ -387,3 +387,91 @@ def _assert_batches_equal(got, want):
     paths = jax.tree_util.tree_flatten_with_path(want)[0]
     for (path, b), a in zip(paths, jax.tree.leaves(got), strict=True):
         np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
+
+
+def test_a_resumed_run_ends_as_the_run_that_was_not_stopped(monkeypatch, tmp_path):
+    """fit stopped after 4 of 7 steps (its state kept as it was then) and resumed from that state
+    ends with the uninterrupted run's parameters, optimizer step, history and checkpoint, bit for
+    bit: the same batches at the same steps (2 per epoch here: the stop falls inside one, whose loss sums
+    so far the state keeps),
+    the same learning rate schedule."""
+    import jax
+
+    from e3j_models import _train_state, load
+
+    structures = emt_structures(5, repeats=[(1, 1, 2), (2, 1, 2)])
+    train, valid = structures[:3], structures[3:]
+    cfg = nequip((28, 29), **TINY)
+    kept = {}
+    original = _train_state.save_state
+
+    def keeping(path, header, *args):
+        original(path, header, *args)
+        if header["step"] == 3:
+            kept["bytes"] = open(path, "rb").read()
+
+    monkeypatch.setattr("e3j_models.train.save_state", keeping)
+    args = dict(steps=7, batch_size=2, eval_every=2, progress=False, state_every=3)
+    whole = fit(cfg, train, valid, state=tmp_path / "a.npz", checkpoint=tmp_path / "a_model.npz", **args)
+    (tmp_path / "b.npz").write_bytes(kept["bytes"])
+    with pytest.raises(FileNotFoundError, match=r"state .*nope.npz' does not exist: nothing to resume"):
+        fit(cfg, train, valid, state=tmp_path / "nope.npz", resume=True, **args)
+    resumed = fit(cfg, train, valid, state=tmp_path / "b.npz", checkpoint=tmp_path / "b_model.npz", resume=True, **args)
+    for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(whole.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert resumed.history["train_loss"] == whole.history["train_loss"]
+    assert resumed.history["epoch_loss"] == whole.history["epoch_loss"]
+    assert resumed.history["valid"] == whole.history["valid"] and resumed.validation == whole.validation
+    assert resumed.history["padding"] == whole.history["padding"]
+    b_model, a_model = load(tmp_path / "b_model.npz")[1], load(tmp_path / "a_model.npz")[1]
+    for a, b in zip(jax.tree.leaves(b_model), jax.tree.leaves(a_model), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # the run is checked: another run's state is refused, naming what differs
+    with pytest.raises(ValueError, match=r"another run: its seed, steps differ"):
+        fit(cfg, train, valid, state=tmp_path / "b.npz", resume=True, **{**args, "steps": 8, "seed": 1})
+    with pytest.raises(ValueError, match=r"its the training or validation data differ"):
+        fit(cfg, [*train[:2], valid[0]], valid, state=tmp_path / "b.npz", resume=True, **args)
+    with pytest.raises(ValueError, match=r"resume=True needs state"):
+        fit(cfg, train, valid, resume=True, **args)
+
+
+def test_cli_train_resumes_a_stopped_run(monkeypatch, tmp_path):
+    """`train --resume` goes on from --out/state.npz (kept as it was after 2 of 5 steps) and ends with
+    the model and history of the run that was not stopped; without a state it is refused."""
+    import json
+    import os
+
+    import jax
+
+    from e3j_models import _train_state, load
+    from e3j_models.__main__ import main
+    from e3j_models.data import write_dataset
+
+    data = tmp_path / "d.extxyz"
+    write_dataset(data, emt_structures(6, repeats=[(1, 1, 2), (2, 1, 2)]))
+    kept = {}
+    original = _train_state.save_state
+
+    def keeping(path, header, *args):
+        original(path, header, *args)
+        if header["step"] == 2:  # the state, and the best model so far
+            kept["bytes"] = open(path, "rb").read()
+            kept["model"] = open(os.path.join(os.path.dirname(path), "model.npz"), "rb").read()
+
+    monkeypatch.setattr("e3j_models.train.save_state", keeping)
+    args = ["train", "--data", str(data), "--preset", "nequip", "--channels", "2", "--layers", "1", "--l-max", "1"]
+    args += ["--cutoff", "3.0", "--radial-hidden", "4", "--steps", "5", "--batch-size", "2", "--eval-every", "2"]
+    args += ["--state-every", "2", "--valid-fraction", "0.34"]
+    with pytest.raises(SystemExit, match=r"--resume: .*state.npz does not exist"):
+        main([*args, "--out", str(tmp_path / "b"), "--resume"])
+    main([*args, "--out", str(tmp_path / "a")])
+    (tmp_path / "b").mkdir(exist_ok=True)
+    (tmp_path / "b" / "state.npz").write_bytes(kept["bytes"])
+    (tmp_path / "b" / "model.npz").write_bytes(kept["model"])
+    main([*args, "--out", str(tmp_path / "b"), "--resume"])
+    a, b = (json.loads((tmp_path / d / "history.json").read_text()) for d in "ab")
+    assert b["train_loss"] == a["train_loss"] and len(a["train_loss"]) == 5 and b["valid"] == a["valid"]
+    for x, y in zip(*(jax.tree.leaves(load(tmp_path / d / "model.npz")[1]) for d in "ab"), strict=True):
+        np.testing.assert_array_equal(x, y)
+    with pytest.raises(SystemExit, match=r"another run: its steps differ"):
+        main([*("6" if a == "5" else a for a in args), "--out", str(tmp_path / "b"), "--resume"])

@@ -133,12 +133,16 @@ def _train(args) -> None:
     check_int("--steps", args.steps, 1)
     check_int("--batch-size", args.batch_size, 1)
     check_int("--batch-shapes", args.batch_shapes, 1)
+    check_int("--state-every", args.state_every, 1)
     weights = (args.energy_weight, args.force_weight, args.stress_weight)
     flags = ("--energy-weight", "--force-weight", "--stress-weight")
     _check_weights(weights, flags)
     if not 0 < args.valid_fraction < 1:
         raise SystemExit(f"error: --valid-fraction must be in (0, 1), got {args.valid_fraction}")
     _check_out(args.out)
+    state = os.path.join(args.out, "state.npz")
+    if args.resume and not os.path.isfile(state):
+        raise SystemExit(f"error: --resume: {state} does not exist (the run to go on from writes it)")
     structures = _read_data(args)
     in_file = list(range(len(structures)))  # each structure's index in --data
     e0 = None
@@ -185,8 +189,10 @@ def _train(args) -> None:
         checked = _check_training_data(config, train, weights, valid, names=flags)
     except ValueError as err:
         raise ValueError(_named_in_files(str(err), names)) from err
-    # history.json and loss.png of an earlier run are rewritten at the end
-    _make_out(args.out, ("model.npz", "metrics.json", "history.json", "loss.png"))
+    # history.json and loss.png of an earlier run are rewritten at the end; a resumed run keeps its
+    # state and its best model so far
+    stale = ("metrics.json", "history.json", "loss.png") + (() if args.resume else ("model.npz", "state.npz"))
+    _make_out(args.out, stale)
     t0 = time.perf_counter()
     result = fit(
         config,
@@ -202,6 +208,9 @@ def _train(args) -> None:
         factored_radial=not args.array_radial,
         eval_every=args.eval_every,
         checkpoint=os.path.join(args.out, "model.npz"),
+        state=state,
+        state_every=args.state_every,
+        resume=args.resume,
         _checked=checked,
     )
     seconds = time.perf_counter() - t0
@@ -425,6 +434,14 @@ def main(argv=None) -> None:
     )
     p.add_argument(
         "--seed", type=int, default=0, help="draws the parameters, the validation split and each epoch's batches"
+    )
+    p.add_argument(
+        "--state-every", type=int, default=100, help="write the training state (--out/state.npz) every so many steps"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from --out/state.npz (a stopped run: the same command, checked) to the same end",
     )
     p.set_defaults(func=_train)
 

@@ -67,6 +67,33 @@ def _flatten(tree: Any, prefix: str, out: dict[str, np.ndarray]) -> None:
     out[prefix] = a
 
 
+def _read_arrays(data, names, where: str, what: str = "parameter") -> dict[str, np.ndarray]:
+    """The arrays ``names`` of an open ``.npz``, each refused naming it (as a ``what``) and ``where``
+    when damaged or not a bool, int or float array (what :func:`save` writes; text failed later,
+    unnamed)."""
+    out = {}
+    for name in names:
+        try:
+            out[name] = data[name]
+        except _UNREADABLE as err:  # e.g. a CRC error
+            raise ValueError(f"{where!r} is damaged: its {what} {name!r} cannot be read: {err}") from err
+        if out[name].dtype.kind not in "biuf":
+            raise ValueError(f"{where!r}: {what} {name!r} has dtype {out[name].dtype}, not a bool, int or float array")
+    return out
+
+
+def _nest(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """:func:`_flatten`'s inverse: ``{"a/b": x}`` -> ``{"a": {"b": x}}``."""
+    tree: dict[str, Any] = {}
+    for name, a in flat.items():
+        node = tree
+        *parents, leaf = name.split("/")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = a
+    return tree
+
+
 def save(path: str | os.PathLike, config: MACEConfig | NequIPConfig, params: dict[str, Any]) -> None:
     """Write ``config`` and ``params`` (a nested dict of arrays, as ``Potential.init`` gives) to ``path``."""
     check_config(config)
@@ -122,22 +149,7 @@ def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, 
         version = header.get("format_version")
         if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= FORMAT_VERSION:
             raise ValueError(f"{where!r} has format_version {version!r}; this e3j-models reads up to {FORMAT_VERSION}")
-        params: dict[str, Any] = {}
-        for name in data.files:
-            if name == "__header__":
-                continue
-            node = params
-            *parents, leaf = name.split("/")
-            for p in parents:
-                node = node.setdefault(p, {})
-            try:
-                node[leaf] = data[name]
-            except _UNREADABLE as err:  # e.g. a CRC error
-                raise ValueError(f"{where!r} is damaged: its parameter {name!r} cannot be read: {err}") from err
-            if node[leaf].dtype.kind not in "biuf":  # what save writes; text failed later, unnamed
-                raise ValueError(
-                    f"{where!r}: parameter {name!r} has dtype {node[leaf].dtype}, not a bool, int or float array"
-                )
+        params = _nest(_read_arrays(data, [n for n in data.files if n != "__header__"], where))
     config = header.get("config")
     if not isinstance(config, dict):
         raise ValueError(f"{where!r} has a malformed __header__: no 'config' object")

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import itertools
 import json
 import math
@@ -58,10 +59,11 @@ from ._checks import (
     check_structure_list,
 )
 from ._optional import require
+from ._train_state import load_state, save_state
 from .batch import GraphBatch, Labels
-from .config import MACEConfig, NequIPConfig, check_config
+from .config import MACEConfig, NequIPConfig, check_config, config_to_dict
 from .data import WEIGHT_KEYS
-from .io import save
+from .io import _flatten, save
 from .neighbours import _assemble, _checked_graph, bucket_size, neighbour_list
 from .potential import Potential
 
@@ -739,6 +741,9 @@ def fit(
     factored_radial: bool = True,
     params: Mapping[str, Any] | None = None,
     batch_shapes: int = 4,
+    state: str | os.PathLike | None = None,
+    state_every: int = 100,
+    resume: bool = False,
     _checked: tuple | None = None,
 ) -> FitResult:
     """Train for ``steps`` optimizer steps on ``train``; validate on ``valid``.
@@ -767,6 +772,16 @@ def fit(
     validations (``eval_step``, ``valid``), ``steps_per_epoch``, ``batch_shapes`` (the padded
     ``(nodes, edges)``), ``padding`` (padded over real nodes and edges of the batches trained on)
     and ``structures_per_second`` (of the steps that did not compile; None if all did).
+
+    ``state``: a file where the training state (parameters, optimizer state, steps done, history,
+    best validation) is written every ``state_every`` steps and at the end, atomically. With
+    ``resume=True`` training goes on from it: the run must be the one that wrote it (the same
+    config, training and validation data, ``steps``, ``batch_size``, ``batch_shapes``,
+    ``learning_rate``, ``weights``, ``seed``, ``dtype``, ``eval_every``, ``factored_radial`` and
+    ``params``; checked, the differences named), and it takes the batches the whole run would have
+    taken at those steps, so that a run stopped and resumed ends with the parameters of the run
+    that was not stopped (bit for bit on one machine and backend; tested on the CPU). A resumed
+    run's ``structures_per_second`` is of its own steps.
     """
     optax = require("optax", "fit")
     if progress:
@@ -778,6 +793,11 @@ def fit(
     learning_rate = check_positive_real("learning_rate", learning_rate)  # a negative rate climbs the loss
     seed = check_int("seed", seed, 0)
     batch_shapes = check_int("batch_shapes", batch_shapes, 1)
+    state_every = check_int("state_every", state_every, 1)
+    if state is not None:
+        state = check_output_path("state", state)
+    elif resume:
+        raise ValueError("resume=True needs state: the file of the run to go on from")
     if checkpoint is not None:  # now: it is written at the end (or at the first validation)
         checkpoint = check_output_path("checkpoint", checkpoint)
     if not train:
@@ -789,6 +809,24 @@ def fit(
     if _checked is None:  # else the caller's _check_training_data of these arguments (the command line's)
         _checked = _check_training_data(config, train, weights, valid, dtype=dtype, every_element=params is None)
     train_graphs, valid_graphs = _checked
+    run = _run_fingerprint(
+        config,
+        train,
+        valid,
+        params,
+        dict(
+            steps=steps,
+            batch_size=batch_size,
+            batch_shapes=batch_shapes,
+            learning_rate=learning_rate,
+            weights=weights,
+            seed=seed,
+            dtype=np.dtype(dtype).name,
+            eval_every=eval_every,
+            factored_radial=bool(factored_radial),
+        ),
+    )
+    saved = _resumed_state(state, run) if resume else None
     if params is None:
         config = _fitted_config(config, train, [len(g[4]) for g in train_graphs])
     elif config.atomic_energies is None:
@@ -801,11 +839,14 @@ def fit(
     num_edges = np.array([len(g[4]) for g in train_graphs])
     shape_of = _training_shapes(num_atoms, num_edges, batch_size, steps, seed, batch_shapes)
     counted = np.zeros((2, 2), np.int64)  # [padded, real] × [nodes, edges] of the batches trained on
+    per_epoch = -(-len(train) // batch_size)
+    first = 0 if saved is None else saved["step"]  # the steps done
 
     def training_batches():  # every epoch the structures in a new seeded order, cut into batches
-        for epoch in itertools.count():
+        for epoch in itertools.count(first // per_epoch):
             order = _epoch_order(len(train), seed, epoch)
-            for start in range(0, len(order), batch_size):
+            skip = (first % per_epoch) * batch_size if epoch == first // per_epoch else 0  # done before a resume
+            for start in range(skip, len(order), batch_size):
                 group = order[start : start + batch_size]
                 shape = shape_of[bucket_size(int(num_edges[group].sum()))]
                 real = (len(group), int(num_atoms[group].sum()), int(num_edges[group].sum()))
@@ -818,7 +859,10 @@ def fit(
     batches = _prefetched(training_batches(), depth=2)
     host_batch, shape, real = next(batches)
     batch, labels = jax.device_put(host_batch)
-    if params is None:
+    if saved is not None:
+        params = saved["params"]
+        potential.check_params(params)
+    elif params is None:
         params = potential.init(jax.random.key(seed), batch, dtype=dtype)
     else:
         potential.check_params(params)
@@ -826,6 +870,8 @@ def fit(
     schedule = optax.cosine_decay_schedule(learning_rate, steps, alpha=0.01)
     optimizer = optax.chain(optax.clip_by_global_norm(10.0), optax.adam(schedule))
     opt_state = optimizer.init(params)
+    if saved is not None:
+        opt_state = _restored_leaves(opt_state, saved["opt_leaves"], state)
 
     @jax.jit
     def step(params, opt_state, batch, labels):
@@ -838,21 +884,36 @@ def fit(
         return optax.apply_updates(params, updates), opt_state, loss, sums
 
     history: dict[str, Any] = {"step": [], "train_loss": [], "time": [], "eval_step": [], "valid": []}
-    history["steps_per_epoch"] = -(-len(train) // batch_size)
+    history["steps_per_epoch"] = per_epoch
     history["epoch_loss"] = []  # each complete epoch's loss, its batches taken as one (epoch_losses)
     epoch_sums: dict[str, np.ndarray] = {}
     # the padded (nodes, edges) of the training batches: one compile of the step each
     history["batch_shapes"] = sorted(set(shape_of.values()))
     best = np.inf
+    t0 = time.perf_counter()
+    if saved is not None:
+        history, best, epoch_sums = saved["history"], saved["best"], saved["epoch_sums"]
+        counted[:] = saved["counted"]
+        t0 -= saved["elapsed"]
+
+    def write_state(done: int) -> None:
+        # the per-step records as arrays (8 bytes a number; JSON took ~20), the rest in the header
+        rest = {k: v for k, v in history.items() if k not in _PER_STEP}
+        header = {"run": run, "step": done, "history": rest, "best": None if np.isinf(best) else best}
+        header["elapsed"] = time.perf_counter() - t0
+        header["epoch_terms"] = sorted(epoch_sums)
+        extra = {"counted": counted, **{f"epoch_sums/{t}": np.asarray(v, np.float64) for t, v in epoch_sums.items()}}
+        extra.update({f"history/{k}": np.asarray(history[k], dtype) for k, dtype in _PER_STEP.items()})
+        save_state(state, header, jax.tree.map(np.asarray, params), jax.tree.leaves(jax.device_get(opt_state)), extra)
+
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=steps, desc=f"train {config.kind}", unit="step")
-    t0 = time.perf_counter()
+        bar = tqdm(total=steps, initial=first, desc=f"train {config.kind}", unit="step")
     throughput = _Throughput()
     try:
-        for i in range(steps):
+        for i in range(first, steps):
             t_step = time.perf_counter()
             params, opt_state, loss, sums = step(params, opt_state, batch, labels)
             current, current_count = (batch, labels), real[0]
@@ -888,6 +949,8 @@ def fit(
                 if checkpoint is not None and val[_selection_metric(val)] < best:
                     best = val[_selection_metric(val)]
                     _save_atomic(checkpoint, config, params)
+            if state is not None and ((i + 1) % state_every == 0 or i + 1 == steps):
+                write_state(i + 1)
             if bar is not None:
                 rate = throughput.rate()
                 bar.set_postfix(loss=f"{loss:.4g}", structs_per_s="-" if rate is None else f"{rate:.1f}")
@@ -903,6 +966,84 @@ def fit(
     if checkpoint is not None and not eval_every:
         _save_atomic(checkpoint, config, params)
     return FitResult(config, params, history, validation)
+
+
+#: the history's records of every step, kept in a state file as arrays of these types
+_PER_STEP = {"step": np.int64, "train_loss": np.float64, "time": np.float64}
+
+
+def _run_fingerprint(config, train, valid, params, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """What a resumed run must share with the run whose state it goes on from (as JSON reads it
+    back): the config as given, ``arguments`` (``fit``'s that change what is trained), the number of
+    training and validation structures, and SHA-256 digests of their atoms, cells, labels and
+    weights, and of ``params`` (a fine-tuning run's start; None from scratch)."""
+    data = hashlib.sha256()
+    for part in (train, valid):
+        data.update(f"{len(part)};".encode())
+        for atoms in part:
+            res = _results(atoms)
+            labels = [np.asarray(res[k], np.float64) for k in ("energy", "forces", "stress") if k in res]
+            for a in (atoms.positions, atoms.numbers, np.asarray(atoms.cell), atoms.pbc, *labels):
+                a = np.ascontiguousarray(a)
+                data.update(f"{a.dtype.str}{a.shape};".encode())
+                data.update(a.tobytes())
+            data.update(repr([k for k in ("energy", "forces", "stress") if k in res]).encode())
+            data.update(repr([atoms.info.get(k) for k in WEIGHT_KEYS]).encode())
+    start = None
+    if params is not None:
+        flat: dict[str, np.ndarray] = {}
+        _flatten(jax.device_get(params), "", flat)
+        digest = hashlib.sha256()
+        for name in sorted(flat):
+            digest.update(f"{name}:{flat[name].dtype.str}{flat[name].shape};".encode())
+            digest.update(np.ascontiguousarray(flat[name]).tobytes())
+        start = digest.hexdigest()
+    run = {
+        "config": config_to_dict(config),
+        **arguments,
+        "train_structures": len(train),
+        "valid_structures": len(valid),
+        "data_sha256": data.hexdigest(),
+        "params_sha256": start,
+    }
+    return json.loads(json.dumps(run))  # tuples as lists, as a state file holds them
+
+
+def _resumed_state(path: str, run: Mapping[str, Any]) -> dict[str, Any]:
+    """The training state at ``path`` (:mod:`~e3j_models._train_state`), refused naming what
+    differs when it is another run's (``run``: :func:`_run_fingerprint` of this call)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"state {path!r} does not exist: nothing to resume (resume=False starts the run)")
+    header, params, opt_leaves, extra = load_state(path)
+    theirs = header.get("run", {})
+    names = {"data_sha256": "the training or validation data", "params_sha256": "params (fine-tuning's start)"}
+    differ = [names.get(k, k) for k in sorted(set(run) | set(theirs)) if run.get(k) != theirs.get(k)]
+    if differ:
+        raise ValueError(
+            f"state {path!r} is of another run: its {', '.join(differ)} differ from this call's (resume with the "
+            "arguments and data of the run that wrote it, or start anew)"
+        )
+    return {
+        "step": int(header["step"]),
+        "history": {**header["history"], **{k: extra[f"history/{k}"].tolist() for k in _PER_STEP}},
+        "best": np.inf if header["best"] is None else float(header["best"]),
+        "elapsed": float(header["elapsed"]),
+        "params": params,
+        "opt_leaves": opt_leaves,
+        "epoch_sums": {t: extra[f"epoch_sums/{t}"] for t in header["epoch_terms"]},
+        "counted": extra["counted"],
+    }
+
+
+def _restored_leaves(template, leaves: Sequence[np.ndarray], path: str):
+    """``template`` (a pytree: the optimizer's fresh state) with ``leaves`` in its place, which must
+    match it leaf for leaf in shape and dtype."""
+    want, tree = jax.tree.flatten(template)
+    if len(leaves) != len(want) or any(
+        np.shape(a) != np.shape(b) or np.asarray(a).dtype != np.asarray(b).dtype for a, b in zip(leaves, want)
+    ):
+        raise ValueError(f"state {path!r} holds an optimizer state that does not match this run's optimizer")
+    return jax.tree.unflatten(tree, [jnp.asarray(a) for a in leaves])
 
 
 class _Throughput:
