@@ -171,7 +171,7 @@ def test_cli_train_builds_each_neighbour_list_once(monkeypatch, tmp_path):
     assert len(calls) == 5, f"{len(calls)} neighbour lists for 5 structures"
 
 
-def test_cli_train_refuses_batch_shapes_below_one(tmp_path):
+def test_cli_train_refuses_bad_arguments_before_touching_out(tmp_path):
     from e3j_models.__main__ import main
 
     data = tmp_path / "d.extxyz"
@@ -179,6 +179,11 @@ def test_cli_train_refuses_batch_shapes_below_one(tmp_path):
     run = ["train", "--data", str(data), "--preset", "nequip", "--out", str(tmp_path / "run")]
     with pytest.raises(SystemExit, match=r"--batch-shapes must be an int > 0, got 0"):
         main([*run, "--batch-shapes", "0"])
+    with pytest.raises(SystemExit, match=r"--state-every must be an int > 0, got 0"):
+        main([*run, "--state-every", "0"])
+    for bad in ("1.0", "nan", "-0.5"):
+        with pytest.raises(SystemExit, match=r"--ema-decay must be in \(0, 1\), got"):
+            main([*run, "--ema-decay", bad])
     assert not (tmp_path / "run").exists()
 
 
@@ -475,3 +480,69 @@ def test_cli_train_resumes_a_stopped_run(monkeypatch, tmp_path):
         np.testing.assert_array_equal(x, y)
     with pytest.raises(SystemExit, match=r"another run: its steps differ"):
         main([*("6" if a == "5" else a for a in args), "--out", str(tmp_path / "b"), "--resume"])
+
+
+def test_ema_is_the_moving_average_of_the_trained_parameters(monkeypatch, tmp_path):
+    """ema_decay: training is unchanged (the raw parameters equal those of a run without it), and
+    the returned, validated and saved parameters are torch_ema's average of the raw parameters after
+    each step, computed here by hand in float64 from the start and the states of every step; a
+    resumed run carries the average on."""
+    import jax
+
+    from e3j_models import Potential, _train_state, load
+    from e3j_models.train import evaluate
+
+    structures = emt_structures(5, repeats=[(1, 1, 2), (2, 1, 2)])
+    train, valid = structures[:3], structures[3:]
+    cfg = prepare_config(nequip((28, 29), **TINY), train)
+    pot = Potential(dataclasses.replace(cfg, atomic_energies=None))
+    start = pot.init(
+        jax.random.key(3),
+        jax.device_put(
+            _batch(
+                train,
+                [0],
+                (64, 4096),
+                cfg,
+                np.float32,
+                None,
+                [_checked_graph(train[0], cfg.atomic_numbers, cfg.cutoff, np.float32)],
+            )[0]
+        ),
+    )
+    raw = {}
+    original = _train_state.save_state
+
+    def recording(path, header, params, *args):
+        original(path, header, params, *args)
+        raw[header["step"]] = jax.tree.map(np.asarray, params)
+        if header["step"] == 2:
+            raw["state"] = open(path, "rb").read()
+
+    monkeypatch.setattr("e3j_models.train.save_state", recording)
+    args = dict(steps=5, batch_size=2, progress=False, params=start, learning_rate=2e-2)
+    plain = fit(cfg, train, valid, **args)
+    got = fit(
+        cfg, train, valid, ema_decay=0.9, state=tmp_path / "s.npz", state_every=1, checkpoint=tmp_path / "m.npz", **args
+    )
+    for a, b in zip(jax.tree.leaves(raw[5]), jax.tree.leaves(plain.params), strict=True):
+        np.testing.assert_array_equal(a, b)  # the average changes no step
+    want = jax.tree.map(lambda a: np.asarray(a, np.float64), start)
+    for n in range(1, 6):
+        d = min(0.9, (1 + n) / (10 + n))
+        want = jax.tree.map(lambda e, p, d=d: e - (1 - d) * (e - p), want, raw[n])
+    moved = 0.0
+    for a, b, c in zip(jax.tree.leaves(got.params), jax.tree.leaves(want), jax.tree.leaves(raw[5]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-7)
+        moved = max(moved, float(np.max(np.abs(b - c))))
+    assert moved > 1e-3  # the average is not the last parameters
+    for a, b in zip(jax.tree.leaves(load(tmp_path / "m.npz")[1]), jax.tree.leaves(got.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    host = _batches(valid, cfg, 2, None, np.float32, cfg.atomic_energies, config_weights=False)
+    assert got.validation == evaluate(pot, got.params, host) != plain.validation
+    (tmp_path / "r.npz").write_bytes(raw["state"])
+    resumed = fit(cfg, train, valid, ema_decay=0.9, state=tmp_path / "r.npz", resume=True, **args)
+    for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(got.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match=r"ema_decay must be in \(0, 1\) or None"):
+        fit(cfg, train, valid, ema_decay=1.0, **args)

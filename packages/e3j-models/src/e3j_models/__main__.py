@@ -134,6 +134,8 @@ def _train(args) -> None:
     check_int("--batch-size", args.batch_size, 1)
     check_int("--batch-shapes", args.batch_shapes, 1)
     check_int("--state-every", args.state_every, 1)
+    if args.ema_decay is not None and not 0 < args.ema_decay < 1:
+        raise SystemExit(f"error: --ema-decay must be in (0, 1), got {args.ema_decay}")
     weights = (args.energy_weight, args.force_weight, args.stress_weight)
     flags = ("--energy-weight", "--force-weight", "--stress-weight")
     _check_weights(weights, flags)
@@ -211,6 +213,7 @@ def _train(args) -> None:
         state=state,
         state_every=args.state_every,
         resume=args.resume,
+        ema_decay=args.ema_decay,
         _checked=checked,
     )
     seconds = time.perf_counter() - t0
@@ -434,6 +437,12 @@ def main(argv=None) -> None:
     )
     p.add_argument(
         "--seed", type=int, default=0, help="draws the parameters, the validation split and each epoch's batches"
+    )
+    p.add_argument(
+        "--ema-decay",
+        type=float,
+        default=None,
+        help="validate and save a moving average of the parameters (mace-torch's --ema_decay, e.g. 0.99)",
     )
     p.add_argument(
         "--state-every", type=int, default=100, help="write the training state (--out/state.npz) every so many steps"

@@ -63,7 +63,7 @@ from ._train_state import load_state, save_state
 from .batch import GraphBatch, Labels
 from .config import MACEConfig, NequIPConfig, check_config, config_to_dict
 from .data import WEIGHT_KEYS
-from .io import _flatten, save
+from .io import _flatten, _nest, save
 from .neighbours import _assemble, _checked_graph, bucket_size, neighbour_list
 from .potential import Potential
 
@@ -744,6 +744,7 @@ def fit(
     state: str | os.PathLike | None = None,
     state_every: int = 100,
     resume: bool = False,
+    ema_decay: float | None = None,
     _checked: tuple | None = None,
 ) -> FitResult:
     """Train for ``steps`` optimizer steps on ``train``; validate on ``valid``.
@@ -782,6 +783,11 @@ def fit(
     taken at those steps, so that a run stopped and resumed ends with the parameters of the run
     that was not stopped (bit for bit on one machine and backend; tested on the CPU). A resumed
     run's ``structures_per_second`` is of its own steps.
+
+    ``ema_decay`` (mace-torch's ``--ema_decay``, e.g. 0.99): validation, the checkpoint and the
+    returned ``params`` are an exponential moving average of the trained parameters, updated after
+    each step ``n`` (from 1) as ``ema -= (1 - d) · (ema - params)`` with ``d = min(ema_decay, (1 +
+    n) / (10 + n))`` (torch_ema's warm-up, which mace-torch uses); training itself is unchanged.
     """
     optax = require("optax", "fit")
     if progress:
@@ -794,6 +800,10 @@ def fit(
     seed = check_int("seed", seed, 0)
     batch_shapes = check_int("batch_shapes", batch_shapes, 1)
     state_every = check_int("state_every", state_every, 1)
+    if ema_decay is not None:
+        ema_decay = check_real("ema_decay", ema_decay)
+        if not 0 < ema_decay < 1:
+            raise ValueError(f"ema_decay must be in (0, 1) or None (no average), got {ema_decay}")
     if state is not None:
         state = check_output_path("state", state)
     elif resume:
@@ -824,6 +834,7 @@ def fit(
             dtype=np.dtype(dtype).name,
             eval_every=eval_every,
             factored_radial=bool(factored_radial),
+            ema_decay=ema_decay,
         ),
     )
     saved = _resumed_state(state, run) if resume else None
@@ -872,6 +883,16 @@ def fit(
     opt_state = optimizer.init(params)
     if saved is not None:
         opt_state = _restored_leaves(opt_state, saved["opt_leaves"], state)
+    ema = None  # the moving average of the parameters, which validation and the checkpoint read
+    if ema_decay is not None:
+        ema = params if saved is None else jax.tree.map(jnp.asarray, saved["ema"])
+        if saved is not None:
+            potential.check_params(ema)
+
+    @jax.jit
+    def averaged(ema, params, n):  # after step n (from 1): torch_ema's warm-up, then ema_decay
+        d = jnp.minimum(ema_decay, (1.0 + n) / (10.0 + n))
+        return jax.tree.map(lambda e, p: (e - (1 - d) * (e - p)).astype(e.dtype), ema, params)
 
     @jax.jit
     def step(params, opt_state, batch, labels):
@@ -904,6 +925,8 @@ def fit(
         header["epoch_terms"] = sorted(epoch_sums)
         extra = {"counted": counted, **{f"epoch_sums/{t}": np.asarray(v, np.float64) for t, v in epoch_sums.items()}}
         extra.update({f"history/{k}": np.asarray(history[k], dtype) for k, dtype in _PER_STEP.items()})
+        if ema is not None:
+            _flatten({"ema": jax.device_get(ema)}, "", extra)
         save_state(state, header, jax.tree.map(np.asarray, params), jax.tree.leaves(jax.device_get(opt_state)), extra)
 
     bar = None
@@ -916,6 +939,8 @@ def fit(
         for i in range(first, steps):
             t_step = time.perf_counter()
             params, opt_state, loss, sums = step(params, opt_state, batch, labels)
+            if ema is not None:
+                ema = averaged(ema, params, i + 1)
             current, current_count = (batch, labels), real[0]
             counted[:] += (shape, real[1:])
             if i + 1 < steps:  # the next batch's copy overlaps this step (dispatched, not done)
@@ -939,7 +964,7 @@ def fit(
             history["train_loss"].append(loss)
             history["time"].append(elapsed)
             if eval_every and ((i + 1) % eval_every == 0 or i + 1 == steps):
-                val = evaluate(potential, params, valid_batches)
+                val = evaluate(potential, params if ema is None else ema, valid_batches)
                 if not all(np.isfinite(v) for v in val.values()):  # never "best": no checkpoint would be written
                     raise FloatingPointError(
                         f"validation MAEs are {val} at step {i + 1}: the model is not finite there"
@@ -948,7 +973,7 @@ def fit(
                 history["valid"].append(val)
                 if checkpoint is not None and val[_selection_metric(val)] < best:
                     best = val[_selection_metric(val)]
-                    _save_atomic(checkpoint, config, params)
+                    _save_atomic(checkpoint, config, params if ema is None else ema)
             if state is not None and ((i + 1) % state_every == 0 or i + 1 == steps):
                 write_state(i + 1)
             if bar is not None:
@@ -962,6 +987,7 @@ def fit(
     history["structures_per_second"] = throughput.rate()  # None: every step compiled
     # padded over real nodes (atoms) and edges of the batches trained on
     history["padding"] = {key: float(counted[0, k] / max(counted[1, k], 1)) for k, key in enumerate(("nodes", "edges"))}
+    params = params if ema is None else ema  # what was validated and saved
     validation = evaluate(potential, params, valid_batches)
     if checkpoint is not None and not eval_every:
         _save_atomic(checkpoint, config, params)
@@ -1032,6 +1058,7 @@ def _resumed_state(path: str, run: Mapping[str, Any]) -> dict[str, Any]:
         "opt_leaves": opt_leaves,
         "epoch_sums": {t: extra[f"epoch_sums/{t}"] for t in header["epoch_terms"]},
         "counted": extra["counted"],
+        "ema": _nest({n[len("ema/") :]: a for n, a in extra.items() if n.startswith("ema/")}),
     }
 
 
