@@ -217,3 +217,61 @@ def test_cli_trains_an_energy_only_file_with_no_force_weight(tmp_path):
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert set(metrics["checkpoint_validation"]) == {"energy_mae_per_atom"}
     assert np.isfinite(metrics["final_validation"]["energy_mae_per_atom"])
+
+
+def test_config_type_weights_multiply_each_structures_weights_as_mace_torch_does(setup):
+    """mace-torch's config_type_weights: a structure's weight is its config_weight times its type's
+    (atoms.info["config_type"], "Default" when absent); checked against the errors weighted by hand,
+    in the loss and in fit's first step; a type no training structure has, or a bad weight, is named."""
+    import jax
+
+    from e3j_models.neighbours import _checked_graph
+    from e3j_models.train import _batch
+
+    structures, cfg, pot, params = setup
+    errors = [_errors(setup, a) for a in structures[:3]]
+    n = [len(a) for a in structures[:3]]
+    typed = [
+        _relabel(structures[0], config_type="slab", config_weight=2.0),
+        _relabel(structures[1], config_type="bulk", config_energy_weight=3.0),
+        _relabel(structures[2]),  # "Default"
+    ]
+    graphs = [_checked_graph(a, cfg.atomic_numbers, cfg.cutoff, np.float64) for a in typed]
+    batch, labels = _batch(
+        typed, [0, 1, 2], (128, 4096), cfg, np.float64, None, graphs, type_weights={"slab": 5.0, "Default": 0.5}
+    )
+    _, w = loss_fn(pot, params, jax.device_put(batch), jax.device_put(labels), (1.0, 1.0, 1.0))
+    e, f, s = ([x[k] for x in errors] for k in range(3))
+    assert float(w["energy"]) == pytest.approx((10 * e[0] + 3 * e[1] + 0.5 * e[2]) / 3, rel=1e-9)
+    assert float(w["forces"]) == pytest.approx((10 * f[0] + f[1] + 0.5 * f[2]) / (3 * sum(n)), rel=1e-9)
+    assert float(w["stress"]) == pytest.approx((10 * s[0] + s[1] + 0.5 * s[2]) / 3, rel=1e-9)
+
+    # fit: the type weights reach the training loss as the same config_weight would
+    args = dict(steps=1, batch_size=3, progress=False)
+    by_type = fit(cfg, typed, structures[3:], config_type_weights={"slab": 5.0, "Default": 0.5}, **args)
+    by_info = [_relabel(structures[0], config_weight=10.0), typed[1], _relabel(structures[2], config_weight=0.5)]
+    assert by_type.history["train_loss"] == fit(cfg, by_info, structures[3:], **args).history["train_loss"]
+    assert by_type.history["train_loss"] != fit(cfg, typed, structures[3:], **args).history["train_loss"]
+    with pytest.raises(
+        ValueError, match=r"names config types \['sla'\] that no training structure has .*'bulk', 'slab'"
+    ):
+        fit(cfg, typed, structures[3:], config_type_weights={"sla": 1.0}, **args)
+    with pytest.raises(ValueError, match=r"config_type_weights\['slab'\] is -1: a weight must be a finite number >= 0"):
+        fit(cfg, typed, structures[3:], config_type_weights={"slab": -1}, **args)
+
+
+def test_cli_config_type_weights_are_checked_before_out(tmp_path):
+    from e3j_models.__main__ import main
+
+    data = tmp_path / "d.extxyz"
+    write_dataset(data, [_relabel(a, config_type="bulk") for a in emt_structures(3)])
+    run = ["train", "--data", str(data), "--out", str(tmp_path / "run"), "--config-type-weights"]
+    with pytest.raises(SystemExit, match=r"--config-type-weights is not JSON .*give e.g."):
+        main([*run, "{bulk: 2}"])
+    with pytest.raises(SystemExit, match=r"--config-type-weights must be a JSON object"):
+        main([*run, "[2]"])
+    with pytest.raises(SystemExit, match=r"--config-type-weights\['bulk'\] is -2"):
+        main([*run, '{"bulk": -2}'])
+    with pytest.raises(SystemExit, match=r"--config-type-weights names config types \['slab'\] .* are \['bulk'\]"):
+        main([*run, '{"slab": 2}'])
+    assert not (tmp_path / "run").exists()

@@ -117,6 +117,7 @@ def _train(args) -> None:
     from ._checks import check_int
     from .train import (
         _check_training_data,
+        _check_type_weights,
         _check_weights,
         _selection_metric,
         fit,
@@ -136,6 +137,19 @@ def _train(args) -> None:
     check_int("--state-every", args.state_every, 1)
     if args.ema_decay is not None and not 0 < args.ema_decay < 1:
         raise SystemExit(f"error: --ema-decay must be in (0, 1), got {args.ema_decay}")
+    type_weights = None
+    if args.config_type_weights is not None:  # mace-torch's --config_type_weights: a JSON object
+        try:
+            type_weights = json.loads(args.config_type_weights)
+        except ValueError as err:
+            example = '{"Default": 1.0, "slab": 2.0}'
+            raise SystemExit(f"error: --config-type-weights is not JSON ({err}): give e.g. '{example}'") from None
+        if not isinstance(type_weights, dict):
+            raise SystemExit(
+                "error: --config-type-weights must be a JSON object of config types to weights, "
+                f"got {args.config_type_weights}"
+            )
+        _check_type_weights(type_weights, None, "--config-type-weights")  # the types: once --data is read
     weights = (args.energy_weight, args.force_weight, args.stress_weight)
     flags = ("--energy-weight", "--force-weight", "--stress-weight")
     _check_weights(weights, flags)
@@ -188,7 +202,15 @@ def _train(args) -> None:
     except ValueError as err:
         raise ValueError(f"--backend: {err}") from err
     try:  # fit takes the graphs the checks built: each neighbour list is built once
-        checked = _check_training_data(config, train, weights, valid, names=flags)
+        checked = _check_training_data(
+            config,
+            train,
+            weights,
+            valid,
+            type_weights=type_weights,
+            names=flags,
+            type_weights_name="--config-type-weights",
+        )
     except ValueError as err:
         raise ValueError(_named_in_files(str(err), names)) from err
     # history.json and loss.png of an earlier run are rewritten at the end; a resumed run keeps its
@@ -214,6 +236,7 @@ def _train(args) -> None:
         state_every=args.state_every,
         resume=args.resume,
         ema_decay=args.ema_decay,
+        config_type_weights=type_weights,
         _checked=checked,
     )
     seconds = time.perf_counter() - t0
@@ -437,6 +460,12 @@ def main(argv=None) -> None:
     )
     p.add_argument(
         "--seed", type=int, default=0, help="draws the parameters, the validation split and each epoch's batches"
+    )
+    p.add_argument(
+        "--config-type-weights",
+        default=None,
+        help="the structures' weights by atoms.info['config_type'], a JSON object (mace-torch's): "
+        '\'{"Default": 1, "slab": 2}\'',
     )
     p.add_argument(
         "--ema-decay",

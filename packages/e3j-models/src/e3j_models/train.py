@@ -98,11 +98,15 @@ def _results(atoms) -> Mapping[str, Any]:
     return atoms.calc.results if atoms.calc is not None else {}
 
 
-def _label_weights(atoms, results, config_weights: bool = True) -> tuple[float, float, float]:
+def _label_weights(
+    atoms, results, config_weights: bool = True, type_weights: Mapping[str, float] | None = None
+) -> tuple[float, float, float]:
     """The structure's weights of its energy, forces and stress terms: 0 for a label it lacks (the
     stress: unless periodic in all directions), else mace-torch's ``config_weight`` times
     ``config_{energy,forces,stress}_weight`` from ``atoms.info`` (each 1 when absent; all 1 without
-    ``config_weights``). ``ValueError`` for a weight that is not a finite number >= 0."""
+    ``config_weights``), times ``type_weights[atoms.info["config_type"]]`` (mace-torch's
+    ``config_type_weights``; the type ``"Default"`` when absent, 1 for a type not given).
+    ``ValueError`` for a weight that is not a finite number >= 0."""
     present = ("energy" in results, "forces" in results, _has_stress(atoms, results))
     if not config_weights:
         return tuple(float(p) for p in present)
@@ -115,9 +119,44 @@ def _label_weights(atoms, results, config_weights: bool = True) -> tuple[float, 
             values[key] = math.nan
         if not (math.isfinite(values[key]) and values[key] >= 0):
             raise ValueError(f"has {key} {value!r}: a per-structure weight must be a finite number >= 0")
-    base = values["config_weight"]
+    base = values["config_weight"] * (type_weights or {}).get(_config_type(atoms), 1.0)
     terms = (base * values[f"config_{p}_weight"] for p in ("energy", "forces", "stress"))
     return tuple(w if p else 0.0 for w, p in zip(terms, present, strict=True))
+
+
+def _config_type(atoms) -> str:
+    """The structure's ``config_type`` (``atoms.info``), mace-torch's ``"Default"`` when absent."""
+    return str(atoms.info.get("config_type", "Default"))
+
+
+def _check_type_weights(
+    type_weights, train: Sequence | None, name: str = "config_type_weights"
+) -> dict[str, float] | None:
+    """``type_weights`` as ``{config_type: weight}``, refused naming ``name`` unless each weight is a
+    finite number >= 0 and each type (but ``"Default"``) is some structure's of ``train`` (a
+    misspelt type would weigh nothing, silently; ``train`` None: not checked)."""
+    if type_weights is None:
+        return None
+    if not isinstance(type_weights, Mapping):
+        raise TypeError(f"{name} must map config types to weights, got {type(type_weights).__name__}")
+    out = {}
+    for key, value in type_weights.items():
+        try:
+            out[str(key)] = float(value)
+        except (TypeError, ValueError):
+            out[str(key)] = math.nan
+        if not (math.isfinite(out[str(key)]) and out[str(key)] >= 0):
+            raise ValueError(f"{name}[{key!r}] is {value!r}: a weight must be a finite number >= 0")
+    if train is None:
+        return out
+    present = {_config_type(a) for a in train}
+    unknown = sorted(set(out) - present - {"Default"})
+    if unknown:
+        raise ValueError(
+            f"{name} names config types {unknown} that no training structure has (atoms.info['config_type']; "
+            f"the training structures' are {sorted(present)})"
+        )
+    return out
 
 
 def isolated_atom_energies(structures: Sequence) -> tuple[dict[int, float], list]:
@@ -217,6 +256,7 @@ def check_training_data(
     *,
     dtype=np.float32,
     every_element: bool = True,
+    config_type_weights: Mapping[str, float] | None = None,
 ) -> None:
     """What :func:`fit` refuses in its data (``ValueError``), checked before anything is trained:
     in any structure of ``train`` or ``valid`` (named ``train[k]``, ``valid[k]``), neither energy
@@ -226,8 +266,11 @@ def check_training_data(
     config, no atoms, non-finite positions, atoms that coincide in ``dtype``); a config element in
     no training structure (unless ``every_element`` is False: fine-tuning trained parameters on a
     subset of the elements); a loss weight > 0 of a term no training structure has a label of
-    (energy-only data needs ``weights[1] = 0``)."""
-    _check_training_data(config, train, weights, valid, dtype=dtype, every_element=every_element)
+    (energy-only data needs ``weights[1] = 0``); ``config_type_weights`` (as :func:`fit`'s) with a
+    weight that is not a finite number >= 0 or a type no training structure has."""
+    _check_training_data(
+        config, train, weights, valid, dtype=dtype, every_element=every_element, type_weights=config_type_weights
+    )
 
 
 def _check_training_data(
@@ -238,19 +281,23 @@ def _check_training_data(
     *,
     dtype=np.float32,
     every_element=True,
+    type_weights=None,
     names=("weights[0]", "weights[1]", "weights[2]"),
+    type_weights_name="config_type_weights",
 ):
     """:func:`check_training_data`, returning each structure's checked graph it built (for
     :func:`_batch`; :func:`~e3j_models.neighbours._checked_graph`): ``(train's, valid's)``. ``names``
-    name the loss weights in errors (the command line's flags)."""
+    and ``type_weights_name`` name the loss weights and the type weights in errors (the command
+    line's flags)."""
     check_config(config)
     check_structure_list("train", train)
     check_structure_list("valid", valid)
+    type_weights = _check_type_weights(type_weights, train, type_weights_name)
     found = {"train": [], "valid": []}
     label_weights = []  # the training structures' (energy, forces, stress) weights
     for part, structures in (("train", train), ("valid", valid)):
         for k, atoms in enumerate(structures):
-            graph, its_weights = _check_structure_data(config, atoms, f"{part}[{k}]", weights, dtype)
+            graph, its_weights = _check_structure_data(config, atoms, f"{part}[{k}]", weights, dtype, type_weights)
             found[part].append(graph)
             if part == "train":
                 label_weights.append(its_weights)
@@ -271,7 +318,7 @@ def _check_training_data(
     return found["train"], found["valid"]
 
 
-def _check_structure_data(config, atoms, name: str, weights: tuple, dtype):
+def _check_structure_data(config, atoms, name: str, weights: tuple, dtype, type_weights=None):
     """``ValueError`` naming structure ``name`` for labels the loss would read and cannot use, or
     atoms the model cannot read (a NaN force passed to a validation MAE of NaN and no checkpoint;
     coincident atoms were named by their place in a shuffled batch). Returns the structure's
@@ -293,7 +340,7 @@ def _check_structure_data(config, atoms, name: str, weights: tuple, dtype):
                 f"{name} has non-finite reference forces (atom {int(np.argwhere(~np.isfinite(forces))[0, 0])})"
             )
     try:
-        label_weights = _label_weights(atoms, res)
+        label_weights = _label_weights(atoms, res, type_weights=type_weights)
     except ValueError as err:
         raise ValueError(f"{name} {err}") from None
     if weights[2] > 0 and _has_stress(atoms, res):  # a label the loss reads
@@ -444,7 +491,18 @@ def _batches(
     ]
 
 
-def _batch(structures, group, shape, config, dtype, reference_energies, graphs, config_weights=True, num_graphs=None):
+def _batch(
+    structures,
+    group,
+    shape,
+    config,
+    dtype,
+    reference_energies,
+    graphs,
+    config_weights=True,
+    num_graphs=None,
+    type_weights=None,
+):
     """Structures ``group`` (indices into ``structures``) as one batch padded to ``shape`` (nodes,
     edges) and ``num_graphs`` graphs (default: ``len(group)``), on the host: ``(GraphBatch, Labels)``
     of numpy arrays. A padding graph's labels weigh 0 (its ``num_atoms`` is 1, so that its energy
@@ -456,8 +514,8 @@ def _batch(structures, group, shape, config, dtype, reference_energies, graphs, 
     ``reference_energies`` (one per element of ``config.atomic_numbers``, or None): subtracted from
     each structure's energy label in float64 before the cast to ``dtype``, so that a float32 label
     keeps the digits of an energy far from zero (all-electron totals: ~1e4 eV per atom).
-    ``config_weights``: the labels' weights include the structures' own (:func:`_label_weights`);
-    False: 1 for each label present (for metrics)."""
+    ``config_weights``: the labels' weights include the structures' own (:func:`_label_weights`,
+    with ``type_weights``); False: 1 for each label present (for metrics)."""
     e0 = None if reference_energies is None else dict(zip(config.atomic_numbers, reference_energies, strict=True))
     n_pad, e_pad = shape
     sts = [structures[k] for k in group]
@@ -476,7 +534,7 @@ def _batch(structures, group, shape, config, dtype, reference_energies, graphs, 
     for j, atoms in enumerate(sts):
         res = _results(atoms)
         num_atoms[j] = len(atoms)
-        label_weights[j] = _label_weights(atoms, res, config_weights)
+        label_weights[j] = _label_weights(atoms, res, config_weights, type_weights)
         if "energy" in res:
             energies[j] = float(res["energy"]) - (0.0 if e0 is None else sum(e0[int(z)] for z in atoms.numbers))
         if "forces" in res:
@@ -745,6 +803,7 @@ def fit(
     state_every: int = 100,
     resume: bool = False,
     ema_decay: float | None = None,
+    config_type_weights: Mapping[str, float] | None = None,
     _checked: tuple | None = None,
 ) -> FitResult:
     """Train for ``steps`` optimizer steps on ``train``; validate on ``valid``.
@@ -759,7 +818,10 @@ def fit(
     ``weights``: the loss's weights of the energy, forces and stress terms; each structure's own
     (mace-torch's ``config_weight`` and ``config_{energy,forces,stress}_weight`` in ``atoms.info``)
     multiply them, and a structure without forces or without an energy label adds nothing to that
-    term (energy-only data trains with ``weights[1] = 0``).
+    term (energy-only data trains with ``weights[1] = 0``). ``config_type_weights`` (mace-torch's,
+    e.g. ``{"Default": 1.0, "surface": 2.0}``) multiplies each training structure's weights by its
+    ``config_type``'s (``atoms.info["config_type"]``, ``"Default"`` when absent; 1 for a type not
+    given); a type no training structure has is refused (a misspelt one would weigh nothing).
 
     ``backend`` ``"e3nn"`` trains the e3nn-jax twin (same parameter tree). ``eval_every > 0`` records
     validation MAEs every so many steps and, with ``checkpoint``, saves the best model there by the
@@ -816,8 +878,12 @@ def fit(
         raise ValueError("valid is empty: give at least one validation structure")
     weights = _check_weights(weights)
     dtype = check_model_dtype(dtype)
+    check_structure_list("train", train)
+    type_weights = _check_type_weights(config_type_weights, train)
     if _checked is None:  # else the caller's _check_training_data of these arguments (the command line's)
-        _checked = _check_training_data(config, train, weights, valid, dtype=dtype, every_element=params is None)
+        _checked = _check_training_data(
+            config, train, weights, valid, dtype=dtype, every_element=params is None, type_weights=type_weights
+        )
     train_graphs, valid_graphs = _checked
     run = _run_fingerprint(
         config,
@@ -835,6 +901,7 @@ def fit(
             eval_every=eval_every,
             factored_radial=bool(factored_radial),
             ema_decay=ema_decay,
+            config_type_weights=None if type_weights is None else dict(sorted(type_weights.items())),
         ),
     )
     saved = _resumed_state(state, run) if resume else None
@@ -862,7 +929,18 @@ def fit(
                 shape = shape_of[bucket_size(int(num_edges[group].sum()))]
                 real = (len(group), int(num_atoms[group].sum()), int(num_edges[group].sum()))
                 # a smaller last batch padded to batch_size graphs: no compile of its own
-                yield _batch(train, group, shape, config, dtype, e0, train_graphs, num_graphs=batch_size), shape, real
+                built = _batch(
+                    train,
+                    group,
+                    shape,
+                    config,
+                    dtype,
+                    e0,
+                    train_graphs,
+                    num_graphs=batch_size,
+                    type_weights=type_weights,
+                )
+                yield built, shape, real
 
     valid_batches = _batches(
         valid, config, batch_size, None, dtype, e0, graphs=valid_graphs, max_shapes=batch_shapes, config_weights=False
@@ -1001,8 +1079,8 @@ _PER_STEP = {"step": np.int64, "train_loss": np.float64, "time": np.float64}
 def _run_fingerprint(config, train, valid, params, arguments: Mapping[str, Any]) -> dict[str, Any]:
     """What a resumed run must share with the run whose state it goes on from (as JSON reads it
     back): the config as given, ``arguments`` (``fit``'s that change what is trained), the number of
-    training and validation structures, and SHA-256 digests of their atoms, cells, labels and
-    weights, and of ``params`` (a fine-tuning run's start; None from scratch)."""
+    training and validation structures, and SHA-256 digests of their atoms, cells, labels, weights
+    and config types, and of ``params`` (a fine-tuning run's start; None from scratch)."""
     data = hashlib.sha256()
     for part in (train, valid):
         data.update(f"{len(part)};".encode())
@@ -1014,7 +1092,7 @@ def _run_fingerprint(config, train, valid, params, arguments: Mapping[str, Any])
                 data.update(f"{a.dtype.str}{a.shape};".encode())
                 data.update(a.tobytes())
             data.update(repr([k for k in ("energy", "forces", "stress") if k in res]).encode())
-            data.update(repr([atoms.info.get(k) for k in WEIGHT_KEYS]).encode())
+            data.update(repr([atoms.info.get(k) for k in WEIGHT_KEYS] + [_config_type(atoms)]).encode())
     start = None
     if params is not None:
         flat: dict[str, np.ndarray] = {}
