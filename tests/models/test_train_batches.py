@@ -432,10 +432,13 @@ def test_a_resumed_run_ends_as_the_run_that_was_not_stopped(monkeypatch, tmp_pat
     for a, b in zip(jax.tree.leaves(b_model), jax.tree.leaves(a_model), strict=True):
         np.testing.assert_array_equal(a, b)
     # the run is checked: another run's state is refused, naming what differs
-    with pytest.raises(ValueError, match=r"another run: its seed, steps differ"):
+    with pytest.raises(ValueError, match=r"another run: seed: 0 there, 1 here; steps: 7 there, 8 here \(resume"):
         fit(cfg, train, valid, state=tmp_path / "b.npz", resume=True, **{**args, "steps": 8, "seed": 1})
-    with pytest.raises(ValueError, match=r"its the training or validation data differ"):
+    with pytest.raises(ValueError, match=r"another run: the training or validation data differ \("):
         fit(cfg, [*train[:2], valid[0]], valid, state=tmp_path / "b.npz", resume=True, **args)
+    with pytest.raises(ValueError, match=r"another run: config.num_channels: 4 there, 6 here \("):
+        other = nequip((28, 29), **{**TINY, "num_channels": 6})
+        fit(other, train, valid, state=tmp_path / "b.npz", resume=True, **args)
     with pytest.raises(ValueError, match=r"resume=True needs state"):
         fit(cfg, train, valid, resume=True, **args)
 
@@ -478,8 +481,11 @@ def test_cli_train_resumes_a_stopped_run(monkeypatch, tmp_path):
     assert b["train_loss"] == a["train_loss"] and len(a["train_loss"]) == 5 and b["valid"] == a["valid"]
     for x, y in zip(*(jax.tree.leaves(load(tmp_path / d / "model.npz")[1]) for d in "ab"), strict=True):
         np.testing.assert_array_equal(x, y)
-    with pytest.raises(SystemExit, match=r"another run: its steps differ"):
+    before = sorted(os.listdir(tmp_path / "b"))
+    with pytest.raises(SystemExit, match=r"another run: steps: 5 there, 6 here"):
         main([*("6" if a == "5" else a for a in args), "--out", str(tmp_path / "b"), "--resume"])
+    assert sorted(os.listdir(tmp_path / "b")) == before  # a refused resume removes nothing
+    assert "metrics.json" in before
 
 
 def test_ema_is_the_moving_average_of_the_trained_parameters(monkeypatch, tmp_path):
@@ -546,3 +552,29 @@ def test_ema_is_the_moving_average_of_the_trained_parameters(monkeypatch, tmp_pa
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match=r"ema_decay must be in \(0, 1\) or None"):
         fit(cfg, train, valid, ema_decay=1.0, **args)
+
+
+def test_resuming_a_finished_run_restores_its_checkpoint(tmp_path):
+    """A state written at the last step resumes to the same parameters and validation with no step
+    taken (it drew a batch past the run's last, of a shape the run never planned), and writes the
+    best model again where it was lost; a state that fit did not write is refused, named."""
+    import jax
+
+    from e3j_models import load
+
+    structures = emt_structures(5, repeats=[(1, 1, 1), (3, 3, 3)])  # 4 and 108 atoms: far apart buckets
+    train, valid = structures[:3], structures[3:]
+    cfg = nequip((28, 29), **TINY)
+    args = dict(steps=2, batch_size=1, eval_every=1, progress=False, state=tmp_path / "s.npz")
+    whole = fit(cfg, train, valid, checkpoint=tmp_path / "m.npz", **args)
+    again = fit(cfg, train, valid, checkpoint=tmp_path / "lost.npz", resume=True, **args)
+    assert again.validation == whole.validation and again.history["valid"] == whole.history["valid"]
+    for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(whole.params), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(*(jax.tree.leaves(load(tmp_path / f)[1]) for f in ("lost.npz", "m.npz")), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.savez(tmp_path / "junk.npz", x=np.zeros(3))
+    with pytest.raises(ValueError, match=r"junk.npz' is not a training state \(no __header__\)"):
+        fit(cfg, train, valid, **{**args, "state": tmp_path / "junk.npz"}, resume=True)
+    with pytest.raises(ValueError, match=r"m.npz' has format 'e3j-models', expected 'e3j-models-train-state'"):
+        fit(cfg, train, valid, **{**args, "state": tmp_path / "m.npz"}, resume=True)

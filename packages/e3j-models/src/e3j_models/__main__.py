@@ -213,10 +213,10 @@ def _train(args) -> None:
         )
     except ValueError as err:
         raise ValueError(_named_in_files(str(err), names)) from err
-    # history.json and loss.png of an earlier run are rewritten at the end; a resumed run keeps its
-    # state and its best model so far
-    stale = ("metrics.json", "history.json", "loss.png") + (() if args.resume else ("model.npz", "state.npz"))
-    _make_out(args.out, stale)
+    # history.json and loss.png of an earlier run are rewritten at the end. A resumed run removes
+    # nothing (fit may yet refuse the state); what it ends with is rewritten then
+    if not args.resume:
+        _make_out(args.out, ("model.npz", "metrics.json", "history.json", "loss.png", "state.npz"))
     t0 = time.perf_counter()
     result = fit(
         config,

@@ -41,8 +41,15 @@ def save_state(path: str, header: Mapping[str, Any], params, opt_leaves, extra: 
     full = {"format": FORMAT, "format_version": FORMAT_VERSION, "package_version": __version__, **header}
     arrays["__header__"] = np.frombuffer(json.dumps(full).encode(), np.uint8)
     tmp = path + ".partial"
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before it replaces the state a crash would fall back to
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
     os.replace(tmp, path)
 
 

@@ -212,7 +212,9 @@ def _narrowest_int(a: np.ndarray) -> np.ndarray:
     otherwise ``a`` as it is (shifts that :func:`~e3j_models.make_batch` will refuse)."""
     if a.size == 0:
         return a.astype(np.int8)
-    if not np.issubdtype(a.dtype, np.integer) and not (np.isfinite(a).all() and (a == np.round(a)).all()):
+    if not np.issubdtype(a.dtype, np.integer) and not (
+        np.isfinite(a).all() and (a == np.round(a)).all() and np.abs(a).max() < 2.0**53  # floats exact as ints
+    ):
         return a
     lo, hi = a.min(), a.max()
     for t in (np.int8, np.int16, np.int32, np.int64):

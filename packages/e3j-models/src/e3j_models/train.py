@@ -885,25 +885,27 @@ def fit(
             config, train, weights, valid, dtype=dtype, every_element=params is None, type_weights=type_weights
         )
     train_graphs, valid_graphs = _checked
-    run = _run_fingerprint(
-        config,
-        train,
-        valid,
-        params,
-        dict(
-            steps=steps,
-            batch_size=batch_size,
-            batch_shapes=batch_shapes,
-            learning_rate=learning_rate,
-            weights=weights,
-            seed=seed,
-            dtype=np.dtype(dtype).name,
-            eval_every=eval_every,
-            factored_radial=bool(factored_radial),
-            ema_decay=ema_decay,
-            config_type_weights=None if type_weights is None else dict(sorted(type_weights.items())),
-        ),
-    )
+    run = None  # what a resumed run must share with the one that wrote the state
+    if state is not None:
+        run = _run_fingerprint(
+            config,
+            train,
+            valid,
+            params,
+            dict(
+                steps=steps,
+                batch_size=batch_size,
+                batch_shapes=batch_shapes,
+                learning_rate=learning_rate,
+                weights=weights,
+                seed=seed,
+                dtype=np.dtype(dtype).name,
+                eval_every=eval_every,
+                factored_radial=bool(factored_radial),
+                ema_decay=ema_decay,
+                config_type_weights=None if type_weights is None else dict(sorted(type_weights.items())),
+            ),
+        )
     saved = _resumed_state(state, run) if resume else None
     if params is None:
         config = _fitted_config(config, train, [len(g[4]) for g in train_graphs])
@@ -945,27 +947,38 @@ def fit(
     valid_batches = _batches(
         valid, config, batch_size, None, dtype, e0, graphs=valid_graphs, max_shapes=batch_shapes, config_weights=False
     )
-    batches = _prefetched(training_batches(), depth=2)
-    host_batch, shape, real = next(batches)
-    batch, labels = jax.device_put(host_batch)
-    if saved is not None:
-        params = saved["params"]
-        potential.check_params(params)
-    elif params is None:
-        params = potential.init(jax.random.key(seed), batch, dtype=dtype)
-    else:
-        potential.check_params(params)
-        params = _floats_as(params, dtype)
-    schedule = optax.cosine_decay_schedule(learning_rate, steps, alpha=0.01)
-    optimizer = optax.chain(optax.clip_by_global_norm(10.0), optax.adam(schedule))
-    opt_state = optimizer.init(params)
-    if saved is not None:
-        opt_state = _restored_leaves(opt_state, saved["opt_leaves"], state)
-    ema = None  # the moving average of the parameters, which validation and the checkpoint read
-    if ema_decay is not None:
-        ema = params if saved is None else jax.tree.map(jnp.asarray, saved["ema"])
+    # the batches of the steps left (none when resuming a finished run), built by a background thread
+    batches = _prefetched(itertools.islice(training_batches(), steps - first), depth=2)
+    try:  # the thread stops on an error before the loop too (a refused state)
+        if first < steps:
+            host_batch, shape, real = next(batches)
+            batch, labels = jax.device_put(host_batch)
         if saved is not None:
-            potential.check_params(ema)
+            params = jax.tree.map(jnp.asarray, saved["params"])
+            potential.check_params(params)
+        elif params is None:
+            params = potential.init(jax.random.key(seed), batch, dtype=dtype)
+        else:
+            potential.check_params(params)
+            params = _floats_as(params, dtype)
+        schedule = optax.cosine_decay_schedule(learning_rate, steps, alpha=0.01)
+        optimizer = optax.chain(optax.clip_by_global_norm(10.0), optax.adam(schedule))
+        opt_state = optimizer.init(params)
+        ema = None  # the moving average of the parameters, which validation and the checkpoint read
+        if ema_decay is not None:
+            ema = params
+        best_params = None  # the checkpoint's parameters, kept in the state
+        if saved is not None:
+            opt_state = _restored_leaves(opt_state, saved["opt_leaves"], state)
+            if ema_decay is not None:
+                ema = jax.tree.map(jnp.asarray, saved["ema"])
+                potential.check_params(ema)
+            best_params = saved["best_params"]
+            if checkpoint is not None and best_params is not None:  # lost or replaced since: as it was
+                _save_atomic(checkpoint, config, best_params)
+    except BaseException:
+        batches.close()
+        raise
 
     @jax.jit
     def averaged(ema, params, n):  # after step n (from 1): torch_ema's warm-up, then ema_decay
@@ -987,7 +1000,7 @@ def fit(
     history["epoch_loss"] = []  # each complete epoch's loss, its batches taken as one (epoch_losses)
     epoch_sums: dict[str, np.ndarray] = {}
     # the padded (nodes, edges) of the training batches: one compile of the step each
-    history["batch_shapes"] = sorted(set(shape_of.values()))
+    history["batch_shapes"] = [list(s) for s in sorted(set(shape_of.values()))]  # lists, as JSON reads them
     best = np.inf
     t0 = time.perf_counter()
     if saved is not None:
@@ -1005,6 +1018,8 @@ def fit(
         extra.update({f"history/{k}": np.asarray(history[k], dtype) for k, dtype in _PER_STEP.items()})
         if ema is not None:
             _flatten({"ema": jax.device_get(ema)}, "", extra)
+        if best_params is not None:
+            _flatten({"best": best_params}, "", extra)
         save_state(state, header, jax.tree.map(np.asarray, params), jax.tree.leaves(jax.device_get(opt_state)), extra)
 
     bar = None
@@ -1051,7 +1066,9 @@ def fit(
                 history["valid"].append(val)
                 if checkpoint is not None and val[_selection_metric(val)] < best:
                     best = val[_selection_metric(val)]
-                    _save_atomic(checkpoint, config, params if ema is None else ema)
+                    best_params = jax.tree.map(np.asarray, params if ema is None else ema)
+                    _save_atomic(checkpoint, config, best_params)
+            # after the checkpoint: the state records the best it holds
             if state is not None and ((i + 1) % state_every == 0 or i + 1 == steps):
                 write_state(i + 1)
             if bar is not None:
@@ -1119,25 +1136,56 @@ def _resumed_state(path: str, run: Mapping[str, Any]) -> dict[str, Any]:
     if not os.path.exists(path):
         raise FileNotFoundError(f"state {path!r} does not exist: nothing to resume (resume=False starts the run)")
     header, params, opt_leaves, extra = load_state(path)
-    theirs = header.get("run", {})
-    names = {"data_sha256": "the training or validation data", "params_sha256": "params (fine-tuning's start)"}
-    differ = [names.get(k, k) for k in sorted(set(run) | set(theirs)) if run.get(k) != theirs.get(k)]
+    theirs = header.get("run")
+    if not isinstance(theirs, dict):
+        raise ValueError(f"state {path!r} is malformed: its header has no 'run' object")
+    differ = _differences(theirs, run)
     if differ:
         raise ValueError(
-            f"state {path!r} is of another run: its {', '.join(differ)} differ from this call's (resume with the "
-            "arguments and data of the run that wrote it, or start anew)"
+            f"state {path!r} is of another run: {'; '.join(differ)} (resume with the arguments and data of the run "
+            "that wrote it, or start anew)"
         )
-    return {
-        "step": int(header["step"]),
-        "history": {**header["history"], **{k: extra[f"history/{k}"].tolist() for k in _PER_STEP}},
-        "best": np.inf if header["best"] is None else float(header["best"]),
-        "elapsed": float(header["elapsed"]),
-        "params": params,
-        "opt_leaves": opt_leaves,
-        "epoch_sums": {t: extra[f"epoch_sums/{t}"] for t in header["epoch_terms"]},
-        "counted": extra["counted"],
-        "ema": _nest({n[len("ema/") :]: a for n, a in extra.items() if n.startswith("ema/")}),
-    }
+
+    def tree(prefix: str):
+        return _nest({n[len(prefix) :]: a for n, a in extra.items() if n.startswith(prefix)})
+
+    try:
+        return {
+            "step": int(header["step"]),
+            "history": {**header["history"], **{k: extra[f"history/{k}"].tolist() for k in _PER_STEP}},
+            "best": np.inf if header["best"] is None else float(header["best"]),
+            "elapsed": float(header["elapsed"]),
+            "params": params,
+            "opt_leaves": opt_leaves,
+            "epoch_sums": {t: extra[f"epoch_sums/{t}"] for t in header["epoch_terms"]},
+            "counted": extra["counted"],
+            "ema": tree("ema/"),
+            "best_params": tree("best/") or None,
+        }
+    except (KeyError, TypeError, ValueError) as err:  # a header or entry fit did not write
+        raise ValueError(f"state {path!r} is malformed: {type(err).__name__} {err}") from None
+
+
+def _differences(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
+    """What differs between two :func:`_run_fingerprint`, each with the state's value and this
+    call's (the config field by field; the data and the fine-tuning start by digest)."""
+    hashed = {"data_sha256": "the training or validation data", "params_sha256": "params (fine-tuning's start)"}
+    out = []
+    for key in sorted(set(theirs) | set(ours)):
+        a, b = theirs.get(key), ours.get(key)
+        if a == b:
+            continue
+        if key in hashed:
+            out.append(f"{hashed[key]} differ")
+        elif key == "config" and isinstance(a, dict) and isinstance(b, dict):
+            out += [
+                f"config.{f}: {a.get(f)!r} there, {b.get(f)!r} here"
+                for f in sorted(set(a) | set(b))
+                if a.get(f) != b.get(f)
+            ]
+        else:
+            out.append(f"{key}: {a!r} there, {b!r} here")
+    return out
 
 
 def _restored_leaves(template, leaves: Sequence[np.ndarray], path: str):
