@@ -252,12 +252,16 @@ def test_config_type_weights_multiply_each_structures_weights_as_mace_torch_does
     by_info = [_relabel(structures[0], config_weight=10.0), typed[1], _relabel(structures[2], config_weight=0.5)]
     assert by_type.history["train_loss"] == fit(cfg, by_info, structures[3:], **args).history["train_loss"]
     assert by_type.history["train_loss"] != fit(cfg, typed, structures[3:], **args).history["train_loss"]
-    with pytest.raises(
-        ValueError, match=r"names config types \['sla'\] that no training structure has .*'bulk', 'slab'"
-    ):
+    with pytest.raises(ValueError, match=r"names config types \['sla'\] that no structure has .*'bulk', 'slab'"):
         fit(cfg, typed, structures[3:], config_type_weights={"sla": 1.0}, **args)
     with pytest.raises(ValueError, match=r"config_type_weights\['slab'\] is -1: a weight must be a finite number >= 0"):
         fit(cfg, typed, structures[3:], config_type_weights={"slab": -1}, **args)
+    with pytest.raises(ValueError, match=r"config_type_weights\['slab'\] is True: a weight must be a finite number"):
+        fit(cfg, typed, structures[3:], config_type_weights={"slab": True}, **args)
+    with pytest.raises(TypeError, match=r"config_type_weights's keys must be config types as strings, got 1"):
+        fit(cfg, typed, structures[3:], config_type_weights={1: 2.0}, **args)
+    # a type of the validation structures alone is theirs, not a misspelling
+    fit(cfg, typed[1:], [typed[0]], config_type_weights={"slab": 2.0}, **args)
 
 
 def test_cli_config_type_weights_are_checked_before_out(tmp_path):
@@ -275,3 +279,28 @@ def test_cli_config_type_weights_are_checked_before_out(tmp_path):
     with pytest.raises(SystemExit, match=r"--config-type-weights names config types \['slab'\] .* are \['bulk'\]"):
         main([*run, '{"slab": 2}'])
     assert not (tmp_path / "run").exists()
+
+
+def test_cli_config_type_weights_do_not_depend_on_the_split(tmp_path):
+    """A type is checked against the file, before the seeded split: one structure of type "slab"
+    trains whichever seed holds it out, and the isolated atoms' type may be named (they give the
+    reference energies and do not train)."""
+    from e3j_models.__main__ import main
+
+    structures = [_relabel(a) for a in emt_structures(6, repeats=[(1, 1, 2)])]
+    structures[2] = _relabel(structures[2], config_type="slab")
+    cu = _relabel(structures[0], config_type="IsolatedAtom")
+    del cu[1:]
+    cu.numbers, cu.pbc = [29], False
+    cu.calc = SinglePointCalculator(cu, energy=-0.1, forces=np.zeros((1, 3)))
+    ni = cu.copy()
+    ni.numbers = [28]
+    ni.calc = SinglePointCalculator(ni, energy=-0.2, forces=np.zeros((1, 3)))
+    data = tmp_path / "d.extxyz"
+    write_dataset(data, [cu, ni, *structures])
+    args = ["train", "--data", str(data), "--preset", "nequip", "--channels", "2", "--layers", "1", "--l-max", "1"]
+    args += ["--cutoff", "3.0", "--radial-hidden", "4", "--steps", "1", "--e0s", "isolated", "--valid-fraction", "0.2"]
+    args += ["--config-type-weights", '{"slab": 5, "IsolatedAtom": 0}']
+    for seed in range(4):  # the slab is held out for some seeds
+        main([*args, "--seed", str(seed), "--out", str(tmp_path / f"run{seed}")])
+        assert (tmp_path / f"run{seed}" / "metrics.json").exists()

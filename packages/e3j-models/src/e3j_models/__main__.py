@@ -119,6 +119,7 @@ def _train(args) -> None:
         _check_training_data,
         _check_type_weights,
         _check_weights,
+        _config_type,
         _selection_metric,
         fit,
         isolated_atom_energies,
@@ -161,6 +162,9 @@ def _train(args) -> None:
         raise SystemExit(f"error: --resume: {state} does not exist (the run to go on from writes it)")
     structures = _read_data(args)
     in_file = list(range(len(structures)))  # each structure's index in --data
+    valid_file = None if args.valid_file is None else _read_data(args, args.valid_file)
+    if type_weights is not None:  # the types of the files, before the split (which a seed draws)
+        _check_type_weights(type_weights, [*structures, *(valid_file or [])], "--config-type-weights")
     e0 = None
     if args.e0s == "isolated":  # the isolated atoms give the reference energies and do not train
         e0, others = isolated_atom_energies(structures)
@@ -170,7 +174,7 @@ def _train(args) -> None:
         if not structures:
             raise SystemExit("error: --data holds only isolated atoms: nothing to train on")
     if args.valid_file is not None:  # a validation set of its own (mace-torch's --valid_file)
-        train, valid = structures, _read_data(args, args.valid_file)
+        train, valid = structures, valid_file
         names = {"train": ("--data", in_file), "valid": ("--valid-file", range(len(valid)))}
     else:
         n_valid = max(1, round(len(structures) * args.valid_fraction))
@@ -181,6 +185,9 @@ def _train(args) -> None:
         kept = np.setdiff1d(np.arange(len(structures)), held)
         train, valid = [structures[k] for k in kept], [structures[k] for k in held]
         names = {"train": ("--data", [in_file[k] for k in kept]), "valid": ("--data", [in_file[k] for k in held])}
+    if type_weights is not None:  # a type of isolated atoms alone (--e0s isolated) trains no structure
+        present = {_config_type(a) for a in [*train, *valid]} | {"Default"}
+        type_weights = {k: v for k, v in type_weights.items() if k in present}
     elements = sorted({int(z) for a in [*train, *valid] for z in a.numbers})
     overrides = {"num_channels": args.channels, "l_max": args.l_max, "cutoff": args.cutoff}
     if args.layers is not None:

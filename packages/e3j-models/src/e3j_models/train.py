@@ -130,31 +130,34 @@ def _config_type(atoms) -> str:
 
 
 def _check_type_weights(
-    type_weights, train: Sequence | None, name: str = "config_type_weights"
+    type_weights, structures: Sequence | None, name: str = "config_type_weights"
 ) -> dict[str, float] | None:
-    """``type_weights`` as ``{config_type: weight}``, refused naming ``name`` unless each weight is a
-    finite number >= 0 and each type (but ``"Default"``) is some structure's of ``train`` (a
-    misspelt type would weigh nothing, silently; ``train`` None: not checked)."""
+    """``type_weights`` as ``{config_type: weight}``, refused naming ``name`` unless each key is a
+    string, each weight a finite number >= 0 (not a bool), and each type (but ``"Default"``) some
+    structure's of ``structures`` (a misspelt type would weigh nothing, silently; None: not
+    checked)."""
     if type_weights is None:
         return None
     if not isinstance(type_weights, Mapping):
         raise TypeError(f"{name} must map config types to weights, got {type(type_weights).__name__}")
     out = {}
     for key, value in type_weights.items():
+        if not isinstance(key, str):  # 1 and "1" would become one key
+            raise TypeError(f"{name}'s keys must be config types as strings, got {key!r}")
         try:
-            out[str(key)] = float(value)
+            out[key] = math.nan if isinstance(value, bool) else float(value)
         except (TypeError, ValueError):
-            out[str(key)] = math.nan
-        if not (math.isfinite(out[str(key)]) and out[str(key)] >= 0):
+            out[key] = math.nan
+        if not (math.isfinite(out[key]) and out[key] >= 0):
             raise ValueError(f"{name}[{key!r}] is {value!r}: a weight must be a finite number >= 0")
-    if train is None:
+    if structures is None:
         return out
-    present = {_config_type(a) for a in train}
+    present = {_config_type(a) for a in structures}
     unknown = sorted(set(out) - present - {"Default"})
     if unknown:
         raise ValueError(
-            f"{name} names config types {unknown} that no training structure has (atoms.info['config_type']; "
-            f"the training structures' are {sorted(present)})"
+            f"{name} names config types {unknown} that no structure has (atoms.info['config_type']; "
+            f"the structures' are {sorted(present)})"
         )
     return out
 
@@ -267,7 +270,7 @@ def check_training_data(
     no training structure (unless ``every_element`` is False: fine-tuning trained parameters on a
     subset of the elements); a loss weight > 0 of a term no training structure has a label of
     (energy-only data needs ``weights[1] = 0``); ``config_type_weights`` (as :func:`fit`'s) with a
-    weight that is not a finite number >= 0 or a type no training structure has."""
+    weight that is not a finite number >= 0 or a type no structure of train or valid has."""
     _check_training_data(
         config, train, weights, valid, dtype=dtype, every_element=every_element, type_weights=config_type_weights
     )
@@ -292,7 +295,7 @@ def _check_training_data(
     check_config(config)
     check_structure_list("train", train)
     check_structure_list("valid", valid)
-    type_weights = _check_type_weights(type_weights, train, type_weights_name)
+    type_weights = _check_type_weights(type_weights, [*train, *valid], type_weights_name)
     found = {"train": [], "valid": []}
     label_weights = []  # the training structures' (energy, forces, stress) weights
     for part, structures in (("train", train), ("valid", valid)):
@@ -312,8 +315,9 @@ def _check_training_data(
     for i, (term, label) in enumerate(zip(("energy", "forces", "stress"), labels, strict=True)):
         if weights[i] > 0 and not used[i]:
             raise ValueError(
-                f"{names[i]} ({term}) is {weights[i]} but no training structure has {label} with a weight > 0: "
-                f"the term would be 0 ({names[i]} 0 trains on the other labels alone)"
+                f"{names[i]} ({term}) is {weights[i]} but no training structure has {label} with a weight > 0 "
+                f"(its own weights in atoms.info times its config type's): the term would be 0 ({names[i]} 0 trains "
+                "on the other labels alone)"
             )
     return found["train"], found["valid"]
 
@@ -821,7 +825,7 @@ def fit(
     term (energy-only data trains with ``weights[1] = 0``). ``config_type_weights`` (mace-torch's,
     e.g. ``{"Default": 1.0, "surface": 2.0}``) multiplies each training structure's weights by its
     ``config_type``'s (``atoms.info["config_type"]``, ``"Default"`` when absent; 1 for a type not
-    given); a type no training structure has is refused (a misspelt one would weigh nothing).
+    given); a type no structure of train or valid has is refused (a misspelt one would weigh nothing).
 
     ``backend`` ``"e3nn"`` trains the e3nn-jax twin (same parameter tree). ``eval_every > 0`` records
     validation MAEs every so many steps and, with ``checkpoint``, saves the best model there by the
@@ -879,7 +883,8 @@ def fit(
     weights = _check_weights(weights)
     dtype = check_model_dtype(dtype)
     check_structure_list("train", train)
-    type_weights = _check_type_weights(config_type_weights, train)
+    check_structure_list("valid", valid)
+    type_weights = _check_type_weights(config_type_weights, [*train, *valid])
     if _checked is None:  # else the caller's _check_training_data of these arguments (the command line's)
         _checked = _check_training_data(
             config, train, weights, valid, dtype=dtype, every_element=params is None, type_weights=type_weights
