@@ -441,6 +441,12 @@ def test_a_resumed_run_ends_as_the_run_that_was_not_stopped(monkeypatch, tmp_pat
         fit(other, train, valid, state=tmp_path / "b.npz", resume=True, **args)
     with pytest.raises(ValueError, match=r"resume=True needs state"):
         fit(cfg, train, valid, resume=True, **args)
+    with pytest.raises(ValueError, match=r"another run: config_type_weights: None there, \{'Default': 2.0\} here"):
+        fit(cfg, train, valid, state=tmp_path / "b.npz", resume=True, config_type_weights={"Default": 2.0}, **args)
+    # a type of weight 1 weighs as one not given: the same run
+    again = fit(cfg, train, valid, state=tmp_path / "b.npz", resume=True, config_type_weights={"Default": 1}, **args)
+    for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(whole.params), strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_cli_train_resumes_a_stopped_run(monkeypatch, tmp_path):

@@ -908,7 +908,8 @@ def fit(
                 eval_every=eval_every,
                 factored_radial=bool(factored_radial),
                 ema_decay=ema_decay,
-                config_type_weights=None if type_weights is None else dict(sorted(type_weights.items())),
+                # a type of weight 1 weighs as one not given: {"Default": 1} is no weights at all
+                config_type_weights={k: v for k, v in sorted((type_weights or {}).items()) if v != 1.0} or None,
             ),
         )
     saved = _resumed_state(state, run) if resume else None
