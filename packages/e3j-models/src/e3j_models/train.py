@@ -882,9 +882,8 @@ def fit(
         raise ValueError("valid is empty: give at least one validation structure")
     weights = _check_weights(weights)
     dtype = check_model_dtype(dtype)
-    check_structure_list("train", train)
-    check_structure_list("valid", valid)
-    type_weights = _check_type_weights(config_type_weights, [*train, *valid])
+    # the weights here; the types against the data in _check_training_data (or the caller's)
+    type_weights = _check_type_weights(config_type_weights, None)
     if _checked is None:  # else the caller's _check_training_data of these arguments (the command line's)
         _checked = _check_training_data(
             config, train, weights, valid, dtype=dtype, every_element=params is None, type_weights=type_weights
