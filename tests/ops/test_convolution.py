@@ -8,6 +8,7 @@ kernels dominates the runtime on CPU, hence few, small shapes, reused across tes
 
 from __future__ import annotations
 
+import warnings
 from functools import cache, partial
 
 import e3nn_jax as e3nn
@@ -530,3 +531,54 @@ def test_many_chunks_match_reference(monkeypatch, y_channels):
     ):
         assert rel_err(a, r) <= 1e-12, name
     assert np.all(np.asarray(dy)[~mask] == 0) and np.all(np.asarray(ds)[~mask] == 0)
+
+
+MIXED = e3j.MulIrConvolution("4x0e + 2x1o", "0e + 1o", filter="0e + 1o")
+
+
+@pytest.mark.parametrize("route", ["array", "factored", "mixed", "mixed_factored"])
+def test_chunks_are_sized_for_the_platform_lowered_for(monkeypatch, route):
+    """The reference as an accelerator's fallback loops over chunks 128x a CPU's (256 MiB of
+    messages against 2 MiB): every sweep, forward and backward, of every route sizes its chunks for
+    the platform it is lowered for, in a program lowered for several platforms too."""
+    conv = get_conv("l1")
+    num_nodes = 11
+    senders, receivers = make_edges(seed=41, num_random=300, num_nodes=num_nodes)
+    E = len(senders)
+    graph = e3j.Graph.from_edges(senders, receivers, num_nodes)
+    rng = np.random.default_rng(42)
+    y = jnp.asarray(rng.normal(size=(E, 4)))
+    if route.startswith("mixed"):
+        op, x, width = MIXED, rng.normal(size=(num_nodes, MIXED.irreps_x.dim)), MIXED.num_weights
+    else:
+        op, x, width = conv, rng.normal(size=(num_nodes, 4, C)), conv.num_paths * C
+    if route.endswith("factored"):
+        w = e3j.FactoredWeights(jnp.asarray(rng.normal(size=(E, 3))), jnp.asarray(rng.normal(size=(3, width))))
+    else:
+        w = jnp.asarray(rng.normal(size=(E, width) if route == "mixed" else (E, conv.num_paths, C)))
+
+    def loss(x, y, w):
+        return jnp.sum(jnp.sin(op(x, y, w, graph, backend="reference")))
+
+    real, seen = ref_conv.chunk_size, []
+
+    def recorded(num_edges, row_elements, itemsize, platform="cpu"):
+        seen.append(platform)
+        return real(num_edges, row_elements, itemsize, platform)
+
+    monkeypatch.setattr(ref_conv, "chunk_size", recorded)
+    monkeypatch.setattr(ref_conv, "_CHUNK_BYTES", 64 * conv.coo.dim_out * C)  # 8 edges on a CPU
+    assert real(E, conv.coo.dim_out * C, 8) == 8 and real(E, conv.coo.dim_out * C, 8, "cuda") == E
+    grad = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+    texts = {}
+    for platforms in (("cpu",), ("cuda",), ("tpu",), ("cpu", "cuda")):
+        seen.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the reference named on an accelerator
+            texts[platforms] = grad.trace(jnp.asarray(x), y, w).lower(lowering_platforms=platforms).as_text()
+        # a forward and a backward sweep per platform, each sized for its own
+        assert sorted(set(seen)) == sorted(platforms) and all(seen.count(p) >= 2 for p in platforms), seen
+    if route == "array":  # the chunk's [K, Dout, C] messages: 8 edges on the CPU, all E elsewhere
+        chunk = {n: f"tensor<{n}x{conv.coo.dim_out}x{C}xf64>" for n in (8, E)}
+        assert chunk[8] in texts[("cpu",)] and chunk[E] not in texts[("cpu",)]
+        assert chunk[E] in texts[("cuda",)] and chunk[8] not in texts[("cuda",)]

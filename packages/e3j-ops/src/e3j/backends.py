@@ -31,7 +31,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 import jax
@@ -368,8 +368,26 @@ def _kernels(name: str) -> Kernels:
     return kernels
 
 
-def kernels_of(backend: Backend) -> Kernels:
+def kernels_of(backend: Backend, platform: str = "cpu") -> Kernels:
+    """``backend``'s kernels (loaded once) for a lowering on ``platform``. Only the reference's
+    differ between platforms: its sweeps' chunks are sized for a CPU's caches or for an
+    accelerator (:func:`e3j.reference.convolution.chunk_size`)."""
+    if backend.name == "reference" and platform != "cpu":
+        return _reference_on(platform)
     return _kernels(backend.name)
+
+
+@cache
+def _reference_on(platform: str) -> Kernels:
+    """The reference's kernels with ``platform`` bound into each convolution kernel (every one
+    takes it; the tensor product's have no chunks)."""
+    cpu = _kernels("reference")
+    bound = {
+        f.name: partial(getattr(cpu, f.name), platform=platform)
+        for f in dataclasses.fields(Kernels)
+        if "convolution" in f.name
+    }
+    return dataclasses.replace(cpu, **bound)
 
 
 def provides(backend: Backend, kernel: str) -> bool:

@@ -125,7 +125,7 @@ def _factored_backend(platform: str, requested: str | None, spec: FactoredConvSp
     channels = next(a.shape[-1] for k, a in operands.items() if spec.has_channels(slot_of(k)))
     dtype = jnp.dtype(next(iter(operands.values())).dtype)
     backend = select_backend(OpRequest("convolution", platform, dtype.name, int(channels), spec.lmax), requested)
-    return backend, kernels_of(backend)
+    return backend, kernels_of(backend, platform)
 
 
 def _array_run(spec: FactoredConvSpec, backend, kernels, aux):

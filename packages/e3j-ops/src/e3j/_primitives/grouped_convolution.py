@@ -95,7 +95,7 @@ def _dispatch(form, platform: str, requested: str | None, spec: GroupedConvSpec,
     avals = {k: jax.typeof(v) for k, v in A.items()}
     aux_avals = tuple(jax.typeof(a) for a in aux)
     types = {o: _out_aval(spec, o, avals, aux_avals) for o in outs}
-    kernels = [kernels_of(b) for b in backends]
+    kernels = [kernels_of(b, platform) for b in backends]
     one = len({b.name for b in backends}) == 1 and kernels[0].provides("grouped_convolution")
     results = {}
     for part in _parts(outs, ("x", "y", "s")):
@@ -201,7 +201,7 @@ def factored_backend(plan: Plan, platform: str, requested: str | None, dtype: st
 def _factored_kernels(plan: Plan, platform: str, requested: str | None, dtype) -> tuple:
     """:func:`factored_backend` and its kernels, or ``None``."""
     backend = factored_backend(plan, platform, requested, dtype.name)
-    return None if backend is None else (backend, kernels_of(backend))
+    return None if backend is None else (backend, kernels_of(backend, platform))
 
 
 def _dispatch_factored(form, platform: str, requested: str | None, spec: GroupedConvSpec, A: dict, aux, outs) -> dict:

@@ -435,7 +435,7 @@ def dispatch(form: Multilinear, platform: str, requested: str | None, spec: CooS
     aux_avals = tuple(jax.typeof(a) for a in aux)
     return contract.run(
         op,
-        kernels_of(backend),
+        kernels_of(backend, platform),
         backend.name,
         spec.coo,
         A,

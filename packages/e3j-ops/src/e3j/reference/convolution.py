@@ -4,10 +4,12 @@ Edges are visited in receiver-sorted order (the graph's CSR order) in fixed-size
 ``fori_loop`` whose trip count is the number of *valid* edges, so padding edges cost nothing. Per
 chunk the sender rows and edge operands are gathered, the messages ``s · (x ⊗ y)`` computed with the
 reference tensor product, and summed into the receivers (sorted indices). Only one chunk of messages
-``[chunk, D_out, C]`` ever exists, never the whole ``[E, D_out, C]`` array: a chunk holds about
-2 MiB of messages (:func:`chunk_size`), and a trip's intermediates are a few such chunks, so they
-stay in a CPU core's L2 cache. Beyond the operands and results, memory is ``O(chunk)`` floats plus
-four ``O(E)`` index arrays (the edges' receiver-order ids, senders, receivers, validity).
+``[chunk, D_out, C]`` ever exists, never the whole ``[E, D_out, C]`` array: on a CPU a chunk holds
+about 2 MiB of messages (:func:`chunk_size`), and a trip's intermediates are a few such chunks, so
+they stay in a core's L2 cache; on an accelerator (the fallback where no kernel backend serves a
+call) it holds 256 MiB, so that the loop's trips stay few. Beyond the operands and results, memory
+is ``O(chunk)`` floats plus four ``O(E)`` index arrays (the edges' receiver-order ids, senders,
+receivers, validity).
 
 The backward sweep computes the requested cotangents in one pass over the same chunks (paper
 Eq. 16): ``dx`` scatter-added by sender, ``dy`` and ``ds`` written per edge (``ds`` sums each
@@ -46,17 +48,27 @@ __all__ = [
     "grouped_convolution_factored_bwd",
 ]
 
+#: bytes of messages in one chunk on a CPU (measured) and on an accelerator (not measured)
 _CHUNK_BYTES = 2 * 2**20
+_ACCELERATOR_CHUNK_BYTES = 256 * 2**20
 
 
-def chunk_size(num_edges: int, row_elements: int, itemsize: int) -> int:
-    """Edges per chunk so that one chunk of messages takes about 2 MiB.
+def chunk_size(num_edges: int, row_elements: int, itemsize: int, platform: str = "cpu") -> int:
+    """Edges per chunk so that one chunk of messages takes about 2 MiB on a CPU, 256 MiB elsewhere.
 
     Each trip streams several chunk-sized intermediates (gathered rows, products, cotangents) through
     XLA's fusions; at 2 MiB they stay in a CPU core's L2 cache, where 16 MiB chunks spilled to memory
-    and the backward sweep took ~1.75x more CPU time (``benchmarks/reference_convolution.py``).
+    and the backward sweep took ~1.75x more CPU time (``benchmarks/reference_convolution.py``). On a
+    GPU or TPU every trip is a few kernel launches and a loop condition read back by the host, so
+    2 MiB chunks would make a sweep of 3·10^7 edges at lmax 3, C = 128 one of 365,854 trips; at
+    256 MiB it is one of ~2,900, whose intermediates (~1 GiB) any accelerator holds. The accelerator
+    size is a rule of thumb: no GPU or TPU has timed it.
+
+    >>> chunk_size(10**6, 16 * 128, 4), chunk_size(10**6, 16 * 128, 4, "cuda")
+    (256, 32768)
     """
-    return int(max(8, min(max(num_edges, 1), _CHUNK_BYTES // max(1, row_elements * itemsize))))
+    budget = _CHUNK_BYTES if platform == "cpu" else _ACCELERATOR_CHUNK_BYTES
+    return int(max(8, min(max(num_edges, 1), budget // max(1, row_elements * itemsize))))
 
 
 class _Chunks:
@@ -86,17 +98,21 @@ class _Chunks:
         )
 
 
-def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool) -> jnp.ndarray:
+def convolution(coo: TensorProductCoo, x, y, s, graph, *, y_channels: bool, platform: str = "cpu") -> jnp.ndarray:
     """``m_b = Σ_{a→b} s_ab · (x_a ⊗ y_ab)``: ``[N, Dx, C], [E, Dy(, C)], [E, P, C]`` → ``[N, Dout, C]``.
 
     Operands as the kernel contract (:mod:`e3j.contract`) gives them: one dtype, a non-empty graph.
+    ``platform``: the one lowered for, which sizes the chunks (:func:`chunk_size`); every kernel
+    here takes it.
     """
     (group,) = groups = _uniform(coo, x.shape[-1])
     weights = _PathWeights(group, s, graph.num_edges)
-    return _grouped_sweep(groups, [x], y, weights, graph, y_channels=y_channels)[0]
+    return _grouped_sweep(groups, [x], y, weights, graph, y_channels=y_channels, platform=platform)[0]
 
 
-def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[str, ...], y_channels: bool) -> dict:
+def convolution_bwd(
+    coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[str, ...], y_channels: bool, platform: str = "cpu"
+) -> dict:
     """Cotangents of the convolution for ``outs ⊆ {x, y, s}`` in one sweep (paper Eq. 16).
 
     Operands as the kernel contract (:mod:`e3j.contract`) gives them: the ones ``outs`` does not
@@ -104,28 +120,32 @@ def convolution_bwd(coo: TensorProductCoo, x, y, s, dm, graph, *, outs: tuple[st
     """
     (group,) = groups = _uniform(coo, dm.shape[-1])
     weights = _PathWeights(group, s, graph.num_edges)
-    return _uniform_cotangents(_grouped_bwd_sweep(groups, [x], y, [dm], graph, outs, weights, y_channels=y_channels))
+    sweep = _grouped_bwd_sweep(groups, [x], y, [dm], graph, outs, weights, y_channels=y_channels, platform=platform)
+    return _uniform_cotangents(sweep)
 
 
-def convolution_factored(coo: TensorProductCoo, x, y, h, k, graph, *, y_channels: bool) -> jnp.ndarray:
+def convolution_factored(
+    coo: TensorProductCoo, x, y, h, k, graph, *, y_channels: bool, platform: str = "cpu"
+) -> jnp.ndarray:
     """:func:`convolution` with the edge scalars given as ``s = (h @ k)`` (``h [E, H]``, ``k [H, P,
     C]``: the radial network's last hidden layer and last linear layer), computed chunk by chunk
     inside the sweep: ``[N, Dx, C], [E, Dy(, C)], [E, H], [H, P, C]`` → ``[N, Dout, C]``. The
     ``[E, P, C]`` edge scalars are never written to memory."""
     (group,) = groups = _uniform(coo, x.shape[-1])
     weights = _FactoredWeights.uniform(group, h, k, graph.num_edges)
-    return _grouped_sweep(groups, [x], y, weights, graph, y_channels=y_channels)[0]
+    return _grouped_sweep(groups, [x], y, weights, graph, y_channels=y_channels, platform=platform)[0]
 
 
 def convolution_factored_bwd(
-    coo: TensorProductCoo, x, y, h, k, dm, graph, *, outs: tuple[str, ...], y_channels: bool
+    coo: TensorProductCoo, x, y, h, k, dm, graph, *, outs: tuple[str, ...], y_channels: bool, platform: str = "cpu"
 ) -> dict:
     """Cotangents of :func:`convolution_factored` for ``outs ⊆ {x, y, h, k}`` in one sweep: ``dh [E,
     H]`` per chunk (``ds @ k^T``) and ``dk [H, P, C]`` summed over the chunks (``h^T ds``), from each
     chunk's cotangent of the edge scalars, which is never written whole."""
     (group,) = groups = _uniform(coo, dm.shape[-1])
     weights = _FactoredWeights.uniform(group, h, k, graph.num_edges)
-    return _uniform_cotangents(_grouped_bwd_sweep(groups, [x], y, [dm], graph, outs, weights, y_channels=y_channels))
+    sweep = _grouped_bwd_sweep(groups, [x], y, [dm], graph, outs, weights, y_channels=y_channels, platform=platform)
+    return _uniform_cotangents(sweep)
 
 
 class _Group(NamedTuple):
@@ -390,13 +410,13 @@ class _FactoredWeights:
         return acc
 
 
-def _grouped_sweep(groups, xs, y, weights, graph, *, y_channels: bool = False) -> list:
+def _grouped_sweep(groups, xs, y, weights, graph, *, y_channels: bool = False, platform: str = "cpu") -> list:
     """The forward of every group (a plan's ``groups``) in one sweep over the edges, on operands in
     the groups' layouts (``xs[g]: [N, Dx_g, C_g]``, ``weights`` read per chunk; ``y [E, Dy]``, or
     ``[E, Dy, C]`` for one group with ``y_channels``): each group's ``[N, Dout_g, C_g]``."""
     num_nodes, num_edges, dtype = xs[0].shape[0], graph.num_edges, xs[0].dtype
     # chunks sized by the widest group's messages: every group's intermediates of a trip stay small
-    chunk = chunk_size(num_edges, max(g.coo.dim_out * g.channels for g in groups), dtype.itemsize)
+    chunk = chunk_size(num_edges, max(g.coo.dim_out * g.channels for g in groups), dtype.itemsize, platform)
     chunks = _Chunks(graph, chunk)
     outs = [jnp.zeros((num_nodes, g.coo.dim_out, g.channels), dtype) for g in groups]
 
@@ -414,7 +434,9 @@ def _grouped_sweep(groups, xs, y, weights, graph, *, y_channels: bool = False) -
     return jax.lax.fori_loop(0, chunks.trips, body, varying_like(outs, xs, y, weights.operands, graph))
 
 
-def _grouped_bwd_sweep(groups, xs, y, gs, graph, outs, weights, *, y_channels: bool = False) -> dict:
+def _grouped_bwd_sweep(
+    groups, xs, y, gs, graph, outs, weights, *, y_channels: bool = False, platform: str = "cpu"
+) -> dict:
     """The cotangents ``outs`` of :func:`_grouped_sweep` in one sweep, on operands in the groups'
     layouts (``gs[g]: [N, Dout_g, C_g]``; ``"x"``: one ``[N, Dx_g, C_g]`` per group); the weights'
     (``weights.cotangents``) as ``weights`` writes them."""
@@ -425,7 +447,7 @@ def _grouped_bwd_sweep(groups, xs, y, gs, graph, outs, weights, *, y_channels: b
     if "y" in outs:
         res["y"] = jnp.zeros((num_edges, groups[0].coo.dim_y, *((groups[0].channels,) if y_channels else ())), dtype)
     wants_ds = any(o in outs for o in weights.cotangents)
-    chunk = chunk_size(num_edges, max(g.coo.dim_out * g.channels for g in groups), dtype.itemsize)
+    chunk = chunk_size(num_edges, max(g.coo.dim_out * g.channels for g in groups), dtype.itemsize, platform)
     chunks = _Chunks(graph, chunk)
 
     def body(i, acc):
@@ -459,9 +481,9 @@ def _grouped_bwd_sweep(groups, xs, y, gs, graph, outs, weights, *, y_channels: b
     return weights.finish(res, dtype)
 
 
-def _flat_sweep(plan, x, y, weights, graph) -> jnp.ndarray:
+def _flat_sweep(plan, x, y, weights, graph, platform: str) -> jnp.ndarray:
     """:func:`_grouped_sweep` on e3nn's flat ``x [N, Dx_flat]``, returning e3nn's ``[N, Dout_flat]``."""
-    outs = _grouped_sweep(plan.groups, plan.split_x(x), y, weights, graph)
+    outs = _grouped_sweep(plan.groups, plan.split_x(x), y, weights, graph, platform=platform)
     num_nodes = x.shape[0]
     if weights.join_by_rows:
         # e3nn's columns as whole rows of the transposed outputs: each group's [N, Dout_g * C_g]
@@ -475,40 +497,43 @@ def _flat_sweep(plan, x, y, weights, graph) -> jnp.ndarray:
     return flat.at[:, plan.out_order].get(mode="promise_in_bounds")
 
 
-def _flat_bwd_sweep(plan, x, y, dm, graph, outs, weights) -> dict:
+def _flat_bwd_sweep(plan, x, y, dm, graph, outs, weights, platform: str) -> dict:
     """:func:`_grouped_bwd_sweep` on e3nn's flat ``x`` and ``dm``, ``dx`` in e3nn's layout."""
     xs = plan.split_x(x) if x is not None else [None] * len(plan.groups)
-    res = _grouped_bwd_sweep(plan.groups, xs, y, plan.split_out(dm), graph, outs, weights)
+    res = _grouped_bwd_sweep(plan.groups, xs, y, plan.split_out(dm), graph, outs, weights, platform=platform)
     if "x" in res:
         res["x"] = plan.join_x(res["x"])
     return res
 
 
-def grouped_convolution(plan, x, y, s, graph) -> jnp.ndarray:
+def grouped_convolution(plan, x, y, s, graph, *, platform: str = "cpu") -> jnp.ndarray:
     """All groups of ``plan`` in one sweep: ``[N, Dx_flat], [E, Dy], [E, num_weights]`` → ``[N, Dout_flat]``.
 
     e3nn's flat layouts (:mod:`e3j._primitives.grouped_convolution`); operands as the kernel
     contract gives them.
     """
-    return _flat_sweep(plan, x, y, _ArrayWeights(plan, s, graph.num_edges), graph)
+    return _flat_sweep(plan, x, y, _ArrayWeights(plan, s, graph.num_edges), graph, platform)
 
 
-def grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs: tuple[str, ...]) -> dict:
+def grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs: tuple[str, ...], platform: str = "cpu") -> dict:
     """Cotangents of :func:`grouped_convolution` for ``outs ⊆ {x, y, s}`` in one sweep, in its layouts."""
-    return _flat_bwd_sweep(plan, x, y, dm, graph, outs, _ArrayWeights(plan, s, graph.num_edges))
+    return _flat_bwd_sweep(plan, x, y, dm, graph, outs, _ArrayWeights(plan, s, graph.num_edges), platform)
 
 
-def grouped_convolution_factored(plan, x, y, h, k, graph) -> jnp.ndarray:
+def grouped_convolution_factored(plan, x, y, h, k, graph, *, platform: str = "cpu") -> jnp.ndarray:
     """:func:`grouped_convolution` with the weights ``h [E, H] @ k [H, num_weights]`` (the radial
     network's last layer, ``k``'s columns in e3nn's weight order) computed chunk by chunk from each
     group's columns of ``k``, inside the sweep: ``[N, Dx_flat], [E, Dy], [E, H], [H, num_weights]`` →
     ``[N, Dout_flat]``. The per-edge weights are never written to memory."""
-    return _flat_sweep(plan, x, y, _FactoredWeights.of_plan(plan, h, k, graph.num_edges, h.shape[1]), graph)
+    weights = _FactoredWeights.of_plan(plan, h, k, graph.num_edges, h.shape[1])
+    return _flat_sweep(plan, x, y, weights, graph, platform)
 
 
-def grouped_convolution_factored_bwd(plan, x, y, h, k, dm, graph, *, outs: tuple[str, ...]) -> dict:
+def grouped_convolution_factored_bwd(
+    plan, x, y, h, k, dm, graph, *, outs: tuple[str, ...], platform: str = "cpu"
+) -> dict:
     """Cotangents of :func:`grouped_convolution_factored` for ``outs ⊆ {x, y, h, k}`` in one sweep
     (``h`` and ``k``'s from each chunk's weight cotangents, which are never written whole)."""
     hidden = h.shape[1] if h is not None else k.shape[0]
     weights = _FactoredWeights.of_plan(plan, h, k, graph.num_edges, hidden)
-    return _flat_bwd_sweep(plan, x, y, dm, graph, outs, weights)
+    return _flat_bwd_sweep(plan, x, y, dm, graph, outs, weights, platform)
