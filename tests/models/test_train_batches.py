@@ -488,8 +488,12 @@ def test_cli_train_resumes_a_stopped_run(monkeypatch, tmp_path):
     for x, y in zip(*(jax.tree.leaves(load(tmp_path / d / "model.npz")[1]) for d in "ab"), strict=True):
         np.testing.assert_array_equal(x, y)
     before = sorted(os.listdir(tmp_path / "b"))
-    with pytest.raises(SystemExit, match=r"another run: steps: 5 there, 6 here"):
+    # named as the command line sets them
+    with pytest.raises(SystemExit, match=r"another run: steps \(--steps\): 5 there, 6 here \(resume"):
         main([*("6" if a == "5" else a for a in args), "--out", str(tmp_path / "b"), "--resume"])
+    wider = [*args[: args.index("--channels") + 1], "3", *args[args.index("--channels") + 2 :]]
+    with pytest.raises(SystemExit, match=r"another run: config.num_channels \(--channels\): 2 there, 3 here"):
+        main([*wider, "--out", str(tmp_path / "b"), "--resume"])
     assert sorted(os.listdir(tmp_path / "b")) == before  # a refused resume removes nothing
     assert "metrics.json" in before
 

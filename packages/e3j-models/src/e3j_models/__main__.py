@@ -111,6 +111,37 @@ def _named_in_files(message: str, names: dict) -> str:
     return out if out != message else f"--data: {message}"
 
 
+#: the flags of ``train`` that set each of fit's arguments and config fields a resumed run must
+#: share with the run that wrote its state (named when a state is refused)
+_RESUME_FLAGS = {
+    "steps": "--steps",
+    "batch_size": "--batch-size",
+    "batch_shapes": "--batch-shapes",
+    "learning_rate": "--lr",
+    "weights": "--energy-weight, --force-weight, --stress-weight",
+    "seed": "--seed",
+    "eval_every": "--eval-every",
+    "factored_radial": "--array-radial",
+    "ema_decay": "--ema-decay",
+    "config_type_weights": "--config-type-weights",
+    "train_structures": "--data, --valid-file, --valid-fraction, --e0s",
+    "valid_structures": "--data, --valid-file, --valid-fraction, --e0s",
+    "data_sha256": "--data, --valid-file, --valid-fraction, --seed, --e0s, the label keys",
+    "config.model": "--preset",
+    "config.num_channels": "--channels",
+    "config.num_layers": "--layers",
+    "config.l_max": "--l-max",
+    "config.cutoff": "--cutoff",
+    "config.radial_mlp": "--radial-hidden",
+    "config.node_symmetry": "--preset, --l-max",
+    "config.node_irreps": "--l-max",
+    "config.correlation": "--preset",
+    "config.atomic_numbers": "--data, --valid-file",
+    "config.atomic_energies": "--e0s, --data",
+    "config.avg_num_neighbors": "--data, --cutoff",
+}
+
+
 def _train(args) -> None:
     from . import Potential
     from . import config as cfgs
@@ -245,6 +276,7 @@ def _train(args) -> None:
         ema_decay=args.ema_decay,
         config_type_weights=type_weights,
         _checked=checked,
+        _flags=_RESUME_FLAGS,
     )
     seconds = time.perf_counter() - t0
     write_history(result.history, os.path.join(args.out, "history.json"))

@@ -809,6 +809,7 @@ def fit(
     ema_decay: float | None = None,
     config_type_weights: Mapping[str, float] | None = None,
     _checked: tuple | None = None,
+    _flags: Mapping[str, str] | None = None,
 ) -> FitResult:
     """Train for ``steps`` optimizer steps on ``train``; validate on ``valid``.
 
@@ -911,7 +912,9 @@ def fit(
                 config_type_weights={k: v for k, v in sorted((type_weights or {}).items()) if v != 1.0} or None,
             ),
         )
-    saved = _resumed_state(state, run) if resume else None
+    # _flags: the command line's flag of each argument and config field, named beside them when a
+    # state is refused
+    saved = _resumed_state(state, run, _flags) if resume else None
     if params is None:
         config = _fitted_config(config, train, [len(g[4]) for g in train_graphs])
     elif config.atomic_energies is None:
@@ -1135,16 +1138,17 @@ def _run_fingerprint(config, train, valid, params, arguments: Mapping[str, Any])
     return json.loads(json.dumps(run))  # tuples as lists, as a state file holds them
 
 
-def _resumed_state(path: str, run: Mapping[str, Any]) -> dict[str, Any]:
+def _resumed_state(path: str, run: Mapping[str, Any], flags: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The training state at ``path`` (:mod:`~e3j_models._train_state`), refused naming what
-    differs when it is another run's (``run``: :func:`_run_fingerprint` of this call)."""
+    differs when it is another run's (``run``: :func:`_run_fingerprint` of this call; ``flags``:
+    see :func:`_differences`)."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"state {path!r} does not exist: nothing to resume (resume=False starts the run)")
     header, params, opt_leaves, extra = load_state(path)
     theirs = header.get("run")
     if not isinstance(theirs, dict):
         raise ValueError(f"state {path!r} is malformed: its header has no 'run' object")
-    differ = _differences(theirs, run)
+    differ = _differences(theirs, run, flags)
     if differ:
         raise ValueError(
             f"state {path!r} is of another run: {'; '.join(differ)} (resume with the arguments and data of the run "
@@ -1171,25 +1175,34 @@ def _resumed_state(path: str, run: Mapping[str, Any]) -> dict[str, Any]:
         raise ValueError(f"state {path!r} is malformed: {type(err).__name__} {err}") from None
 
 
-def _differences(theirs: Mapping[str, Any], ours: Mapping[str, Any]) -> list[str]:
+def _differences(
+    theirs: Mapping[str, Any], ours: Mapping[str, Any], flags: Mapping[str, str] | None = None
+) -> list[str]:
     """What differs between two :func:`_run_fingerprint`, each with the state's value and this
-    call's (the config field by field; the data and the fine-tuning start by digest)."""
+    call's (the config field by field; the data and the fine-tuning start by digest). ``flags``
+    (the command line's) maps a key (``"steps"``, ``"config.num_channels"``) to the flags that set
+    it, named after it: ``steps (--steps): 5 there, 6 here``."""
     hashed = {"data_sha256": "the training or validation data", "params_sha256": "params (fine-tuning's start)"}
+    flags = flags or {}
+
+    def named(key: str) -> str:
+        return f"{key} ({flags[key]})" if key in flags else key
+
     out = []
     for key in sorted(set(theirs) | set(ours)):
         a, b = theirs.get(key), ours.get(key)
         if a == b:
             continue
         if key in hashed:
-            out.append(f"{hashed[key]} differ")
+            out.append(f"{hashed[key]}{f' ({flags[key]})' if key in flags else ''} differ")
         elif key == "config" and isinstance(a, dict) and isinstance(b, dict):
             out += [
-                f"config.{f}: {a.get(f)!r} there, {b.get(f)!r} here"
+                f"{named(f'config.{f}')}: {a.get(f)!r} there, {b.get(f)!r} here"
                 for f in sorted(set(a) | set(b))
                 if a.get(f) != b.get(f)
             ]
         else:
-            out.append(f"{key}: {a!r} there, {b!r} here")
+            out.append(f"{named(key)}: {a!r} there, {b!r} here")
     return out
 
 
