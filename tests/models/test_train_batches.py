@@ -449,6 +449,47 @@ def test_a_resumed_run_ends_as_the_run_that_was_not_stopped(monkeypatch, tmp_pat
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_resumed_run_writes_a_checkpoint_given_only_now_from_the_states_best(monkeypatch, tmp_path):
+    """A run with a state and no checkpoint, stopped after step 3 and resumed with a checkpoint,
+    writes the uninterrupted run's checkpoint: the best validation (scripted here: step 2's, before
+    the stop) is kept in the state with its parameters either way."""
+    import jax
+
+    from e3j_models import _train_state, load
+    from e3j_models import train as train_module
+
+    structures = emt_structures(5, repeats=[(1, 1, 2), (2, 1, 2)])
+    train, valid = structures[:3], structures[3:]
+    cfg = nequip((28, 29), **TINY)
+    real, calls, kept = train_module.evaluate, [], {}
+
+    def scripted(potential, params, batches):  # worse at each validation: the first is the best
+        val = real(potential, params, batches)
+        calls.append(None)
+        return {k: v + len(calls) for k, v in val.items()}
+
+    original = _train_state.save_state
+
+    def keeping(path, header, *args):
+        original(path, header, *args)
+        if header["step"] == 3:
+            kept["bytes"] = open(path, "rb").read()
+
+    monkeypatch.setattr("e3j_models.train.evaluate", scripted)
+    monkeypatch.setattr("e3j_models.train.save_state", keeping)
+    args = dict(steps=7, batch_size=2, eval_every=2, progress=False, state_every=3)
+    fit(cfg, train, valid, checkpoint=tmp_path / "whole.npz", **args)  # validations at 2, 4, 6, 7
+    calls.clear()
+    fit(cfg, train, valid, state=tmp_path / "a.npz", **args)
+    (tmp_path / "b.npz").write_bytes(kept["bytes"])
+    calls[:] = [None]  # the resumed run validates at 4, 6 and 7 (and the end): scripted as the second on
+    fit(cfg, train, valid, state=tmp_path / "b.npz", checkpoint=tmp_path / "resumed.npz", resume=True, **args)
+    assert len(calls) == 5
+    whole, resumed = (load(tmp_path / f"{n}.npz")[1] for n in ("whole", "resumed"))
+    for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(whole), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_cli_train_resumes_a_stopped_run(monkeypatch, tmp_path):
     """`train --resume` goes on from --out/state.npz (kept as it was after 2 of 5 steps) and ends with
     the model and history of the run that was not stopped; without a state it is refused."""

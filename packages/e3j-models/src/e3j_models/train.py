@@ -849,7 +849,9 @@ def fit(
     ``params``; checked, the differences named), and it takes the batches the whole run would have
     taken at those steps, so that a run stopped and resumed ends with the parameters of the run
     that was not stopped (bit for bit on one machine and backend; tested on the CPU). A resumed
-    run's ``structures_per_second`` is of its own steps.
+    run's ``structures_per_second`` is of its own steps. The state keeps the best validated
+    parameters with or without ``checkpoint``, so a resumed run writes its checkpoint (lost, or
+    given only now) from them.
 
     ``ema_decay`` (mace-torch's ``--ema_decay``, e.g. 0.99): validation, the checkpoint and the
     returned ``params`` are an exponential moving average of the trained parameters, updated after
@@ -975,7 +977,9 @@ def fit(
         ema = None  # the moving average of the parameters, which validation and the checkpoint read
         if ema_decay is not None:
             ema = params
-        best_params = None  # the checkpoint's parameters, kept in the state
+        # the best validated parameters: the checkpoint's, kept in the state too (a resumed run given
+        # a checkpoint its first run had not writes it from them)
+        best_params = None
         if saved is not None:
             opt_state = _restored_leaves(opt_state, saved["opt_leaves"], state)
             if ema_decay is not None:
@@ -1072,10 +1076,11 @@ def fit(
                     )
                 history["eval_step"].append(i + 1)
                 history["valid"].append(val)
-                if checkpoint is not None and val[_selection_metric(val)] < best:
+                if (checkpoint is not None or state is not None) and val[_selection_metric(val)] < best:
                     best = val[_selection_metric(val)]
                     best_params = jax.tree.map(np.asarray, params if ema is None else ema)
-                    _save_atomic(checkpoint, config, best_params)
+                    if checkpoint is not None:
+                        _save_atomic(checkpoint, config, best_params)
             # after the checkpoint: the state records the best it holds
             if state is not None and ((i + 1) % state_every == 0 or i + 1 == steps):
                 write_state(i + 1)
