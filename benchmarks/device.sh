@@ -113,7 +113,9 @@ for step in $STEPS; do
     # issue 14: mixed multiplicities (64x0e + 32x1o + 16x2e x sh lmax 3, 27 neighbours) with e3nn's
     # [E, num_weights] weights read in place, against each group's kernels on operands already split;
     # the share of the grouped call spent beyond them (goal < 5 %). One JSON per backend, row by row;
-    # lowering the lmax-3 Mosaic kernels takes minutes: run this step in a call of its own
+    # pallas_mosaic's at 256x0e + 128x1o (its grouped kernels run groups of at most 64 channels on the
+    # Triton kernels: the script's MOSAIC_IRREPS). Lowering the lmax-3 Mosaic kernels takes minutes:
+    # run this step in a call of its own
     if [ -n "${E3J_DEVICE_REHEARSAL:-}" ]; then
       python3 benchmarks/grouped_kernel_parts.py --backend reference --nodes 100 --pairs 3 \
         --json benchmarks/results/rehearsal-grouped-kernel-parts.json 2>&1 | tee -a "$OUT/log.txt"

@@ -9,7 +9,8 @@ two sweeps, for one backend's kernels (``--backend``, default the reference): ``
 over ``--pairs`` alternated single calls, jitted, float32, 27 neighbours per node. On a GPU the
 same: what the grouped route costs beyond the groups' kernels (on Mosaic GPU,
 ``e3j_pallas_gpu.mosaic_convolution.reads_in_place`` says which groups read e3nn's weights in
-place; all three of the default plan do).
+place, and ``on_triton`` which groups its grouped kernels give to the Triton kernels: those of at
+most 64 channels, so ``--backend pallas_mosaic`` times ``MOSAIC_IRREPS``, whose groups are Mosaic's).
 
 With ``--weights factored`` (the reference only): its ``grouped_convolution_factored`` kernels (the
 weights ``h [E, 64] @ k [64, num_weights]`` computed chunk by chunk in the sweep; cotangents of
@@ -49,10 +50,16 @@ from interop_message_passing import case, paired_share
 import e3j
 from e3j._bench import host_info
 
+#: the node features of the case timed by default; pallas_mosaic's grouped kernels run groups of at
+#: most 64 channels on the Triton kernels (mosaic_convolution.on_triton), so its own are timed at
+#: MOSAIC_IRREPS, whose groups are all Mosaic's
+IRREPS = "64x0e + 32x1o + 16x2e"
+MOSAIC_IRREPS = "256x0e + 128x1o"
 
-def programs(n: int, backend: str = "reference") -> dict:
+
+def programs(n: int, backend: str = "reference", irreps: str = IRREPS) -> dict:
     """``{"grouped_fwd" | "groups_fwd" | "grouped_bwd" | "groups_bwd": (jitted function, operands)}``."""
-    mp, x, sh, w, senders, receivers = case(n, 27, "64x0e + 32x1o + 16x2e", 3, "0e + 1o + 2e", jnp.float32)
+    mp, x, sh, w, senders, receivers = case(n, 27, irreps, 3, "0e + 1o + 2e", jnp.float32)
     graph = e3j.Graph.from_edges(senders, receivers, n)
     plan, y = mp.plan, sh.array
     groups = plan.groups
@@ -93,7 +100,7 @@ def factored_programs(n: int, hidden: int = 64) -> dict:
     sweeps on operands in the groups' layouts (the reference's private sweep cores)."""
     from e3j.reference import convolution as ref
 
-    mp, x, sh, _, senders, receivers = case(n, 27, "64x0e + 32x1o + 16x2e", 3, "0e + 1o + 2e", jnp.float32)
+    mp, x, sh, _, senders, receivers = case(n, 27, IRREPS, 3, "0e + 1o + 2e", jnp.float32)
     graph = e3j.Graph.from_edges(senders, receivers, n)
     plan, y = mp.plan, sh.array
     rng = np.random.default_rng(0)
@@ -206,21 +213,36 @@ def main(argv=None) -> int:
         default="array",
         help="the weights as e3nn's [E, num_weights] array, or as hidden @ kernel (the reference's factored kernels)",
     )
+    parser.add_argument(
+        "--irreps",
+        default=None,
+        help=f"the node features (default {IRREPS!r}; with --backend pallas_mosaic {MOSAIC_IRREPS!r})",
+    )
     parser.add_argument("--json", help="also write the rows here (each row as it is measured)")
     parser.add_argument("--profile", type=int, default=0, metavar="CALLS", help="also profile CALLS calls of each")
     args = parser.parse_args(argv)
     if args.weights == "factored" and args.backend != "reference":
         parser.error("--weights factored times the reference's kernels only (--backend reference)")
+    if args.irreps is not None and args.weights == "factored":
+        parser.error("--irreps: the factored case is fixed (--weights array takes it)")
+    irreps = args.irreps or (MOSAIC_IRREPS if args.backend == "pallas_mosaic" else IRREPS)
+    if args.backend == "pallas_mosaic":
+        from e3j_pallas_gpu.mosaic_convolution import on_triton
+
+        triton = [g.channels for g in case(1, 1, irreps, 3, "0e + 1o + 2e", jnp.float32)[0].plan.groups if on_triton(g)]
+        if triton:  # the grouped call would run them on the Triton kernels, the groups' own on Mosaic's
+            parser.error(f"--irreps: pallas_mosaic's grouped kernels give the groups of {triton} channels to Triton")
     head = {
         "device": jax.devices()[0].device_kind,
         "command": "python benchmarks/grouped_kernel_parts.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "jax": jax.__version__,
         "host": host_info(),
+        "irreps": irreps if args.weights == "array" else IRREPS,
     }
     rows = []
     for n in args.nodes:
-        progs = programs(n, args.backend) if args.weights == "array" else factored_programs(n)
+        progs = programs(n, args.backend, irreps) if args.weights == "array" else factored_programs(n)
         row = (
             measure(n, args.pairs, args.backend, progs, args.weights)
             if args.pairs

@@ -193,6 +193,11 @@ GROUPED = e3j.MulIrConvolution("4x0e + 2x1o + 1x2e + 2x1e", "0e + 1o + 2e", "0e 
 GROUPED_ALIGNED = e3j.MulIrConvolution("16x0e + 32x1o", "0e + 1o", "0e + 1o + 2e")
 #: One group aligned (32 channels), the others not (16 channels at an unaligned column, 2 channels).
 GROUPED_PART_ALIGNED = e3j.MulIrConvolution("32x0e + 16x1o + 2x2e + 2x2o", "0e + 1o", "0e + 1o + 1e")
+#: A group of several-row Mosaic tiles (16 channels), which Mosaic's grouped kernels run on the
+#: Triton kernels (``mosaic_convolution.on_triton``), then one of one-row tiles (128 channels) read in place.
+GROUPED_HYBRID = e3j.MulIrConvolution("16x0e + 128x1o", "0e + 1o", "0e + 1o")
+#: The same two kinds of group, Mosaic's first: the Triton launch writes into its buffer.
+GROUPED_MOSAIC_FIRST = e3j.MulIrConvolution("128x0e + 16x1o", "0e + 1o", "0e + 1o")
 
 
 def grouped_operands(dtype, seed: int = 0, num_nodes: int = 7, op: e3j.MulIrConvolution = GROUPED):
@@ -232,10 +237,17 @@ def check_grouped_convolution(kernels: e3j.Kernels, dtype, outs_sets=ALL_OUTS, o
 
 
 def check_grouped_lowering(
-    lower, backend: str, call: str, op=GROUPED, aliases: int | None = None, factored: bool = False
+    lower,
+    backend: str,
+    call: str,
+    op=GROUPED,
+    aliases: int | None = None,
+    factored: bool = False,
+    launches: dict[str, int] | None = None,
 ) -> None:
     """The value and gradient of ``op`` on ``backend``, lowered by ``lower(fn, *args) -> text``: a
-    forward and a backward launch (custom call ``call``) per group, the weights' cotangent aliased
+    forward and a backward launch (custom call ``call``) per group (``launches``: the count of each
+    custom call instead, where groups run on different kernels), the weights' cotangent aliased
     from one launch to the next (``aliases`` of them: by default every launch but the first), and no
     group's ``[E, P_g, C_g]`` copy of the weights in the program. With ``factored``, the weights are
     ``e3j.FactoredWeights(h, k)`` (gradients with respect to both): the same launches, on the
@@ -259,7 +271,9 @@ def check_grouped_lowering(
             return jnp.sum(jnp.sin(op(x, y, s, g, backend=backend)))
 
         text = lower(jax.grad(loss, argnums=(0, 1, 2)), x, y, s, graph)
-    assert text.count(call) == 2 * len(plan.groups) >= 4
+    for name, count in (launches or {call: 2 * len(plan.groups)}).items():
+        assert text.count(name) == count, (name, text.count(name), count)
+    assert sum(text.count(name) for name in (launches or {call: 0})) == 2 * len(plan.groups) >= 4
     assert text.count("output_operand_aliases") == (len(plan.groups) - 1 if aliases is None else aliases)
     for g in plan.groups:
         assert f"tensor<{s.shape[0]}x{g.coo.num_paths}x{g.channels}xf32>" not in text

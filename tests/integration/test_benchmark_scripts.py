@@ -324,6 +324,29 @@ def test_grouped_kernel_parts_factored_baseline_computes_the_same(monkeypatch):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)
 
 
+def test_grouped_kernel_parts_times_mosaic_on_groups_mosaic_runs(monkeypatch):
+    """pallas_mosaic's grouped kernels run groups of at most 64 channels on the Triton kernels, so
+    ``grouped_kernel_parts.py --backend pallas_mosaic`` times another case (MOSAIC_IRREPS), whose
+    groups (two or more) are all Mosaic's; there too both programs compute the same."""
+    from e3j_pallas_gpu.mosaic_convolution import on_triton
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    script = runpy.run_path(str(ROOT / "benchmarks/grouped_kernel_parts.py"))
+
+    def plan(irreps):
+        return script["case"](8, 27, irreps, 3, "0e + 1o + 2e", jnp.float32)[0].plan
+
+    assert all(on_triton(g) for g in plan(script["IRREPS"]).groups)
+    mosaic = plan(script["MOSAIC_IRREPS"])
+    assert len(mosaic.groups) >= 2 and not any(on_triton(g) for g in mosaic.groups)
+    progs = script["programs"](8, "reference", script["MOSAIC_IRREPS"])
+    (f, a), (g, b) = progs["grouped_fwd"], progs["groups_fwd"]
+    np.testing.assert_allclose(f(*a), mosaic.join_out(g(*b)), rtol=1e-5, atol=1e-4)
+    # a case whose groups Mosaic's grouped kernels give to Triton would time Triton against Mosaic
+    with pytest.raises(SystemExit):
+        script["main"](["--backend", "pallas_mosaic", "--irreps", "128x0e + 32x1o", "--pairs", "0"])
+
+
 def test_radial_factored_benchmark_compares_the_two_routes_of_one_model():
     # benchmarks/radial_factored.py: the factored and array routes of the same potential and
     # parameters give the same energies and forces, the factored one with less XLA temporary memory

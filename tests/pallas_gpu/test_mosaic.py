@@ -25,6 +25,8 @@ from kernel_cases import (
     CONV_CASES,
     GROUPED,
     GROUPED_ALIGNED,
+    GROUPED_HYBRID,
+    GROUPED_MOSAIC_FIRST,
     GROUPED_PART_ALIGNED,
     ODD_CHANNEL_CASES,
     Case,
@@ -139,6 +141,8 @@ def no_races():
     """Fails the test if the interpreter's race detector saw a data race in a kernel it ran."""
     gpu_interpret.reset_gpu_interpret_mode_state()
     yield
+    if gpu_callbacks._races is None:  # no Mosaic kernel ran (a grouped call's groups all on the Triton kernels)
+        return
     assert not gpu_interpret.get_races().races_found, "the GPU interpreter's race detector found a data race"
 
 
@@ -298,20 +302,30 @@ def test_which_groups_read_e3nn_weights_in_place():
     assert in_place(narrow) == [True, False]  # 4 lanes: aligned, but each path's row would be 8 block rows
 
 
+#: A Mosaic group that cannot read e3nn's weights in place (130 channels: padded lanes), which gets
+#: its own copy, beside a group on the Triton kernels (2 channels)
+GROUPED_HYBRID_COPIED = e3j.MulIrConvolution("2x0e + 130x1o", "0e + 1o", "0e + 1o")
+
+
 # Each group's weights read from e3nn's [E, num_weights] by one TMA copy per path and row, and the
 # cotangent's columns written path by path into one buffer threaded through the launches. Stores as
 # the GPU makes them (linear bulk copies): a window too wide would overwrite the next path's columns.
 @pytest.mark.parametrize(
     "op, outs_sets",
     [
-        pytest.param(GROUPED_ALIGNED, (("x", "y", "s"), ("s",)), id="aligned"),
-        pytest.param(GROUPED_ALIGNED, ALL_OUTS, id="aligned-all-outs", marks=pytest.mark.slow),
-        pytest.param(GROUPED_PART_ALIGNED, ALL_OUTS, id="part-aligned", marks=pytest.mark.slow),
-        pytest.param(GROUPED, (("x", "y", "s"),), id="copied", marks=pytest.mark.slow),
+        pytest.param(GROUPED_HYBRID, (("x", "y", "s"), ("s",)), id="triton-then-mosaic"),
+        pytest.param(GROUPED_MOSAIC_FIRST, (("x", "y", "s"), ("y",)), id="mosaic-then-triton"),
+        pytest.param(GROUPED_ALIGNED, (("x", "y", "s"),), id="triton-only"),
+        pytest.param(GROUPED_HYBRID, ALL_OUTS, id="hybrid-all-outs", marks=pytest.mark.slow),
+        pytest.param(GROUPED_PART_ALIGNED, ALL_OUTS, id="triton-only-all-outs", marks=pytest.mark.slow),
+        pytest.param(GROUPED_HYBRID_COPIED, (("x", "y", "s"),), id="copied", marks=pytest.mark.slow),
     ],
 )
 def test_grouped_convolution_matches_reference(kernels, no_races, linear_tma_stores, op, outs_sets):
     check_grouped_convolution(kernels, "float32", outs_sets, op=op)
+    # Mosaic's interpreter ran (its race detector's state exists) exactly when a group is Mosaic's
+    on_mosaic = [not mosaic_convolution.on_triton(g) for g in op.plan.groups]
+    assert (gpu_callbacks._races is not None) == any(on_mosaic)
 
 
 def _eqns(jaxpr):
@@ -322,7 +336,11 @@ def _eqns(jaxpr):
             yield from _eqns(sub)
 
 
-@pytest.mark.parametrize("op", [GROUPED_ALIGNED, GROUPED_PART_ALIGNED], ids=["aligned", "part-aligned"])
+@pytest.mark.parametrize(
+    "op",
+    [GROUPED_ALIGNED, GROUPED_PART_ALIGNED, GROUPED_HYBRID, GROUPED_MOSAIC_FIRST],
+    ids=["triton-only", "triton-only-part-aligned", "triton-then-mosaic", "mosaic-then-triton"],
+)
 def test_grouped_backward_writes_no_zeros_first(op):
     """The groups that read e3nn's weights in place write every edge's row of their columns of the
     weights' cotangent, so the first such launch writes a fresh buffer: no ``[E, num_weights]`` of
@@ -333,9 +351,56 @@ def test_grouped_backward_writes_no_zeros_first(op):
     jaxpr = jax.make_jaxpr(lambda x, y, s, dm: bwd(x, y, s, dm))(x, y, s, dm).jaxpr
     filled = [e for e in _eqns(jaxpr) if e.primitive.name == "broadcast_in_dim" and e.outvars[0].aval.shape == s.shape]
     assert not filled, filled
+    # a later Mosaic launch threads the buffer as a state ref; a Triton launch aliases it itself
     assert sum(e.primitive.name == "run_state" for e in _eqns(jaxpr)) == sum(
-        mosaic_convolution.reads_in_place(g, plan.num_weights) for g in plan.groups[1:]
+        mosaic_convolution.reads_in_place(g, plan.num_weights) and not mosaic_convolution.on_triton(g)
+        for g in plan.groups[1:]
     )
+
+
+def _expanded_y(jaxpr, num_edges: int, dim_y: int) -> list:
+    """The broadcasts of a ``y [E, Dy]`` over channels: ``[E, Dy, C]`` arrays."""
+    return [
+        e
+        for e in _eqns(jaxpr)
+        if e.primitive.name == "broadcast_in_dim"
+        and e.outvars[0].aval.shape[:2] == (num_edges, dim_y)
+        and len(e.outvars[0].aval.shape) == 3
+    ]
+
+
+def test_grouped_groups_of_several_rows_run_on_triton_and_expand_no_y(monkeypatch):
+    """In a plan whose groups the grouped Mosaic kernels run, a group of at most 64 channels (tiles of
+    several rows, which would read the broadcast ``y`` expanded to ``[E, Dy, C_g]``) runs the Triton
+    kernels, forward and backward, and a 128-channel group Mosaic's; no ``y`` is expanded. The uniform
+    Mosaic convolution at 16 channels (named) still expands it: the check sees an expansion."""
+    from e3j_pallas_gpu import convolution as triton
+
+    plan, graph, x, y, s, dm = grouped_operands("float32", op=GROUPED_HYBRID)
+    ran = []
+    for module, kernel in ((triton, "triton"), (mosaic_convolution, "mosaic")):
+        for name in ("_forward", "_backward"):
+            real = getattr(module, name)
+
+            def recorded(coo, *args, real=real, kernel=kernel, name=name, **kw):
+                ran.append((kernel, name, coo.dim_x))
+                return real(coo, *args, **kw)
+
+            monkeypatch.setattr(module, name, recorded)
+    fwd = functools.partial(mosaic_convolution.grouped_convolution, plan, graph=graph)
+    bwd = functools.partial(mosaic_convolution.grouped_convolution_bwd, plan, graph=graph, outs=("x", "y", "s"))
+    num_edges, dim_y = y.shape
+    for jaxpr in (jax.make_jaxpr(fwd)(x, y, s).jaxpr, jax.make_jaxpr(bwd)(x, y, s, dm).jaxpr):
+        assert not _expanded_y(jaxpr, num_edges, dim_y)
+    small, wide = plan.groups
+    assert (small.channels, wide.channels) == (16, 128)
+    assert sorted(ran) == sorted(
+        [(k, n, g.coo.dim_x) for k, g in (("triton", small), ("mosaic", wide)) for n in ("_forward", "_backward")]
+    )
+    coo = small.coo
+    uniform = functools.partial(mosaic_convolution.convolution, coo, y_channels=False)
+    x16, s16 = jnp.ones((x.shape[0], coo.dim_x, 16), x.dtype), jnp.ones((num_edges, coo.num_paths, 16), x.dtype)
+    assert _expanded_y(jax.make_jaxpr(uniform)(x16, y, s16, graph).jaxpr, num_edges, dim_y)
 
 
 def test_strict_stores_see_a_store_past_an_axis():

@@ -17,7 +17,15 @@ import pytest
 from e3j_pallas_gpu import backend as descriptors
 from e3j_pallas_gpu import mosaic_convolution, mosaic_tensor_product
 from jax.sharding import AbstractDevice, AbstractMesh
-from kernel_cases import GROUPED_ALIGNED, Case, check_grouped_lowering, conv_operands, tp_operands
+from kernel_cases import (
+    GROUPED_ALIGNED,
+    GROUPED_HYBRID,
+    GROUPED_MOSAIC_FIRST,
+    Case,
+    check_grouped_lowering,
+    conv_operands,
+    tp_operands,
+)
 
 import e3j
 
@@ -238,12 +246,20 @@ def test_e3j_selects_triton_before_hopper():
 
 @pytest.mark.parametrize("factored", [False, True], ids=["array", "factored"])
 def test_grouped_convolution_reads_and_writes_e3nn_weights_in_place(factored):
-    """Mixed multiplicities whose weight windows the TMA can address: each group's two launches read
-    e3nn's ``[E, num_weights]`` and the backward launches write their columns of the weights'
-    cotangent into one buffer, the first a fresh one, each later one aliased (the state ref threaded
-    through it), with no ``[E, P_g, C_g]`` copy; factored weights multiplied out once first."""
+    """Mixed multiplicities whose weight windows the kernels can address, a group of 128 channels on
+    Mosaic's kernels and one of 16 on the Triton ones (``mosaic_convolution.on_triton``): each
+    group's two launches read e3nn's ``[E, num_weights]`` and the backward launches write their
+    columns of the weights' cotangent into one buffer, the first a fresh one, the later one aliased
+    (Mosaic's through the state ref threaded through it), with no ``[E, P_g, C_g]`` copy; factored
+    weights multiplied out once first. Groups all of at most 64 channels launch Triton kernels only."""
     lower = functools.partial(_lower_cuda, "NVIDIA H200")
-    check_grouped_lowering(lower, "pallas_mosaic", MOSAIC_CALL, op=GROUPED_ALIGNED, factored=factored)
+    launches = {MOSAIC_CALL: 2, TRITON_CALL: 2}
+    for op in (GROUPED_HYBRID, GROUPED_MOSAIC_FIRST):
+        check_grouped_lowering(lower, "pallas_mosaic", MOSAIC_CALL, op=op, factored=factored, launches=launches)
+    launches = {MOSAIC_CALL: 0, TRITON_CALL: 2 * len(GROUPED_ALIGNED.plan.groups)}
+    check_grouped_lowering(
+        lower, "pallas_mosaic", MOSAIC_CALL, op=GROUPED_ALIGNED, factored=factored, launches=launches
+    )
 
 
 def _strided_kernel(read_strided: bool):

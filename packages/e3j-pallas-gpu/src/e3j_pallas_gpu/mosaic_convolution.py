@@ -33,7 +33,8 @@ summed over the channels in XLA.
 
 Mixed multiplicities (:func:`grouped_convolution`): one launch per group on e3nn's ``[E,
 num_weights]`` weights, each path's ``C`` weights read where e3nn puts them (one TMA window per
-path and row) and their cotangent written there, where :func:`reads_in_place` allows.
+path and row) and their cotangent written there, where :func:`reads_in_place` allows. Groups of
+several-row tiles run the Triton kernels instead (:func:`on_triton`): no ``y`` expanded.
 
 >>> import numpy as np
 >>> import e3j
@@ -58,10 +59,18 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from e3j_core import TensorProductCoo
 
+from . import convolution as triton
 from ._blocks import clearing_programs, clearing_range
 from ._mosaic import Lanes, check_dtype, interpret_params, launch_grid, pad_channels, zeros
 
-__all__ = ["convolution", "convolution_bwd", "grouped_convolution", "grouped_convolution_bwd", "reads_in_place"]
+__all__ = [
+    "convolution",
+    "convolution_bwd",
+    "grouped_convolution",
+    "grouped_convolution_bwd",
+    "on_triton",
+    "reads_in_place",
+]
 
 
 def _rows(ref):
@@ -630,16 +639,37 @@ def _columns(group) -> np.ndarray:
     return (np.asarray(group.weight_columns)[:, None] + np.arange(group.channels)).reshape(-1)
 
 
+def on_triton(group) -> bool:
+    """Whether the grouped kernels run ``group`` on the Triton kernels (:mod:`.convolution`, same
+    launch protocol, e3nn's weights read and their cotangent written in place there too): a group
+    whose tiles hold several rows (``C <= 64``). There Mosaic would read the broadcast ``y``
+    expanded over the channels, an ``[E, Dy, C_g]`` array in memory (and a per-channel ``dy`` as
+    large: 13.4 GiB at 5·10^6 edges for the 64 and 16 channels of ``256x0e + 64x1o + 16x2e`` ⊗
+    l ≤ 2, against 0.17 GiB for ``y``), and the Triton convolutions ran 1.3–2.5x faster at 16, 32
+    and 64 channels on an H200 (``pallas_mosaic``'s ``yields``). A plan runs on these kernels when
+    its widest groups (most weight columns) are Mosaic's: those groups stay on Mosaic."""
+    return Lanes.of(group.channels).rows > 1
+
+
+def _triton_interpret(interpret) -> bool:
+    """The Triton kernels' ``interpret`` for Mosaic's (``False``, or the GPU interpreter's params)."""
+    return interpret is not False and interpret is not None
+
+
 def grouped_convolution(plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *, interpret=False) -> jax.Array:
     """Every group of ``plan`` (an ``e3j`` mixed-multiplicity plan whose weights are in place):
     ``x [N, Dx_flat]``, ``y [E, Dy]``, ``s [E, num_weights]`` (e3nn's order) → ``m [N, Dout_flat]``.
 
-    One launch per group. A group that :func:`reads_in_place` loads each path's window of ``s`` where
-    it is; another gets its ``[E, P_g, C_g]`` copy. The node features are split into the groups'
+    One launch per group. A group :func:`on_triton` runs the Triton kernel, reading its columns of
+    ``s`` in place. A group that :func:`reads_in_place` loads each path's window of ``s`` where it
+    is; another gets its ``[E, P_g, C_g]`` copy. The node features are split into the groups'
     ``[N, Dx_g, C_g]`` and the outputs joined into e3nn's layout around the launches.
     """
 
     def launch(g, xg):
+        if on_triton(g):
+            cols = tuple(g.weight_columns.tolist())
+            return triton._forward(g.coo, xg, y, s, cols, graph, False, _triton_interpret(interpret))
         if reads_in_place(g, plan.num_weights, jnp.dtype(s.dtype).itemsize):
             return _forward(g.coo, xg, y, s, graph, y_channels=False, s_columns=_first_columns(g), interpret=interpret)
         sg = g.split_weights(s)
@@ -655,13 +685,19 @@ def grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs: tuple[str, ...], 
     group that :func:`reads_in_place` writes its columns there, every edge's (padding edges' zeros
     too): the first launch into a fresh buffer (no zeros written first), a later one into the buffer
     threaded through it as a state ref (``pl.run_state``: an operand the launch aliases to its
-    output); another group's ``[E, P_g, C_g]`` cotangent is copied into its columns. Every column
-    belongs to exactly one path; the frame zeroes those no path reads.
+    output); another group's ``[E, P_g, C_g]`` cotangent is copied into its columns; a group
+    :func:`on_triton` writes its columns as the Triton kernel does (every edge's, into a fresh buffer
+    when first, else into the one given, aliased). Every column belongs to exactly one path; the
+    frame zeroes those no path reads.
     """
     num_edges, dtype = graph.senders.shape[0], dm.dtype
     itemsize = jnp.dtype(dtype).itemsize
 
     def launch(g, xg, dmg, ds):
+        if on_triton(g):  # its columns of ds written in place, into ds when given (aliased)
+            cols = tuple(g.weight_columns.tolist())
+            args = (cols, plan.num_weights, ds, outs, False, _triton_interpret(interpret))
+            return triton._backward(g.coo, xg, y, s, dmg, graph, *args)
         kw = dict(outs=outs, y_channels=False, interpret=interpret)
         if not reads_in_place(g, plan.num_weights, itemsize):
             r = _backward(g.coo, xg, y, g.split_weights(s) if s is not None else None, dmg, graph, **kw)
