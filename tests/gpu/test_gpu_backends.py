@@ -14,6 +14,8 @@ from kernel_cases import (
     CONV_CASES,
     GROUPED,
     GROUPED_ALIGNED,
+    GROUPED_HYBRID,
+    GROUPED_MOSAIC_FIRST,
     GROUPED_PART_ALIGNED,
     HIGH_L_CASES,
     LAUNCH_CASES,
@@ -127,12 +129,15 @@ def test_launch_limits(name, case):
 
 
 @pytest.mark.parametrize(
-    "op", [GROUPED, GROUPED_ALIGNED, GROUPED_PART_ALIGNED], ids=["mixed", "aligned", "part-aligned"]
+    "op",
+    [GROUPED, GROUPED_ALIGNED, GROUPED_PART_ALIGNED, GROUPED_HYBRID, GROUPED_MOSAIC_FIRST],
+    ids=["mixed", "aligned", "part-aligned", "triton-then-mosaic", "mosaic-then-triton"],
 )
 def test_grouped_convolution(backend, op):
     # mixed multiplicities on e3nn's flat operands and [E, num_weights] weights read in place (issue
-    # 14), each dtype the backend declares; on Mosaic GPU the three cover no group, every group and
-    # some groups read through TMA in place
+    # 14), each dtype the backend declares; Mosaic GPU's grouped kernels give groups of <= 64
+    # channels to the Triton kernels (the first three, whole), and read a 128-channel group's
+    # weights through TMA in place beside such a group, after it or before it (the last two)
     for dtype in get_backend(backend).dtypes:
         check_grouped_convolution(kernels_of(get_backend(backend)), dtype, op=op)
 
