@@ -394,6 +394,22 @@ def _assert_batches_equal(got, want):
         np.testing.assert_array_equal(a, b, err_msg=jax.tree_util.keystr(path))
 
 
+def _keep_state_at(monkeypatch, step: int) -> dict:
+    """``fit``'s state file as written after ``step`` steps (``["bytes"]`` of the returned dict),
+    kept while the run goes on and overwrites it."""
+    from e3j_models import _train_state
+
+    kept, original = {}, _train_state.save_state
+
+    def keeping(path, header, *args):
+        original(path, header, *args)
+        if header["step"] == step:
+            kept["bytes"] = open(path, "rb").read()
+
+    monkeypatch.setattr("e3j_models.train.save_state", keeping)
+    return kept
+
+
 def test_a_resumed_run_ends_as_the_run_that_was_not_stopped(monkeypatch, tmp_path):
     """fit stopped after 4 of 7 steps (its state kept as it was then) and resumed from that state
     ends with the uninterrupted run's parameters, optimizer step, history and checkpoint, bit for
@@ -402,20 +418,12 @@ def test_a_resumed_run_ends_as_the_run_that_was_not_stopped(monkeypatch, tmp_pat
     the same learning rate schedule."""
     import jax
 
-    from e3j_models import _train_state, load
+    from e3j_models import load
 
     structures = emt_structures(5, repeats=[(1, 1, 2), (2, 1, 2)])
     train, valid = structures[:3], structures[3:]
     cfg = nequip((28, 29), **TINY)
-    kept = {}
-    original = _train_state.save_state
-
-    def keeping(path, header, *args):
-        original(path, header, *args)
-        if header["step"] == 3:
-            kept["bytes"] = open(path, "rb").read()
-
-    monkeypatch.setattr("e3j_models.train.save_state", keeping)
+    kept = _keep_state_at(monkeypatch, 3)
     args = dict(steps=7, batch_size=2, eval_every=2, progress=False, state_every=3)
     whole = fit(cfg, train, valid, state=tmp_path / "a.npz", checkpoint=tmp_path / "a_model.npz", **args)
     (tmp_path / "b.npz").write_bytes(kept["bytes"])
@@ -455,28 +463,21 @@ def test_a_resumed_run_writes_a_checkpoint_given_only_now_from_the_states_best(m
     the stop) is kept in the state with its parameters either way."""
     import jax
 
-    from e3j_models import _train_state, load
+    from e3j_models import load
     from e3j_models import train as train_module
 
     structures = emt_structures(5, repeats=[(1, 1, 2), (2, 1, 2)])
     train, valid = structures[:3], structures[3:]
     cfg = nequip((28, 29), **TINY)
-    real, calls, kept = train_module.evaluate, [], {}
+    real, calls = train_module.evaluate, []
 
     def scripted(potential, params, batches):  # worse at each validation: the first is the best
         val = real(potential, params, batches)
         calls.append(None)
         return {k: v + len(calls) for k, v in val.items()}
 
-    original = _train_state.save_state
-
-    def keeping(path, header, *args):
-        original(path, header, *args)
-        if header["step"] == 3:
-            kept["bytes"] = open(path, "rb").read()
-
     monkeypatch.setattr("e3j_models.train.evaluate", scripted)
-    monkeypatch.setattr("e3j_models.train.save_state", keeping)
+    kept = _keep_state_at(monkeypatch, 3)
     args = dict(steps=7, batch_size=2, eval_every=2, progress=False, state_every=3)
     fit(cfg, train, valid, checkpoint=tmp_path / "whole.npz", **args)  # validations at 2, 4, 6, 7
     calls.clear()

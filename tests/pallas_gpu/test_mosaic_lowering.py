@@ -307,9 +307,10 @@ def _strided_kernel(read_strided: bool):
 def test_strided_shared_memory_access_still_does_not_lower(read_strided):
     """Why the grouped kernels split e3nn's node features and join their outputs around the launches:
     reading a row of a copy-major block staged contiguous by the TMA (``x``, ``dm``), or writing one
-    (``m``, ``dx``), is a strided slice of shared memory, which Mosaic GPU does not lower (JAX 0.11.2
-    and 0.12.0.1; the interpreter runs it). When this test fails, a JAX upgrade lowers one of them: the kernels can
-    then read (or write) e3nn's blocks in place as the Triton ones do (docs/mosaic_gpu.md)."""
+    (``m``, ``dx``), is a strided slice of shared memory, which Mosaic GPU does not lower (JAX 0.11.2,
+    0.12.0.1 and 0.12.1; the interpreter runs it). When this test fails, a JAX upgrade lowers one of
+    them: the kernels can then read (or write) e3nn's blocks in place as the Triton ones do
+    (docs/mosaic_gpu.md)."""
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
     kernel, x, want = _strided_kernel(read_strided)
