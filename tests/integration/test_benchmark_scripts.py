@@ -371,7 +371,11 @@ def test_md_step_pieces_runs_on_the_reference_and_writes_its_timings(tmp_path):
 
     record = json.loads(out.read_text())
     assert record["backend"] == "reference" and record["command"].startswith("python benchmarks/md_step_pieces.py")
-    assert set(record["best_ms"]) == {"step", "convolution_0"} and 0 < record["share_of_step"]["convolution_0"] < 1
+    assert set(record["best_ms"]) == {"step", "convolution_0"} and all(t > 0 for t in record["best_ms"].values())
+    # one call of each: under load the piece can time above the step (2.9x once, beside a second
+    # pytest), so the share is checked as a share, not bounded by the step
+    share = record["share_of_step"]["convolution_0"]
+    assert share == record["best_ms"]["convolution_0"] / record["best_ms"]["step"] > 0
 
 
 @pytest.mark.slow
