@@ -41,7 +41,7 @@ WORKERS = str(min(4, os.cpu_count() or 1))
 # --durations: where CI's time goes, in its log
 CPU_TESTS = ["tests", "-m", "not gpu and not slow and not models_slow", "-n", WORKERS, "--durations=25"]
 # the other ends of the range the kernel packages declare (jax>=0.11.1,<0.13): `nox -s tests_jax`
-JAX_RANGE = ["0.11.1", "0.12.0.1"]
+JAX_RANGE = ["0.11.1", "0.12.1"]
 
 WHEELHOUSE = ROOT / "wheelhouse"
 # what `python -m e3j info` lists after each install of `nox -s wheelhouse`
