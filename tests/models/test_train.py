@@ -346,7 +346,8 @@ def test_repeated_evaluation_compiles_once():
     import jax
 
     from e3j_models import Potential
-    from e3j_models.train import _batches, evaluate
+    from e3j_models._batching import _batches
+    from e3j_models.train import evaluate
 
     s = emt_structures(2, repeats=[(2, 2, 2)])
     cfg = prepare_config(nequip((28, 29), **TINY), s)
@@ -503,7 +504,8 @@ def test_stress_weight_with_an_open_structure_gives_finite_gradients():
     from ase.cluster import Octahedron
 
     from e3j_models import Potential
-    from e3j_models.train import _batches, loss_fn
+    from e3j_models._batching import _batches
+    from e3j_models.train import loss_fn
 
     def labelled(atoms):
         atoms.calc = EMT()

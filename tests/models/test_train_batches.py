@@ -12,17 +12,10 @@ pytest.importorskip("ase")
 pytest.importorskip("optax")
 
 from e3j_models import bucket_size, nequip
+from e3j_models._batching import _batch, _batches, _padding_shapes
 from e3j_models.data import emt_structures
 from e3j_models.neighbours import _checked_graph, batch_structures
-from e3j_models.train import (
-    _batch,
-    _batches,
-    _padding_shapes,
-    epoch_losses,
-    fit,
-    loss_fn,
-    prepare_config,
-)
+from e3j_models.train import epoch_losses, fit, loss_fn, prepare_config
 
 TINY = dict(num_layers=1, num_channels=4, node_irreps="0e + 1o", l_max=1, cutoff=3.0, radial_mlp=(8,))
 
@@ -135,7 +128,7 @@ def test_training_batches_without_a_cpu_backend(monkeypatch):
 
 
 def _count_neighbour_lists(monkeypatch) -> list:
-    from e3j_models import neighbours, train
+    from e3j_models import _training_data, neighbours
 
     calls = []
     original = neighbours.neighbour_list
@@ -144,8 +137,9 @@ def _count_neighbour_lists(monkeypatch) -> list:
         calls.append(1)
         return original(*args, **kwargs)
 
+    # every module that calls it by its own name
     monkeypatch.setattr(neighbours, "neighbour_list", counted)
-    monkeypatch.setattr(train, "neighbour_list", counted)
+    monkeypatch.setattr(_training_data, "neighbour_list", counted)
     return calls
 
 
@@ -327,7 +321,7 @@ def test_prefetched_batches_keep_their_order_raise_and_stop():
     import threading
     import time
 
-    from e3j_models.train import _prefetched
+    from e3j_models._batching import _prefetched
 
     assert list(_prefetched(iter(range(7)), depth=2)) == list(range(7))
 

@@ -11,8 +11,9 @@ pytest.importorskip("optax")
 from ase.calculators.singlepoint import SinglePointCalculator
 
 from e3j_models import Potential, nequip
+from e3j_models._batching import _batches
 from e3j_models.data import emt_structures, read_dataset, write_dataset
-from e3j_models.train import _batches, evaluate_structures, fit, loss_fn, prepare_config
+from e3j_models.train import evaluate_structures, fit, loss_fn, prepare_config
 
 TINY = dict(num_layers=1, num_channels=4, node_irreps="0e + 1o", l_max=1, cutoff=3.0, radial_mlp=(8,))
 
@@ -225,8 +226,8 @@ def test_config_type_weights_multiply_each_structures_weights_as_mace_torch_does
     in the loss and in fit's first step; a type no training structure has, or a bad weight, is named."""
     import jax
 
+    from e3j_models._batching import _batch
     from e3j_models.neighbours import _checked_graph
-    from e3j_models.train import _batch
 
     structures, cfg, pot, params = setup
     errors = [_errors(setup, a) for a in structures[:3]]

@@ -146,17 +146,10 @@ def _train(args) -> None:
     from . import Potential
     from . import config as cfgs
     from ._checks import check_int
-    from .train import (
-        _check_training_data,
-        _check_type_weights,
-        _check_weights,
-        _config_type,
-        _selection_metric,
-        fit,
-        isolated_atom_energies,
-        plot_history,
-        write_history,
-    )
+    from ._history import plot_history, write_history
+    from ._loss import _selection_metric
+    from ._training_data import _check_training_data, _check_type_weights, _config_type, isolated_atom_energies
+    from .train import _check_weights, fit
 
     # checked before anything is read or made, and named as the command line names them
     if not (math.isfinite(args.lr) and args.lr > 0):  # a negative rate climbs the loss
