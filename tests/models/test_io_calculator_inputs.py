@@ -3,6 +3,7 @@ differences), neighbour lists against brute force, and bad input named in the er
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zipfile
 
@@ -388,6 +389,27 @@ def test_float32_batches_keep_far_structures_digits(tiny, pbc):
     batch = em.batch_structures([{**s, "positions": far, "pbc": pbc}], Z, CUTOFF)
     np.testing.assert_allclose(forces(far, np.float64), exact, atol=1e-10 * scale)
     assert np.abs(np.asarray(batch.positions)[: len(far)]).max() < 2 * np.abs(CELL).sum()
+
+
+def test_float32_calculator_keeps_large_reference_energies_digits(tiny):
+    """Reference energies of all-electron size (~1e4 eV per atom) are added on the host in float64:
+    in the float32 model a 216-atom energy of ~2.4e6 eV would keep ~0.1-1 eV (float32's spacing
+    there is 0.25 eV), the same rounding that fit's labels avoid."""
+    from ase import Atoms
+
+    pot, _, params = tiny
+    big = em.Potential(dataclasses.replace(TINY, atomic_energies=(-13604.21, -2042.37)))
+    s = structure(5, n=216)
+    atoms = Atoms(numbers=s["numbers"], positions=s["positions"] * 3.0, cell=CELL * 3.0, pbc=True)
+    energies = {}
+    for dtype in (np.float32, np.float64):
+        atoms.calc = em.Calculator(big, params, dtype=dtype)
+        energies[dtype] = atoms.get_potential_energy()
+    bare = em.Calculator(pot, params)  # the same model without reference energies, float64
+    atoms.calc = bare
+    e0 = sum({1: -13604.21, 8: -2042.37}[int(z)] for z in s["numbers"])
+    np.testing.assert_allclose(energies[np.float64], atoms.get_potential_energy() + e0, rtol=0, atol=1e-8)
+    assert abs(energies[np.float32] - energies[np.float64]) < 1e-3, energies
 
 
 def test_slab_without_vacuum_equals_slab_with_vacuum(tiny):

@@ -39,7 +39,7 @@ except ImportError as err:
     raise missing("ase", "e3j_models.Calculator") from err
 
 from .neighbours import batch_structures, bucket_size, neighbour_list
-from .potential import Potential
+from .potential import Potential, _reference_energy
 
 __all__ = ["Calculator"]
 
@@ -91,6 +91,9 @@ class Calculator(_AseCalculator):
         dtype = check_model_dtype(dtype)
         bucket_size(1, headroom)  # checks headroom now, not at the first calculation
         self.potential, self.headroom, self.dtype = potential, headroom, dtype
+        # the reference energies are added on the host in float64 (as fit subtracts them from its
+        # labels): in float32 a large one (~1e4 eV per atom) would round the energy by ~0.1-1 eV
+        self._bare = potential._bare()
         self.params = jax.tree.map(lambda a: jnp.asarray(a, dtype), params)
         self._size: tuple[int, int] | None = None
         self.buckets: list[tuple[int, int]] = []
@@ -124,8 +127,8 @@ class Calculator(_AseCalculator):
         self._size = size
         if size not in self.buckets:
             self.buckets.append(size)
-        out = _energy_forces_stress(self.potential, current_backend_request(), self.params, batch)
-        energy = float(out["energy"][0])
+        out = _energy_forces_stress(self._bare, current_backend_request(), self.params, batch)
+        energy = float(out["energy"][0]) + _reference_energy(cfg, atoms.numbers)
         # copies: ASE's callers may edit results in place
         self.results = {"energy": energy, "free_energy": energy, "forces": np.array(out["forces"][:n])}
         if atoms.pbc.all():

@@ -20,8 +20,10 @@ the stress over that volume, vacuum included.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -88,6 +90,13 @@ class Potential:
 
     def with_backend(self, backend: str | None) -> Potential:
         return Potential(self.config, backend, factored_radial=self.factored_radial)
+
+    def _bare(self) -> Potential:
+        """This potential without its config's ``atomic_energies``, for callers that add them on the
+        host in float64 (:func:`_reference_energy`): in float32 a reference energy of ~1e4 eV per
+        atom keeps ~1e-3 eV, and the sum over a few hundred atoms ~0.1–1 eV."""
+        config = dataclasses.replace(self.config, atomic_energies=None)
+        return Potential(config, self.backend, factored_radial=self.factored_radial)
 
     def batch(self, structures, **kwargs) -> GraphBatch:
         """:func:`~e3j_models.batch_structures` with this model's ``atomic_numbers`` and ``cutoff``
@@ -180,6 +189,20 @@ class Potential:
             # divide by a safe volume: 1/0 in the branch where() drops would still make its gradient NaN
             out["stress"] = jnp.where(periodic, grads[1] / jnp.where(periodic, volume, 1), jnp.nan)
         return out
+
+
+def _reference_energy(config: MACEConfig | NequIPConfig, atomic_numbers: Sequence[int]) -> float:
+    """The structure's sum of the config's ``atomic_energies`` over its atoms' ``atomic_numbers``,
+    in float64 (0 without them).
+
+    >>> from e3j_models import nequip
+    >>> _reference_energy(nequip((1, 8), atomic_energies=(-13.6, -2042.0)), [8, 1, 1])
+    -2069.2
+    """
+    if config.atomic_energies is None:
+        return 0.0
+    e0 = dict(zip(config.atomic_numbers, config.atomic_energies, strict=True))
+    return math.fsum(e0[int(z)] for z in atomic_numbers)
 
 
 def _check_batch(batch: object) -> None:

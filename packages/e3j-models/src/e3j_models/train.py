@@ -33,7 +33,6 @@ and ``avg_num_neighbors`` is set to the training set's mean neighbour count.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import time
@@ -239,7 +238,7 @@ def fit(
         raise ValueError("config has no atomic_energies: fine-tuning params needs the config they were trained with")
     # the model trained and validated here leaves the reference energies out; the labels leave them
     # out too (on the host, in float64): the same residuals, without float32's rounding of ~1e4 eV
-    potential = Potential(dataclasses.replace(config, atomic_energies=None), backend, factored_radial=factored_radial)
+    potential = Potential(config, backend, factored_radial=factored_radial)._bare()
     e0 = config.atomic_energies
     num_atoms = np.array([len(a) for a in train])
     num_edges = np.array([len(g[4]) for g in train_graphs])
