@@ -306,6 +306,20 @@ def test_evaluate_structures_and_the_test_command(tmp_path, capsys):
     np.testing.assert_allclose(written["force_mae"], got["force_mae"], rtol=1e-5)
     with pytest.raises(SystemExit, match=r"--out: the folder '.*missing' does not exist"):
         main(["test", "--model", str(tmp_path / "m.npz"), "--data", "x", "--out", str(tmp_path / "missing" / "t.json")])
+    # the metrics read every stress label: a NaN one was a stress MAE of NaN, and the structures are
+    # named as the caller knows them (the command line's: by their place in --data, not train[k])
+    bad = read_dataset(data)
+    bad[1].calc.results["stress"] = np.full(6, np.nan)
+    with pytest.raises(ValueError, match=r"structures\[1\] has a reference stress that is not 6 or 3×3 finite"):
+        evaluate_structures(pot, params, bad)
+    write_dataset(tmp_path / "bad.extxyz", bad)
+    with pytest.raises(SystemExit, match=r"error: --data structure 1 has a reference stress that is not 6 or 3×3"):
+        main(["test", "--model", model, "--data", str(tmp_path / "bad.extxyz")])
+    bad = read_dataset(data)
+    bad[0].positions[1] = np.nan
+    write_dataset(tmp_path / "bad.extxyz", bad)
+    with pytest.raises(SystemExit, match=r"error: positions \(--data structure 0\) must be finite"):
+        main(["test", "--model", model, "--data", str(tmp_path / "bad.extxyz")])
 
 
 def test_training_decreases_loss_and_matches_e3nn_twin():
@@ -480,9 +494,23 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
     check_training_data(nequip((28, 29), num_layers=1), bad[:2], (1.0, 1.0, 0.0), bad[2:])
     with pytest.raises(ValueError, match=r"train\[1\] has a reference stress that is not 6 or 3×3 finite numbers"):
         check_training_data(nequip((28, 29), num_layers=1), bad[:2], (1.0, 1.0, 1.0), bad[2:])
+    # but its shape is, whatever the weight: the batches read every stress label (a 9-vector was an
+    # unpacking error naming no structure)
+    bad[1].calc.results["stress"] = np.zeros(9)
+    with pytest.raises(ValueError, match=r"train\[1\] has a reference stress that is not 6 or 3×3 numbers"):
+        check_training_data(nequip((28, 29), num_layers=1), bad[:2], (1.0, 1.0, 0.0), bad[2:])
     # data writes one file: a directory as --out was a traceback and a stray .partial file
     with pytest.raises(SystemExit, match=r"--out '.*run' is a directory: name the extxyz file to write"):
         main(["data", "--num", "1", "--out", str(out)])
+    # numpy's own words for these named no flag ("expected non-negative integer")
+    for command, flag, bad_value, rule in (
+        (["data", "--num", "1", "--out", str(tmp_path / "s.extxyz")], "--seed", "-1", ">= 0"),
+        ([*args[:5], "--out", str(tmp_path / "seeded")], "--seed", "-1", ">= 0"),
+        (["data", "--out", str(tmp_path / "s.extxyz")], "--num", "0", "> 0"),
+    ):
+        with pytest.raises(SystemExit, match=rf"error: {flag} must be an int {rule}, got {bad_value}"):
+            main([*command, flag, bad_value])
+    assert not (tmp_path / "s.extxyz").exists() and not (tmp_path / "seeded").exists()
     assert not os.path.exists(str(out) + ".partial")
     with pytest.raises(SystemExit, match=r"--out '.*nowhere/d.extxyz': its folder '.*nowhere' does not exist"):
         main(["data", "--num", "1", "--out", str(tmp_path / "nowhere" / "d.extxyz")])

@@ -400,7 +400,13 @@ def _test(args) -> None:
     except ValueError as err:
         raise ValueError(f"--backend: {err}") from err
     structures = _read_data(args)
-    metrics = evaluate_structures(potential, params, structures, batch_size=args.batch_size)
+    try:
+        metrics = evaluate_structures(potential, params, structures, batch_size=args.batch_size)
+    except ValueError as err:  # structures[k] is --data's structure k (read_dataset keeps them all)
+        named = re.sub(r"\bstructures\[(\d+)\]", r"--data structure \1", str(err))
+        if named == str(err):
+            raise
+        raise ValueError(named) from err
     record = {"command": "python -m e3j_models " + shlex.join(args.argv), "model": args.model, "data": args.data}
     record |= metrics
     if args.out is not None:
@@ -557,6 +563,13 @@ def main(argv=None) -> None:
     # the command as given, also when called as main([...]) (sys.argv is then the caller's)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        from ._checks import check_int
+
+        # the counts several commands share, named by their flags (numpy would say "expected
+        # non-negative integer" of a negative seed)
+        for dest, flag, least in (("seed", "--seed", 0), ("num", "--num", 1)):
+            if hasattr(args, dest):
+                check_int(flag, getattr(args, dest), least)
         _requires(args.command)
         args.func(args)
     except (OSError, ValueError, ImportError, FloatingPointError) as err:  # OSError: files, FileNotFoundError

@@ -3,7 +3,6 @@ validation metrics (:func:`evaluate`, :func:`evaluate_structures`)."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -116,7 +115,8 @@ def evaluate_structures(
     Energy and force metrics are over the structures that have those labels (absent where none
     has); per-structure weights do not enter.
 
-    The structures are checked as :func:`fit` checks its data; energies are compared with the
+    The structures are checked as :func:`fit` checks its data (``ValueError`` naming
+    ``structures[k]``), stress labels included; energies are compared with the
     reference energies taken out on the host in float64, as :func:`fit` trains. ``dtype``: the
     computation's (default: that of ``params``).
     """
@@ -134,10 +134,16 @@ def evaluate_structures(
     floats = [a.dtype for a in jax.tree.leaves(params) if jnp.issubdtype(a.dtype, jnp.floating)]
     dtype = check_model_dtype(dtype if dtype is not None else (floats[0] if floats else None))
     config = potential.config
-    graphs, _ = _check_training_data(config, structures, (0.0, 0.0, 0.0), dtype=dtype, every_element=False)
-    bare = Potential(
-        dataclasses.replace(config, atomic_energies=None), potential.backend, factored_radial=potential.factored_radial
+    graphs, _ = _check_training_data(
+        config,
+        structures,
+        (0.0, 0.0, 0.0),
+        dtype=dtype,
+        every_element=False,
+        parts=("structures", ""),
+        reads_stress=True,
     )
+    bare = potential._bare()  # the reference energies are taken out of the labels on the host instead
     params = _floats_as(params, dtype)
     e_abs = e_sq = f_abs = f_sq = s_abs = s_sq = 0.0
     n_structures = n_atoms = n_energy = n_forces = n_stress = 0

@@ -216,20 +216,24 @@ def _check_training_data(
     type_weights=None,
     names=("weights[0]", "weights[1]", "weights[2]"),
     type_weights_name="config_type_weights",
+    parts=("train", "valid"),
+    reads_stress=None,
 ):
     """:func:`check_training_data`, returning each structure's checked graph it built (for
     :func:`_batch`; :func:`~e3j_models.neighbours._checked_graph`): ``(train's, valid's)``. ``names``
     and ``type_weights_name`` name the loss weights and the type weights in errors (the command
-    line's flags)."""
+    line's flags), ``parts`` the two lists' structures (``train[k]``); ``reads_stress``: whether
+    the caller reads the stress labels (default: when ``weights[2] > 0``; metrics read them all)."""
     check_config(config)
     check_structure_list("train", train)
     check_structure_list("valid", valid)
     type_weights = _check_type_weights(type_weights, [*train, *valid], type_weights_name)
     found = {"train": [], "valid": []}
     label_weights = []  # the training structures' (energy, forces, stress) weights
-    for part, structures in (("train", train), ("valid", valid)):
+    reads_stress = weights[2] > 0 if reads_stress is None else reads_stress
+    for part, name, structures in (("train", parts[0], train), ("valid", parts[1], valid)):
         for k, atoms in enumerate(structures):
-            graph, its_weights = _check_structure_data(config, atoms, f"{part}[{k}]", weights, dtype, type_weights)
+            graph, its_weights = _check_structure_data(config, atoms, f"{name}[{k}]", reads_stress, dtype, type_weights)
             found[part].append(graph)
             if part == "train":
                 label_weights.append(its_weights)
@@ -251,11 +255,13 @@ def _check_training_data(
     return found["train"], found["valid"]
 
 
-def _check_structure_data(config, atoms, name: str, weights: tuple, dtype, type_weights=None):
+def _check_structure_data(config, atoms, name: str, reads_stress: bool, dtype, type_weights=None):
     """``ValueError`` naming structure ``name`` for labels the loss would read and cannot use, or
     atoms the model cannot read (a NaN force passed to a validation MAE of NaN and no checkpoint;
-    coincident atoms were named by their place in a shuffled batch). Returns the structure's
-    checked graph, built by the check, and its :func:`_label_weights`."""
+    coincident atoms were named by their place in a shuffled batch). A stress label (on a fully
+    periodic cell) must be 6 or 3×3 numbers, which the batches read, and finite where
+    ``reads_stress``. Returns the structure's checked graph, built by the check, and its
+    :func:`_label_weights`."""
     res = _results(atoms)
     n = len(atoms)
     if "energy" not in res and "forces" not in res:
@@ -276,10 +282,16 @@ def _check_structure_data(config, atoms, name: str, weights: tuple, dtype, type_
         label_weights = _label_weights(atoms, res, type_weights=type_weights)
     except ValueError as err:
         raise ValueError(f"{name} {err}") from None
-    if weights[2] > 0 and _has_stress(atoms, res):  # a label the loss reads
-        stress = np.asarray(res["stress"], np.float64)
-        if stress.shape not in ((6,), (3, 3)) or not np.isfinite(stress).all():
-            raise ValueError(f"{name} has a reference stress that is not 6 or 3×3 finite numbers: {stress!r}")
+    if _has_stress(atoms, res):  # the batches read it (Voigt or 3×3); the loss or the metrics its values
+        try:
+            stress = np.asarray(res["stress"], np.float64)
+        except (TypeError, ValueError):
+            stress = np.full(1, np.nan)
+        if stress.shape not in ((6,), (3, 3)) or (reads_stress and not np.isfinite(stress).all()):
+            raise ValueError(
+                f"{name} has a reference stress that is not 6 or 3×3 {'finite ' if reads_stress else ''}numbers: "
+                f"{res['stress']!r}"
+            )
     graph = _checked_graph(atoms, config.atomic_numbers, config.cutoff, dtype, where=f" ({name})")
     return graph, label_weights
 
