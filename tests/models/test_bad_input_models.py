@@ -379,6 +379,40 @@ BAD = {
         ValueError,
         r"pbc must be a bool or 3 bools, got \[True, False\]",
     ),
+    "neighbour_list pbc str": (  # truthy: "False" was periodic
+        lambda: M.neighbour_list(POS, 2.0, np.eye(3) * 5, pbc="False"),
+        ValueError,
+        r"pbc must be a bool or 3 bools, got 'False'",
+    ),
+    "batch_structures pbc strs": (
+        lambda: M.batch_structures(
+            [{"positions": POS, "numbers": [1, 8, 1, 8], "cell": np.eye(3) * 5, "pbc": [True, "False", True]}],
+            [1, 8],
+            2.0,
+        ),
+        ValueError,
+        r"pbc must be a bool or 3 bools, got \[True, 'False', True\]",
+    ),
+    "neighbour_list pbc 2 as int": (
+        lambda: M.neighbour_list(POS, 2.0, np.eye(3) * 5, pbc=2),
+        ValueError,
+        r"pbc must be a bool or 3 bools, got 2",
+    ),
+    "neighbour_list positions complex": (  # numpy would drop the imaginary part with a warning
+        lambda: M.neighbour_list(POS + 0j, 2.0),
+        ValueError,
+        r"positions must hold real numbers, got dtype complex128",
+    ),
+    "neighbour_list positions str": (  # numpy would parse them
+        lambda: M.neighbour_list(POS.astype(str), 2.0),
+        ValueError,
+        r"positions must hold real numbers, got dtype <U",
+    ),
+    "neighbour_list cell complex": (
+        lambda: M.neighbour_list(POS, 2.0, np.eye(3) * (5 + 1j), pbc=True),
+        ValueError,
+        r"cell must hold real numbers, got dtype complex128",
+    ),
     "neighbour_list cutoff str": (
         lambda: M.neighbour_list(POS, "5"),
         ValueError,

@@ -39,8 +39,20 @@ from .config import check_atomic_numbers
 __all__ = ["batch_structures", "bucket_size", "check_structure", "neighbour_list"]
 
 
+def _real(name: str, value, where: str) -> np.ndarray:
+    """``value`` as float64, refused naming ``name`` unless its numbers are real (a complex one
+    would lose its imaginary part with only a warning; strings would be parsed)."""
+    try:
+        a = np.asarray(value)
+    except ValueError as err:  # ragged
+        raise ValueError(f"{name}{where} must be an array of real numbers: {err}") from None
+    if a.dtype.kind not in "biuf":
+        raise ValueError(f"{name}{where} must hold real numbers, got dtype {a.dtype}")
+    return a.astype(np.float64)
+
+
 def _check_structure(positions, cell, pbc, where: str = ""):
-    positions = np.asarray(positions, dtype=np.float64)
+    positions = _real("positions", positions, where)
     if positions.ndim != 2 or positions.shape[1] != 3:
         raise ValueError(f"positions{where} must be [N, 3], got shape {positions.shape}")
     if positions.shape[0] == 0:
@@ -49,12 +61,14 @@ def _check_structure(positions, cell, pbc, where: str = ""):
         raise ValueError(
             f"positions{where} must be finite, got NaN or inf at atom {int(np.argwhere(~np.isfinite(positions))[0, 0])}"
         )
-    if np.shape(pbc) not in ((), (1,), (3,)):
+    flags = np.asarray(pbc)
+    # bools, or 0 and 1 (ASE takes pbc=1); a string would be truthy ("False" periodic)
+    if flags.shape not in ((), (1,), (3,)) or not (
+        flags.dtype == bool or (flags.dtype.kind in "iu" and np.isin(flags, (0, 1)).all())
+    ):
         raise ValueError(f"pbc{where} must be a bool or 3 bools, got {pbc!r}")
-    pbc = np.broadcast_to(np.asarray(pbc, bool), (3,))
-    if cell is None:
-        cell = np.zeros((3, 3))
-    cell = np.asarray(cell, dtype=np.float64)
+    pbc = np.broadcast_to(flags.astype(bool), (3,))
+    cell = _real("cell", np.zeros((3, 3)) if cell is None else cell, where)
     if cell.shape != (3, 3):
         raise ValueError(f"cell{where} must be a 3×3 matrix (rows: lattice vectors), got shape {cell.shape}")
     if not np.all(np.isfinite(cell)):
