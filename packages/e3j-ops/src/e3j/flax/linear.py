@@ -44,8 +44,9 @@ class Linear(nn.Module):
     - ``lin(x)``: the parameters above.
     - ``lin(index, x)`` with ``num_indexed_weights=S`` and ``index: int [...]`` (e.g. each node's
       species): every parameter gains a leading ``[S]`` axis and each element uses its row. An
-      index outside ``[0, S)`` is clamped to the nearest row, as in e3nn-jax (JAX's indexing does
-      not raise): check the indices before the call.
+      index is read with JAX's indexing, as in e3nn-jax, which does not raise: a negative one
+      counts from the end (``-1`` is row ``S - 1``) and one past the end is clamped to the last
+      row. Check the indices before the call.
     - ``lin(weights, x)`` with float ``weights [..., d]`` (e.g. an embedding): every parameter gains
       a leading ``[d]`` axis and each element's parameters are ``weights @ parameter / sqrt(d)``
       (e3nn's ``gradient_normalization`` splits the ``1/sqrt(d)`` between the initialization and
