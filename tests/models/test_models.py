@@ -184,3 +184,34 @@ def test_init_draws_the_same_model_in_float32_and_float64():
     assert {a.dtype for a in leaves32} == {jnp.dtype(jnp.float32)}
     for a, b in zip(leaves64, leaves32, strict=True):
         np.testing.assert_array_equal(a, np.asarray(b, np.float64))
+
+
+# ``A`` without 0e reaches an irrep in an even or an odd number of products only: each power must
+# keep what reaches the output within (not exactly) the products left; correlation 4 of 1o was
+# refused ("leaves no path"), and so was correlation 2 of 1o -> 1o
+SPECS = [("1o", "1o", 2), ("1o", "1o", 4), ("1o + 2e", "0e + 1o", 4), ("0o + 1e", "0e + 1o", 3), ("0e + 1o", "1o", 3)]
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=str)
+def test_symmetric_contraction_keeps_every_copy_the_powers_reach(spec):
+    """The copies of each output irrep in ``B_1 … B_ν`` against unfiltered e3nn-jax products (a
+    filter may drop only what reaches no output), and the contraction against the twin's."""
+    import e3nn_jax as e3nn
+
+    irreps_in, irreps_out, correlation = spec
+    sc = em.SymmetricContractionSpec(irreps_in, irreps_out, correlation)
+    b, a, counts = e3nn.zeros(irreps_in, ()), e3nn.zeros(irreps_in, ()), {}
+    for k in range(1, correlation + 1):
+        if k > 1:
+            b = e3nn.tensor_product(b, a)
+        for mul, ir in b.irreps:
+            counts[str(ir)] = counts.get(str(ir), 0) + mul
+    outs = [str(ir) for _, ir in e3nn.Irreps(irreps_out)]
+    assert {str(ir): n for ir, n in sc.copies_per_irrep()} == {o: counts[o] for o in outs if counts.get(o)}
+    x = jax.random.normal(jax.random.key(0), (5, sc.irreps_in.dim, 3))
+    species = jnp.arange(5) % 2
+    mods = [em.SymmetricContraction(irreps_in, irreps_out, correlation, 2, backend=b) for b in (None, "e3nn")]
+    params = mods[0].init(jax.random.key(1), x, species)
+    got, want = (m.apply(params, x, species) for m in mods)
+    assert got.shape == (5, sc.irreps_result.dim, 3)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

@@ -101,7 +101,7 @@ class E3nnOps:
         a = _to_e3nn(x, spec.irreps_in)
         targets = _filter(spec.irreps_out)
         b, terms = a, [a.filter(keep=targets)]
-        for k in range(2, spec.correlation + 1):
+        for k in range(2, spec.last_power + 1):
             b = e3nn.tensor_product(b, a, filter_ir_out=_filter(spec.power_filter(k)))
             terms.append(b.filter(keep=targets))
         cat = e3nn.concatenate(terms, axis=-1).regroup()  # stable sort: copies in B_1, B_2, ... order

@@ -100,7 +100,7 @@ class E3jOps:
     def symmetric_contraction(self, spec, weights, x, species):
         """Power expansion with e3j tensor products, then the species-wise linear projection."""
         terms = [x]  # B_1 = A
-        for k in range(2, spec.correlation + 1):
+        for k in range(2, spec.last_power + 1):
             prev_irreps = spec.irreps_in if k == 2 else spec.power_irreps[k - 3]
             terms.append(self.tensor_product(prev_irreps, spec.irreps_in, spec.power_filter(k), terms[-1], x))
         # each term split once into its (mul, ir) blocks: a split's backward is one concatenation,

@@ -39,7 +39,11 @@ __all__ = ["SymmetricContraction", "SymmetricContractionSpec"]
 
 @dataclass(frozen=True)
 class SymmetricContractionSpec:
-    """Static description: ``irreps_in`` (``A``), ``irreps_out`` (each irrep once), ``correlation`` (1–3+)."""
+    """Static description: ``irreps_in`` (``A``), ``irreps_out`` (each irrep once), ``correlation`` (>= 1).
+
+    >>> SymmetricContractionSpec("1o", "1o", 4).copies_per_irrep()  # B_1 and B_3 (B_2 = 0e + 1e + 2e)
+    ((1o, 4),)
+    """
 
     irreps_in: Irreps
     irreps_out: Irreps
@@ -57,33 +61,48 @@ class SymmetricContractionSpec:
             raise ValueError(f"no output irrep of {irreps_out} is reachable from {irreps_in}")
 
     def _reachable(self, steps: int) -> frozenset[Irrep]:
-        """Irreps from which ``steps`` more products with ``A`` can reach an output irrep."""
-        targets = frozenset(ir for _, ir in self.irreps_out)
-        ins = {ir for _, ir in self.irreps_in}
+        """Irreps from which at most ``steps`` more products with ``A`` can reach an output irrep
+        (the outputs themselves included: zero products). Within, not exactly: ``B_k`` feeds every
+        later power, and an ``A`` without ``0e`` (``1o``) reaches other irreps in an even and an
+        odd number of products."""
+        exact = frozenset(ir for _, ir in self.irreps_out)
+        within = exact
+        ins = {ir for mul, ir in self.irreps_in if mul}
         lmax_in = max((ir.l for ir in ins), default=0)
         for m in range(1, steps + 1):
             bound = self.irreps_out.lmax + m * lmax_in
-            targets = frozenset(
+            exact = frozenset(
                 Irrep(l, p)
                 for l in range(bound + 1)
                 for p in (1, -1)
-                if any(o in targets for a in ins for o in Irrep(l, p) * a)
+                if any(o in exact for a in ins for o in Irrep(l, p) * a)
             )
-        return targets
+            within |= exact
+        return within
 
     def power_filter(self, k: int) -> Irreps:
         """The output filter of the product forming ``B_k`` (``k >= 2``)."""
-        keep = self._reachable(self.correlation - k) | {ir for _, ir in self.irreps_out}
-        return Irreps([(1, ir) for ir in sorted(keep)])
+        return Irreps([(1, ir) for ir in sorted(self._reachable(self.correlation - k))])
 
     @cached_property
     def power_irreps(self) -> tuple[Irreps, ...]:
-        """The irreps of ``B_2 … B_ν`` (the tensor products' output layouts)."""
+        """The irreps of ``B_2 … B_K`` (the tensor products' output layouts), ``K`` =
+        :attr:`last_power`: the powers stop at the first whose filter keeps nothing of the product
+        (``1o ⊗ 1o`` holds no ``1o``), as every later one would be empty too."""
         out, prev = [], self.irreps_in
+        ins = {ir for mul, ir in self.irreps_in if mul}
         for k in range(2, self.correlation + 1):
+            keep = {ir for _, ir in self.power_filter(k)}
+            if not any(o in keep for mul, a in prev if mul for b in ins for o in a * b):
+                break
             prev = tensor_product_coo(prev, self.irreps_in, self.power_filter(k)).irreps_out
             out.append(prev)
         return tuple(out)
+
+    @property
+    def last_power(self) -> int:
+        """The highest power formed (``correlation``, or less where the products reach no output)."""
+        return 1 + len(self.power_irreps)
 
     def copies_per_irrep(self) -> tuple[tuple[Irrep, int], ...]:
         """For each output irrep (in ``irreps_out`` order) the number of its copies in ``B_1 … B_ν``."""
