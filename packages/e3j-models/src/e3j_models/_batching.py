@@ -14,6 +14,7 @@ import numpy as np
 from ._training_data import _has_stress, _label_weights, _results
 from .batch import Labels
 from .neighbours import _assemble, _checked_graph, bucket_size
+from .potential import _reference_energy
 
 
 def _bucket_counts(nodes: np.ndarray, edges: np.ndarray, into: dict[int, tuple[int, int]]) -> None:
@@ -175,7 +176,6 @@ def _batch(
     keeps the digits of an energy far from zero (all-electron totals: ~1e4 eV per atom).
     ``config_weights``: the labels' weights include the structures' own (:func:`_label_weights`,
     with ``type_weights``); False: 1 for each label present (for metrics)."""
-    e0 = None if reference_energies is None else dict(zip(config.atomic_numbers, reference_energies, strict=True))
     n_pad, e_pad = shape
     sts = [structures[k] for k in group]
     num_graphs = len(sts) if num_graphs is None else num_graphs
@@ -195,7 +195,8 @@ def _batch(
         num_atoms[j] = len(atoms)
         label_weights[j] = _label_weights(atoms, res, config_weights, type_weights)
         if "energy" in res:
-            energies[j] = float(res["energy"]) - (0.0 if e0 is None else sum(e0[int(z)] for z in atoms.numbers))
+            e0 = _reference_energy(config.atomic_numbers, reference_energies, atoms.numbers)
+            energies[j] = float(res["energy"]) - e0
         if "forces" in res:
             forces[offset : offset + len(atoms)] = res["forces"]
         offset += len(atoms)

@@ -128,7 +128,7 @@ class Calculator(_AseCalculator):
         if size not in self.buckets:
             self.buckets.append(size)
         out = _energy_forces_stress(self._bare, current_backend_request(), self.params, batch)
-        energy = float(out["energy"][0]) + _reference_energy(cfg, atoms.numbers)
+        energy = float(out["energy"][0]) + _reference_energy(cfg.atomic_numbers, cfg.atomic_energies, atoms.numbers)
         # copies: ASE's callers may edit results in place
         self.results = {"energy": energy, "free_energy": energy, "forces": np.array(out["forces"][:n])}
         if atoms.pbc.all():

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -191,18 +190,20 @@ class Potential:
         return out
 
 
-def _reference_energy(config: MACEConfig | NequIPConfig, atomic_numbers: Sequence[int]) -> float:
-    """The structure's sum of the config's ``atomic_energies`` over its atoms' ``atomic_numbers``,
-    in float64 (0 without them).
+def _reference_energy(
+    elements: Sequence[int], atomic_energies: Sequence[float] | None, atomic_numbers: Sequence[int]
+) -> float:
+    """A structure's sum of ``atomic_energies`` (one per element of ``elements``, a config's
+    ``atomic_numbers``; None: 0) over its atoms' ``atomic_numbers``, in float64: what the host adds
+    to a bare model's energy (the Calculator) or takes out of an energy label (``fit``'s batches).
 
-    >>> from e3j_models import nequip
-    >>> _reference_energy(nequip((1, 8), atomic_energies=(-13.6, -2042.0)), [8, 1, 1])
-    -2069.2
+    >>> _reference_energy((1, 8), (-13.5, -2042.0), [8, 1, 1])
+    -2069.0
     """
-    if config.atomic_energies is None:
+    if atomic_energies is None:
         return 0.0
-    e0 = dict(zip(config.atomic_numbers, config.atomic_energies, strict=True))
-    return math.fsum(e0[int(z)] for z in atomic_numbers)
+    e0 = dict(zip(elements, atomic_energies, strict=True))
+    return sum(e0[int(z)] for z in atomic_numbers)
 
 
 def _check_batch(batch: object) -> None:

@@ -92,10 +92,10 @@ class SymmetricContractionSpec:
         out, prev = [], self.irreps_in
         ins = {ir for mul, ir in self.irreps_in if mul}
         for k in range(2, self.correlation + 1):
-            keep = {ir for _, ir in self.power_filter(k)}
-            if not any(o in keep for mul, a in prev if mul for b in ins for o in a * b):
+            keep = self.power_filter(k)
+            if not any(o in {ir for _, ir in keep} for mul, a in prev if mul for b in ins for o in a * b):
                 break
-            prev = tensor_product_coo(prev, self.irreps_in, self.power_filter(k)).irreps_out
+            prev = tensor_product_coo(prev, self.irreps_in, keep).irreps_out
             out.append(prev)
         return tuple(out)
 
