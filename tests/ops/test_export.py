@@ -117,3 +117,17 @@ def test_symbolic_graph_sizes_are_refused_by_name(symbolic):
         export.export(jax.jit(lambda x, y, s, g: CONV(x, y, s, g, backend="reference")), platforms=("cpu",))(
             *specs, graph_spec
         )
+
+
+def test_graph_from_symbolic_edges_is_refused_by_name():
+    """``Graph.from_edges`` inside an exported function with a symbolic edge count names the graph,
+    where the CSR sort would fail with JAX's "requires a constant", naming nothing."""
+    (e,) = export.symbolic_shape("e")
+
+    def f(senders, receivers):
+        return e3j.Graph.from_edges(senders, receivers, 6).order
+
+    spec = jax.ShapeDtypeStruct((e,), jnp.int32)
+    message = r"graph: senders \[E\] has the symbolic size e: .*one function per padded size"
+    with pytest.raises(ValueError, match=message):
+        export.export(jax.jit(f), platforms=("cpu",))(spec, spec)

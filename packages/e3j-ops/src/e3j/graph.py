@@ -85,6 +85,8 @@ class Graph(NamedTuple):
         traced = any(isinstance(a, jax.core.Tracer) for a in (senders, receivers, edge_mask))
         xp = jnp if traced else np
         senders, receivers, mask = edge_arrays(xp, senders, receivers, edge_mask)
+        # before the CSR sort, which would fail on a symbolic size with JAX's message, naming nothing
+        _static_size(senders.shape[0], "senders [E]")
         in_range = (senders >= 0) & (senders < num_nodes) & (receivers >= 0) & (receivers < num_nodes)
         if not traced:
             bad = np.flatnonzero(mask & ~in_range)
