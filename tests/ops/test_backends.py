@@ -254,6 +254,22 @@ def test_eager_call_reads_env_var_at_lowering(monkeypatch):
     assert plugin.calls == ["tensor_product"]
 
 
+def test_eager_call_of_one_shape_follows_a_changed_env_var(monkeypatch):
+    """The eager programs are cached per static setting: one of the same shapes, made after
+    ``E3J_BACKEND`` changed, lowers again instead of running the backend chosen before."""
+    args = tp_args(fresh())
+    monkeypatch.setenv(ENV, "reference")
+    want = TP(*args)
+    assert plugin.calls == []
+    monkeypatch.delenv(ENV)
+    got = TP(*args)
+    assert plugin.calls == ["tensor_product"]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    monkeypatch.setenv(ENV, "reference")
+    TP(*args)
+    assert plugin.calls == ["tensor_product"]  # the reference's program, from the cache
+
+
 def test_use_backend_beats_env_var(monkeypatch):
     monkeypatch.setenv(ENV, "reference")
     with e3j.use_backend("test"):

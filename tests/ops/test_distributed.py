@@ -340,6 +340,10 @@ def test_errors(mesh, conv):
         e3j.convolution_sharded(conv, x, y, s[:, :2], pg, mesh, "d")
     with pytest.raises(ValueError, match="x has 2 channels but s has 1"):
         e3j.convolution_sharded(conv, x, y, s[..., :1], pg, mesh, "d")
+    # the gather clamps its ids: a short array would come back as blocks repeating its rows
+    for bad in (y[:2], jnp.zeros((4, 4)), jnp.zeros(())):
+        with pytest.raises(ValueError, match=r"edge_blocks: a must have one row per edge .*\[3, \.\.\.\], got shape"):
+            pg.edge_blocks(bad)
 
 
 def test_no_nodes(mesh, conv):

@@ -96,6 +96,12 @@ class PartitionedGraph:
         A gather of the whole ``a``: to keep per-device memory at one block, compute edge features
         in the blocks' order instead, from ``edge_ids`` (each local edge's caller id)."""
         a = jnp.asarray(a)  # a numpy operand indexed by traced ids (the graph a jit argument)
+        if a.ndim == 0 or a.shape[0] != self.num_edges:
+            # the gather clamps out-of-range ids: a short array would repeat its rows, silently
+            raise ValueError(
+                f"edge_blocks: a must have one row per edge of the partitioned graph, [{self.num_edges}, ...], "
+                f"got shape {a.shape}"
+            )
         ids = self.edge_ids.reshape(-1)
         mask = self.graph.edge_mask.reshape((-1,) + (1,) * (a.ndim - 1))
         if a.shape[0] == 0:
