@@ -1,3 +1,5 @@
+import math
+
 import e3nn_jax as e3nn
 import numpy as np
 import pytest
@@ -9,7 +11,7 @@ from e3j_core import (
     spherical_harmonics,
     wigner_D,
 )
-from e3j_core.spherical_harmonics import legendre_step
+from e3j_core.spherical_harmonics import legendre_pole, legendre_step
 from e3j_core.wigner import angles_to_matrix
 
 LMAX = 11
@@ -241,3 +243,21 @@ def test_normalize_must_be_a_bool():
 
 def test_irreps_type_accepted():
     assert spherical_harmonic_polynomials(Irreps("2x1o")).ls == (1, 1)
+
+
+def test_legendre_pole_is_the_largest_value_on_the_sphere():
+    """``legendre_pole(l, m)``, by which the evaluators scale ``Q_l^m``, is ``Q_l^m(Z = r = 1)`` and
+    its largest magnitude for ``|Z| <= r = 1`` (a Gegenbauer polynomial's bound)."""
+    z = np.linspace(-1.0, 1.0, 2001)
+    for l in range(12):
+        for m in range(l + 1):
+            q = [np.ones_like(z), (2 * m + 1) * z]  # the docstring's recurrence at r = 1
+            for k in range(m + 2, l + 1):
+                a, b = legendre_step(k, m)
+                q.append(a * z * q[-1] - b * q[-2])
+            values = q[l - m]
+            assert legendre_pole(l, m) == values[-1], (l, m)
+            assert np.abs(values).max() <= legendre_pole(l, m), (l, m)
+    assert legendre_pole(40, 0) == math.factorial(40)  # exact, past float32's range
+    with pytest.raises(ValueError, match=r"legendre_pole needs l >= m >= 0, got l=1, m=2"):
+        legendre_pole(1, 2)

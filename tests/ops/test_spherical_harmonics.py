@@ -327,3 +327,27 @@ def test_float16_high_degrees_stay_finite(normalize):
         grad, want_grad = jax.grad(loss)(v16), jax.grad(loss)(v16.astype(jnp.float32))
         assert grad.dtype == jnp.float16 and bool(jnp.all(jnp.isfinite(grad))), l
         np.testing.assert_allclose(np.asarray(grad, np.float32), want_grad, rtol=0, atol=2e-3 * np.abs(want_grad).max())
+
+
+def test_float32_high_degrees_stay_finite():
+    """The Legendre recurrences' unscaled intermediates grow factorially (``Q_l^0 = l!`` at the pole)
+    and passed float32's range at l = 33: infinities, and NaN at the pole (inf times 0), where the
+    harmonics are below 9. Scaled by powers of two they stay finite, to float32's rounding of
+    e3nn-jax's float64 values, and so do their gradients."""
+    rng = np.random.default_rng(3)
+    v = np.concatenate([rng.normal(size=(40, 3)), [[0.0, 1.0, 0.0], [0.0, -2.0, 0.0]]])  # the poles: inf * 0
+    v = v.astype(np.float32).astype(np.float64)  # the oracle's input, exactly float32's
+    with jax.enable_x64(True):
+        want = np.asarray(e3nn.spherical_harmonics("34e", jnp.asarray(v, jnp.float64), True).array)
+    got = e3j.spherical_harmonics("34e", jnp.asarray(v, jnp.float32), True)
+    assert got.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(got)))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+    def loss(sh, a):
+        return jnp.sum(jnp.sin(sh("34e", a, True)))
+
+    with jax.enable_x64(True):
+        want_grad = np.asarray(jax.grad(lambda a: loss(lambda *args: e3nn.spherical_harmonics(*args).array, a))(v[:-2]))
+    grad = jax.grad(functools.partial(loss, e3j.spherical_harmonics))(jnp.asarray(v[:-2], jnp.float32))
+    assert bool(jnp.all(jnp.isfinite(grad)))
+    np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=0, atol=1e-4 * np.abs(want_grad).max())

@@ -220,6 +220,26 @@ def legendre_step(l: int, m: int) -> tuple[int, int]:
 
 
 @cache
+def legendre_pole(l: int, m: int) -> int:
+    """``Q_l^m`` at the pole (``Z = r = 1``), exactly: its largest magnitude on the unit sphere.
+
+    ``Q_l^m(Z, 1)`` is a positive multiple of the Gegenbauer polynomial ``C_{l-m}^{(m+1/2)}(Z)``,
+    which on ``[-1, 1]`` is largest in magnitude at ``Z = 1``. It grows factorially (past float32's
+    range at ``l = 33``): evaluators scale ``Q_l^m`` by about its inverse, a power of two.
+
+    >>> [legendre_pole(l, 0) for l in range(5)], legendre_pole(3, 1), legendre_pole(2, 2)
+    ([1, 1, 2, 6, 24], 12, 1)
+    """
+    if not 0 <= m <= l:
+        raise ValueError(f"legendre_pole needs l >= m >= 0, got l={l}, m={m}")
+    below, q = 0, 1  # Q_{k-1}^m, Q_k^m at the pole for k = m; iterative: any l, no recursion limit
+    for k in range(m + 1, l + 1):
+        a, b = legendre_step(k, m)
+        below, q = q, a * q - b * below
+    return q
+
+
+@cache
 def _legendre_rows(l: int) -> tuple[Fraction, ...]:
     """For ``m = -l .. l``: the exact ``ρ`` with ``integer_harmonics(l)[m] = ρ · Q_l^|m| · (A or B)``."""
     x_iy = {(1, 0, 0): (1, 0), (0, 1, 0): (0, 1)}  # X + iY over standard exponents (X, Y, Z)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 
 from e3j_core import Irreps, as_irreps, spherical_harmonic_recurrence
-from e3j_core.spherical_harmonics import _as_ls, _check_normalization, is_degrees, legendre_step
+from e3j_core.spherical_harmonics import _as_ls, _check_normalization, is_degrees, legendre_pole, legendre_step
 
 from ._checks import check_array, check_truth, is_irreps_array, promoted_real_dtype
 
@@ -130,16 +131,26 @@ def _evaluate(x: jax.Array, ls: tuple[int, ...], normalization: str, normalize: 
         a_prev, b_prev = a[-1], b[-1]
         a.append(big_x * a_prev - big_y * b_prev)
         b.append(big_x * b_prev + big_y * a_prev)
-    q: dict[tuple[int, int], jax.Array | None] = {}  # (l, m) -> Q_l^m; None is the constant 1
+
+    # Q_l^m scaled by 2^-e(l, m), 2^e(l, m) <= Q_l^m's largest value on the unit sphere (at the pole,
+    # e3j_core's legendre_pole) < 2^(e + 1): unscaled, Q_l^m passed float32's range at l = 33 (inf and
+    # NaN where the harmonics are below 10). Powers of two scale exactly: below that degree the rows
+    # are the unscaled recurrence's bit for bit
+    def exponent(l: int, m: int) -> int:
+        return legendre_pole(l, m).bit_length() - 1
+
+    q: dict[tuple[int, int], jax.Array | None] = {}  # (l, m) -> scaled Q_l^m; None is the constant 1
 
     def legendre(l: int, m: int) -> jax.Array | None:
         if (l, m) not in q:
             if l == m:
-                q[l, m] = None
+                q[l, m] = None  # Q_m^m = 1, e = 0
             elif l == m + 1:
-                q[l, m] = legendre_step(l, m)[0] * big_z
+                q[l, m] = math.ldexp(legendre_step(l, m)[0], -exponent(l, m)) * big_z
             else:
                 a_lm, b_lm = legendre_step(l, m)
+                a_lm = math.ldexp(a_lm, exponent(l - 1, m) - exponent(l, m))
+                b_lm = math.ldexp(b_lm, exponent(l - 2, m) - exponent(l, m))
                 below = legendre(l - 2, m)
                 tail = b_lm * (r2 if below is None else r2 * below)
                 q[l, m] = a_lm * big_z * legendre(l - 1, m) - tail
@@ -151,7 +162,7 @@ def _evaluate(x: jax.Array, ls: tuple[int, ...], normalization: str, normalize: 
         if m:
             trig = (a if cosine else b)[m]
             value = trig if value is None else value * trig
-        rows.append((jnp.ones_like(big_x) if value is None else value) * factor)
+        rows.append((jnp.ones_like(big_x) if value is None else value) * math.ldexp(factor, exponent(l, m)))
     # the barrier keeps the rows one materialized array: fused into an elementwise consumer (the
     # gradient of sum(sin(Y))) XLA's CPU recomputed the recurrences per consumer, ~2x slower at lmax 3
     return jax.lax.optimization_barrier(jnp.stack(rows, axis=-1))
