@@ -190,6 +190,26 @@ def test_read_dataset_takes_partly_labelled_files_and_reads_weights(tmp_path):
         read_dataset(tmp_path / "other.extxyz")
 
 
+def test_read_dataset_finds_labels_ase_filed_as_results(tmp_path):
+    """ASE's extxyz reader files the names it knows (``free_energy``, ``energy``) as calculator
+    results, not in ``atoms.info``: a key naming one is read from there, and a key naming nothing
+    while the results hold an energy is refused with its name (it used to drop the energies)."""
+    path = tmp_path / "free.extxyz"
+    path.write_text(
+        '2\nfree_energy=-1.6 pbc="F F F" Properties=species:S:1:pos:R:3:forces:R:3\n'
+        "H 0 0 0 0.1 0 0\nH 0.74 0 0 -0.1 0 0\n"
+    )
+    (atoms,) = read_dataset(path, energy_key="free_energy")
+    assert atoms.get_potential_energy() == -1.6
+    np.testing.assert_array_equal(atoms.get_forces()[:, 0], [0.1, -0.1])
+    with pytest.raises(ValueError, match=r"no structure has energy; it has \['free_energy'\]"):
+        read_dataset(path)  # forces alone would train silently without the energies the file holds
+    structures = emt_structures(2, repeats=[(2, 2, 2)])
+    write_dataset(tmp_path / "plain.extxyz", structures)
+    with pytest.raises(ValueError, match=r"no structure has REF_energy; it has \['energy'"):
+        read_dataset(tmp_path / "plain.extxyz", energy_key="REF_energy")
+
+
 def test_cli_trains_an_energy_only_file_with_no_force_weight(tmp_path):
     import json
 

@@ -156,8 +156,9 @@ def read_dataset(
     ``energy``, ``forces`` and ``stress``). Datasets that keep them under other names (mace-torch's
     ``REF_energy``, ``REF_forces``, ``REF_stress``; a ``DFT_energy``) name them: each ``*_key``
     other than the default is read from ``atoms.info`` (energy, stress: 6 Voigt or 9 numbers) or
-    ``atoms.arrays`` (forces ``[N, 3]``) and becomes the structure's result, replacing what the
-    file's calculator results held. A stress is optional. ``virials_key`` (mace-torch's
+    ``atoms.arrays`` (forces ``[N, 3]``), else from the calculator results as read (where ASE files
+    the names it knows, e.g. ``free_energy``), and becomes the structure's result, replacing what
+    the file's calculator results held. A stress is optional. ``virials_key`` (mace-torch's
     ``REF_virials``: ``W = -V·σ``, in ``atoms.info``) gives the stress as ``-W / V`` instead, on
     structures with a cell of nonzero volume; a virial is not a stress, so naming one as
     ``stress_key`` would train on numbers of the wrong sign and size.
@@ -206,12 +207,16 @@ def read_dataset(
             stacklevel=2,
         )
     has = {"energy": [], "forces": []}
+    filed = []  # each structure's calculator results as read: ASE files the names it knows there
     for k, atoms in enumerate(structures):
         results = dict(atoms.calc.results) if atoms.calc is not None else {}
+        filed.append(dict(results))
         if renamed:
             for prop, key in renamed.items():
                 results.pop(prop, None)  # the named label replaces the default one, or there is none
+                # ASE's extxyz reader files the names it knows (free_energy, energy, ...) as results
                 source = atoms.arrays if prop == "forces" else atoms.info
+                source = source if key in source else filed[-1]
                 if key in source:
                     value = np.asarray(source[key], np.float64)
                     if prop == "energy" and value.size == 1:
@@ -233,18 +238,19 @@ def read_dataset(
         for p in has:
             has[p].append(p in results)
         if not (has["energy"][-1] or has["forces"][-1]):
-            hint = _label_hint(atoms, ("energy", "force"))
+            hint = _label_hint(atoms, filed[-1], ("energy", "force"))
             raise ValueError(f"data file {path!r}: structure {k} has no {energy_key} or {forces_key}{hint}")
     for p, name in (("energy", "energy"), ("forces", "force")):
         # absent from every structure: under another name (mace-torch's REF_energy), or not in the file
-        hint = _label_hint(structures[0], (name,), exclude=set(keys.values()))
+        hint = _label_hint(structures[0], filed[0], (name,), exclude=set(keys.values()))
         if not any(has[p]) and hint:
             raise ValueError(f"data file {path!r}: no structure has {keys[p]}{hint}")
     return structures
 
 
-def _label_hint(atoms, words: tuple[str, ...], exclude: set = frozenset()) -> str:
-    """What a structure holds that looks like a label (its keys containing ``words``), as an error's
-    hint to name them; "" when nothing does."""
-    other = sorted(n for n in [*atoms.info, *atoms.arrays] if n not in exclude and any(w in n.lower() for w in words))
+def _label_hint(atoms, results: dict, words: tuple[str, ...], exclude: set = frozenset()) -> str:
+    """What a structure holds that looks like a label (its info, arrays and calculator ``results``
+    as read, the keys containing ``words``), as an error's hint to name them; "" when nothing does."""
+    names = {*atoms.info, *atoms.arrays, *results}
+    other = sorted(n for n in names if n not in exclude and any(w in n.lower() for w in words))
     return f"; it has {other}: name them with energy_key= / forces_key= (--energy-key ...)" if other else ""
