@@ -175,6 +175,33 @@ def test_load_refuses_damaged_files_and_partial_configs(tmp_path, tiny):
         em.load(tmp_path / "text.npz")
 
 
+def test_load_refuses_parameters_that_do_not_fit_or_are_not_finite(tmp_path, tiny):
+    """A header edited after saving (another channel count) loaded, and the model failed at its first
+    call naming no file (the md command had already removed the previous run's files); a NaN
+    parameter loaded, and MD blamed the timestep. save refuses the NaN too: load would."""
+    pot, _, params = tiny
+    good = tmp_path / "m.npz"
+    em.save(good, pot.config, params)
+    header = json.loads(bytes(np.load(good)["__header__"]).decode())
+    header["config"]["num_channels"] += 1
+    arrays = dict(np.load(good, allow_pickle=False))
+    arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    np.savez(tmp_path / "edited.npz", **arrays)
+    with pytest.raises(ValueError, match=r"edited.npz' holds parameters that do not fit its config: .*shape"):
+        em.load(tmp_path / "edited.npz")
+    arrays = dict(np.load(good, allow_pickle=False))
+    name = next(n for n in arrays if n != "__header__" and arrays[n].dtype.kind == "f")
+    arrays[name] = arrays[name].copy()
+    arrays[name].flat[0] = np.nan
+    np.savez(tmp_path / "nan.npz", **arrays)
+    with pytest.raises(ValueError, match=rf"nan.npz' holds non-finite parameters: \['{name}'\]"):
+        em.load(tmp_path / "nan.npz")
+    bad = jax.tree.map(lambda a: np.full_like(a, np.inf), params)
+    with pytest.raises(ValueError, match=r"params holds non-finite values: \['"):
+        em.save(tmp_path / "inf.npz", pot.config, bad)
+    assert not (tmp_path / "inf.npz").exists()
+
+
 def _periodic_atoms():
     """``structure(1)`` as periodic ``ase.Atoms`` (the calculator tests' system)."""
     ase = pytest.importorskip("ase")

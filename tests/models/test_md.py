@@ -122,6 +122,9 @@ def test_cli_md_outputs_and_bad_input(model, tmp_path):
         main(["md", "--model", str(ckpt), "--ensemble", "npt", "--pressure", "nan", "--out", str(bad_out)])
     with pytest.raises(SystemExit, match=r"--pressure applies to --ensemble npt only, got --ensemble nvt"):
         main(["md", "--model", str(ckpt), "--ensemble", "nvt", "--pressure", "1", "--out", str(bad_out)])
+    # NPT's thermostat divides by kT: a ZeroDivisionError traceback, after the files had gone
+    with pytest.raises(SystemExit, match=r"--temperature must be > 0 for ensemble 'npt' .*got 0"):
+        main(["md", "--model", str(ckpt), "--ensemble", "npt", "--temperature", "0", "--out", str(bad_out)])
     assert not os.path.exists(bad_out)  # refused before anything is written
 
     # refused after the structure is read, but still before a previous run's files are touched
@@ -145,6 +148,14 @@ def test_cli_md_outputs_and_bad_input(model, tmp_path):
                 str(out),
             ]
         )
+    # a checkpoint whose header was edited: refused by load, before the files go
+    header = json.loads(bytes(np.load(ckpt)["__header__"]).decode())
+    header["config"]["num_channels"] += 1
+    arrays = dict(np.load(ckpt, allow_pickle=False))
+    arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
+    np.savez(tmp_path / "edited.npz", **arrays)
+    with pytest.raises(SystemExit, match=r"--model: .*edited.npz' holds parameters that do not fit its config"):
+        main(["md", "--model", str(tmp_path / "edited.npz"), "--supercell", "1", "--out", str(out)])
     # atoms the calculator refuses at its first call: refused before the files go too
     for k, change in enumerate(
         [lambda a: a.positions.__setitem__(5, a.positions[0]), lambda a: a.positions.__setitem__((1, 2), np.nan)]
@@ -189,6 +200,8 @@ def test_run_md_refuses_non_finite_numbers(model):
     ]:
         with pytest.raises(ValueError, match=match):
             run_md(_cell(), Calculator(pot, params), "nvt", steps=1, progress=False, **kwargs)
+    with pytest.raises(ValueError, match=r"temperature_K must be > 0 for ensemble 'npt' \(its thermostat divides"):
+        run_md(_cell(), Calculator(pot, params), "npt", steps=1, temperature_K=0, progress=False)
 
 
 def test_run_md_names_what_it_refuses_before_running(model, tmp_path):

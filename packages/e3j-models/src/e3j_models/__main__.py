@@ -309,7 +309,7 @@ def _structure(args):
 def _md(args) -> None:
     from . import Calculator, Potential, load
     from ._checks import check_positive_real, check_real
-    from .md import check_ensemble, plot_md, run_md
+    from .md import check_ensemble, check_temperature, plot_md, run_md
     from .neighbours import check_structure
 
     if not args.float32:
@@ -325,7 +325,7 @@ def _md(args) -> None:
     if args.log_every < 1:
         raise ValueError(f"--log-every must be >= 1, got {args.log_every}")
     check_positive_real("--timestep", args.timestep, " (fs)")
-    check_real("--temperature", args.temperature, 0, " (K)")
+    check_temperature(args.temperature, args.ensemble, "--temperature")
     check_real("--pressure", args.pressure, None, " (GPa)")
     if args.pressure != 0 and args.ensemble != "npt":
         raise ValueError(f"--pressure applies to --ensemble npt only, got --ensemble {args.ensemble}")

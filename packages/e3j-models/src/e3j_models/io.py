@@ -82,6 +82,12 @@ def _read_arrays(data, names, where: str, what: str = "parameter") -> dict[str, 
     return out
 
 
+def _non_finite(flat: Mapping[str, np.ndarray]) -> str:
+    """The names of the float arrays of ``flat`` holding a NaN or an infinity (the first three), or ""."""
+    bad = [k for k, a in flat.items() if a.dtype.kind == "f" and not np.all(np.isfinite(a))]
+    return "" if not bad else f"{bad[:3]}{' ...' if len(bad) > 3 else ''}"
+
+
 def _nest(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """:func:`_flatten`'s inverse: ``{"a/b": x}`` -> ``{"a": {"b": x}}``."""
     tree: dict[str, Any] = {}
@@ -105,6 +111,9 @@ def save(path: str | os.PathLike, config: MACEConfig | NequIPConfig, params: dic
         Potential(config).check_params(params)  # a file whose parameters its config cannot read
     if not arrays:
         raise ValueError("params holds no arrays: save the tree Potential.init gives")
+    bad = _non_finite(arrays)
+    if bad:  # load would refuse the file
+        raise ValueError(f"params holds non-finite values: {bad}")
     if "__header__" in arrays:
         raise ValueError("a parameter may not be named '__header__'")
     header = {
@@ -119,7 +128,8 @@ def save(path: str | os.PathLike, config: MACEConfig | NequIPConfig, params: dic
 
 
 def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, Any]]:
-    """``(config, params)`` from a file written by :func:`save`."""
+    """``(config, params)`` from a file written by :func:`save`; ``ValueError`` naming the file when
+    it is not one, is damaged, or holds parameters that do not fit its config or are not finite."""
     where = os.fspath(path)
     try:
         data = np.load(path, allow_pickle=False)
@@ -149,7 +159,7 @@ def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, 
         version = header.get("format_version")
         if not isinstance(version, int) or isinstance(version, bool) or not 1 <= version <= FORMAT_VERSION:
             raise ValueError(f"{where!r} has format_version {version!r}; this e3j-models reads up to {FORMAT_VERSION}")
-        params = _nest(_read_arrays(data, [n for n in data.files if n != "__header__"], where))
+        flat = _read_arrays(data, [n for n in data.files if n != "__header__"], where)
     config = header.get("config")
     if not isinstance(config, dict):
         raise ValueError(f"{where!r} has a malformed __header__: no 'config' object")
@@ -158,6 +168,17 @@ def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, 
     if missing:  # save writes every field; a default in its place would be another model, silently
         raise ValueError(f"{where!r} holds a config without the fields {missing} (save writes every field)")
     try:
-        return config_from_dict(config), params
+        config = config_from_dict(config)
     except (TypeError, ValueError) as err:  # a config its dataclass refuses (missing or bad fields)
         raise ValueError(f"{where!r} holds a config this e3j-models cannot read: {err}") from err
+    from .potential import Potential
+
+    params = _nest(flat)
+    try:  # an edited header: the model would fail at its first call, naming no file
+        Potential(config).check_params(params)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where!r} holds parameters that do not fit its config: {err}") from err
+    bad = _non_finite(flat)
+    if bad:  # a diverged run's: every energy would be NaN, and MD would blame the timestep
+        raise ValueError(f"{where!r} holds non-finite parameters: {bad}")
+    return config, params

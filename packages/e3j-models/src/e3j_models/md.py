@@ -53,6 +53,15 @@ def check_ensemble(atoms, ensemble: str) -> None:
         raise ValueError("ensemble 'npt' needs a fully periodic structure (atoms.pbc all True)")
 
 
+def check_temperature(temperature: float, ensemble: str, name: str = "temperature_K") -> float:
+    """``temperature`` (K) as a float: finite and >= 0, and > 0 for ``"npt"``, whose thermostat
+    divides by ``k T`` (ASE raised ZeroDivisionError). ``name`` names it in the error."""
+    temperature = check_real(name, temperature, 0, " (K)")
+    if ensemble == "npt" and temperature == 0:
+        raise ValueError(f"{name} must be > 0 for ensemble 'npt' (its thermostat divides by kT), got 0")
+    return temperature
+
+
 def run_md(
     atoms: ase.Atoms,
     calculator: BaseCalculator,
@@ -97,7 +106,7 @@ def run_md(
     check_ensemble(atoms, ensemble)
     steps = check_int("steps", steps, 1)
     timestep_fs = check_positive_real("timestep_fs", timestep_fs, " (fs)")
-    temperature_K = check_real("temperature_K", temperature_K, 0, " (K)")
+    temperature_K = check_temperature(temperature_K, ensemble)
     pressure_GPa = check_real("pressure_GPa", pressure_GPa, None, " (GPa)")
     friction_per_fs = check_real("friction_per_fs", friction_per_fs, 0, " (1/fs)")
     log_every = check_int("log_every", log_every, 1)
