@@ -224,3 +224,23 @@ def test_numpy_integers_are_taken_as_python_ints():
     for bad in (lambda: Irrep(np.bool_(True), 1), lambda: Irreps([(2.0, (0, 1))])):
         with pytest.raises(ValueError, match="int"):
             bad()
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [[2, "1o"], [1, "0e"]],  # (mul, ir) pairs as lists: irreps loaded from JSON or YAML
+        [[1, (0, 1)], [3, (2, -1)]],
+        [(1, (0, 1))],
+        [0, 1, 3],  # lone degrees, read as even by e3nn-jax
+        (0, 1),
+    ],
+)
+def test_list_forms_read_as_e3nn_reads_them(items):
+    assert str(Irreps(items)) == str(e3nn.Irreps(items))
+
+
+def test_no_irreps_equals_none():
+    assert Irreps("") != None  # noqa: E711 (== None, as e3nn-jax answers it)
+    assert e3nn.Irreps("") != None  # noqa: E711
+    assert Irreps("") == Irreps() == "" and Irreps(None) == []

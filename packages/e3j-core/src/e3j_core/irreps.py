@@ -449,6 +449,8 @@ class Irreps(tuple):
         return Irreps([MulIrrep(mul // int(n), ir) for mul, ir in self])
 
     def __eq__(self, other: object) -> bool:
+        if other is None:  # Irreps(None) is the empty sum, but no Irreps is None (as in e3nn-jax)
+            return False
         try:
             other = Irreps(other)  # type: ignore[arg-type]
         except (ValueError, TypeError):
@@ -526,9 +528,11 @@ def _into_mul_irrep(item: object) -> MulIrrep:
         return _mul_irrep(item.mul, item.ir, item)
     if _is_irrep_like(item):  # e.g. e3nn-jax's Irrep, a pair (l, p) that is not (mul, ir)
         return MulIrrep(1, Irrep(item))  # type: ignore[arg-type]
-    if isinstance(item, tuple) and len(item) == 2:
+    if is_int(item):  # e3nn-jax reads a lone degree as even: Irreps([0, 1]) is 1x0e+1x1e
+        return MulIrrep(1, Irrep(item, 1))  # type: ignore[arg-type]
+    if isinstance(item, (tuple, list)) and len(item) == 2:  # lists: (mul, ir) pairs loaded from JSON
         mul, ir = item
-        return _mul_irrep(mul, ir, item)
+        return _mul_irrep(mul, tuple(ir) if isinstance(ir, list) else ir, item)
     raise ValueError(f"cannot interpret {item!r} as an irrep with multiplicity")
 
 
