@@ -14,6 +14,7 @@ from bad_input import FORMS, KEY, f32, f64, ones, rand
 
 import e3j
 import e3j_models as M
+from e3j_models.data import emt_structures
 
 GRAPH = e3j.Graph.from_edges(np.array([0, 1, 2]), np.array([1, 2, 0]), num_nodes=3)
 
@@ -548,6 +549,36 @@ BAD = {
         ),
         ValueError,
         r"atoms [12] and [12] coincide \(distance 0\)",
+    ),
+    # the systems and the EMT data: numpy's errors named nothing, or a wrong system came back
+    "water_box num_atoms 0": (lambda: M.water_box(0), ValueError, r"num_atoms must be an int > 0, got 0"),
+    "water_box num_atoms float": (lambda: M.water_box(2.5), ValueError, r"num_atoms must be an int > 0, got 2.5"),
+    "cuni_fcc repeats bool": (lambda: M.cuni_fcc(True), ValueError, r"repeats must be a positive int or 3"),
+    "cuni_fcc lattice_constant nan": (
+        lambda: M.cuni_fcc(1, lattice_constant=float("nan")),
+        ValueError,
+        r"lattice_constant must be a finite number > 0 \(Å\), got nan",
+    ),
+    "cuni_fcc lattice_constant 0": (
+        lambda: M.cuni_fcc(1, lattice_constant=0.0),
+        ValueError,
+        r"lattice_constant must be a finite number > 0 \(Å\), got 0.0",
+    ),
+    "emt_structures max_vacancies -1": (
+        lambda: emt_structures(1, max_vacancies=-1),
+        ValueError,
+        r"max_vacancies must be an int >= 0, got -1",
+    ),
+    "emt_structures max_vacancies too many": (
+        lambda: emt_structures(1, repeats=[(1, 1, 1)], max_vacancies=4),
+        ValueError,
+        r"max_vacancies must be < 4, the atoms of the smallest supercell of repeats, got 4",
+    ),
+    "emt_structures seed -1": (lambda: emt_structures(1, seed=-1), ValueError, r"seed must be an int >= 0"),
+    "emt_structures repeats bool": (
+        lambda: emt_structures(1, repeats=[(True, 1, 1)]),
+        ValueError,
+        r"repeats must be a non-empty list of 3 positive ints each",
     ),
 }
 

@@ -306,6 +306,11 @@ def test_evaluate_structures_and_the_test_command(tmp_path, capsys):
     np.testing.assert_allclose(written["force_mae"], got["force_mae"], rtol=1e-5)
     with pytest.raises(SystemExit, match=r"--out: the folder '.*missing' does not exist"):
         main(["test", "--model", str(tmp_path / "m.npz"), "--data", "x", "--out", str(tmp_path / "missing" / "t.json")])
+    with pytest.raises(SystemExit, match=r"error: --batch-size must be an int > 0, got 0"):
+        main(["test", "--model", model, "--data", data, "--batch-size", "0"])
+    (tmp_path / "junk.npz").write_text("not a checkpoint")
+    with pytest.raises(SystemExit, match=r"error: --model: .*junk.npz' is not an e3j-models file"):
+        main(["test", "--model", str(tmp_path / "junk.npz"), "--data", data])
     # the metrics read every stress label: a NaN one was a stress MAE of NaN, and the structures are
     # named as the caller knows them (the command line's: by their place in --data, not train[k])
     bad = read_dataset(data)
@@ -423,6 +428,10 @@ def test_cli_train_writes_outputs_and_refuses_bad_input(tmp_path, capsys):
         main([*args[:5], "--out", str(tmp_path / "y"), "--lr", "-1"])
     with pytest.raises(SystemExit, match=r"--eval-every must be >= 0 .*got -1"):
         main([*args[:5], "--out", str(tmp_path / "y"), "--eval-every", "-1"])
+    # the config's fields named by the flags that set them (the message named num_channels)
+    for flag, value, field in [("--channels", "0", "num_channels"), ("--radial-hidden", "0", "radial_mlp")]:
+        with pytest.raises(SystemExit, match=rf"error: {flag}: {field} must be"):
+            main([*args[:5], "--out", str(tmp_path / "y"), flag, value])
     assert not os.path.exists(tmp_path / "y")
     # a refused command leaves the previous run's files as they were
     before = {p.name: p.read_bytes() for p in out.iterdir()}

@@ -23,11 +23,14 @@ import numpy as np
 _PRESETS = ("mace_a", "mace_b", "nequip")
 
 
-class _DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Each option's default in its help, but for ``None`` (its help says what happens then)."""
+class _DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Each option's default in its help, but for ``None`` (its help says what happens then) and
+    for switches (``--float32``: off unless given), help text or not."""
 
     def _get_help_string(self, action):
-        return action.help if action.default is None else super()._get_help_string(action)
+        if action.default in (None, argparse.SUPPRESS) or action.nargs == 0 or not action.option_strings:
+            return action.help
+        return f"{action.help} (default: %(default)s)" if action.help else "default: %(default)s"
 
 
 def _requires(command: str) -> None:
@@ -227,7 +230,12 @@ def _train(args) -> None:
         if missing:
             raise SystemExit(f"error: --e0s isolated: --data has no isolated atom of element(s) {missing}")
         overrides["atomic_energies"] = tuple(e0[z] for z in elements)
-    config = getattr(cfgs, args.preset)(elements, **overrides)
+    try:
+        config = getattr(cfgs, args.preset)(elements, **overrides)
+    except (TypeError, ValueError) as err:  # a config field refused: named by the flag that set it
+        field = str(err).split(" ", 1)[0]
+        flag = _RESUME_FLAGS.get(f"config.{field}")
+        raise ValueError(f"{flag}: {err}" if flag else str(err)) from err
     try:
         Potential(config, args.backend)  # the backend checked now, before --out is touched
     except ValueError as err:
@@ -389,12 +397,16 @@ def _md(args) -> None:
 
 def _test(args) -> None:
     from . import Potential, load
-    from ._checks import check_output_path
+    from ._checks import check_int, check_output_path
     from .train import evaluate_structures
 
+    check_int("--batch-size", args.batch_size, 1)
     if args.out is not None:
         check_output_path("--out", args.out)
-    config, params = load(args.model)
+    try:
+        config, params = load(args.model)
+    except ValueError as err:
+        raise ValueError(f"--model: {err}") from err
     try:
         potential = Potential(config, args.backend)
     except ValueError as err:
@@ -440,9 +452,9 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m e3j_models")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("data", help="generate the EMT Cu-Ni dataset (extxyz)")
+    p = sub.add_parser("data", help="generate the EMT Cu-Ni dataset (extxyz)", formatter_class=_DefaultsHelpFormatter)
     p.add_argument("--num", type=int, default=200, help="number of structures")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="draws the structures")
     p.add_argument("--out", required=True, help="output .extxyz path (.traj: an ASE trajectory)")
     p.set_defaults(func=_data)
 
@@ -529,8 +541,8 @@ def main(argv=None) -> None:
     p.add_argument("--model", required=True, help="checkpoint written by train (model.npz)")
     p.add_argument("--structure", default=None, help="ASE-readable structure file (default: an fcc Cu-Ni supercell)")
     p.add_argument("--supercell", type=int, default=4, help="fcc repeats n: 4·n³ atoms (without --structure)")
-    p.add_argument("--ensemble", choices=("nve", "nvt", "npt"), default="nve")
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--ensemble", choices=("nve", "nvt", "npt"), default="nve", help="NVE, NVT (Langevin) or NPT (MTK)")
+    p.add_argument("--steps", type=int, default=100, help="time steps")
     p.add_argument("--timestep", type=float, default=2.0, help="fs")
     p.add_argument("--temperature", type=float, default=300.0, help="K")
     p.add_argument("--pressure", type=float, default=0.0, help="GPa (npt)")
@@ -542,7 +554,7 @@ def main(argv=None) -> None:
         help="multiply the radial MLP's output out before each convolution (factored_radial=False)",
     )
     p.add_argument("--float32", action="store_true", help="evaluate the model in float32 (default float64)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="draws the initial velocities and the Langevin noise")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=_md)
 

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ._checks import check_int
+from ._checks import check_int, is_int
 from ._optional import require
 
 __all__ = ["LATTICE_CONSTANTS", "WEIGHT_KEYS", "dataset_format", "emt_structures", "read_dataset", "write_dataset"]
@@ -62,8 +62,19 @@ def emt_structures(
     from ase.calculators.singlepoint import SinglePointCalculator
 
     num_structures = check_int("num_structures", num_structures, 1)
-    if not repeats or any(len(r) != 3 or min(r) < 1 for r in repeats):
+    seed = check_int("seed", seed, 0)
+    if (
+        isinstance(repeats, str)
+        or not repeats
+        or any(isinstance(r, str) or len(r) != 3 or not all(is_int(n) and n >= 1 for n in r) for r in repeats)
+    ):
         raise ValueError(f"repeats must be a non-empty list of 3 positive ints each, got {repeats!r}")
+    smallest = 4 * min(int(np.prod(r)) for r in repeats)  # atoms of the smallest supercell
+    max_vacancies = check_int("max_vacancies", max_vacancies, 0)
+    if max_vacancies >= smallest:
+        raise ValueError(
+            f"max_vacancies must be < {smallest}, the atoms of the smallest supercell of repeats, got {max_vacancies}"
+        )
     if not 0 <= strain < 0.2:
         raise ValueError(f"strain must be in [0, 0.2), got {strain!r}")
     lo, hi = temperatures
@@ -218,7 +229,10 @@ def read_dataset(
                 source = atoms.arrays if prop == "forces" else atoms.info
                 source = source if key in source else filed[-1]
                 if key in source:
-                    value = np.asarray(source[key], np.float64)
+                    try:
+                        value = np.asarray(source[key], np.float64)
+                    except (TypeError, ValueError) as err:  # text: numpy's message named nothing
+                        raise ValueError(f"data file {path!r}: structure {k}'s {key} is not numbers: {err}") from err
                     if prop == "energy" and value.size == 1:
                         value = value.item()
                     elif prop == "stress" and value.size == 9:

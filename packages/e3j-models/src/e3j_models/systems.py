@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._checks import check_int, check_positive_real, is_int
 from ._optional import require
 
 __all__ = ["cuni_fcc", "water_box"]
@@ -19,6 +20,8 @@ __all__ = ["cuni_fcc", "water_box"]
 
 def water_box(num_atoms: int, seed: int = 0) -> dict:
     """About ``num_atoms`` atoms (whole molecules) of water at 0.1 atoms/Å³ in a cubic periodic cell."""
+    num_atoms = check_int("num_atoms", num_atoms, 1)
+    seed = check_int("seed", seed, 0)
     molecules = max(1, round(num_atoms / 3))
     side = (3 * molecules / 0.1) ** (1 / 3)
     per_side = int(np.ceil(molecules ** (1 / 3)))
@@ -53,9 +56,11 @@ def cuni_fcc(repeats: int | tuple[int, int, int], seed: int = 0, lattice_constan
     require("ase", "cuni_fcc")
     from ase.build import bulk
 
-    reps = (repeats,) * 3 if isinstance(repeats, int) else tuple(repeats)
-    if len(reps) != 3 or not all(isinstance(r, int | np.integer) and r >= 1 for r in reps):
+    reps = (repeats,) * 3 if is_int(repeats) else tuple(repeats) if isinstance(repeats, (tuple, list)) else ()
+    if len(reps) != 3 or not all(is_int(r) and r >= 1 for r in reps):
         raise ValueError(f"repeats must be a positive int or 3 positive ints, got {repeats!r}")
+    seed = check_int("seed", seed, 0)
+    lattice_constant = check_positive_real("lattice_constant", lattice_constant, " (Å)")
     atoms = bulk("Cu", "fcc", a=lattice_constant, cubic=True).repeat(reps)
     rng = np.random.default_rng(seed)
     atoms.numbers = np.where(rng.uniform(size=len(atoms)) < 0.5, 28, 29)
