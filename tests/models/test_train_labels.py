@@ -208,6 +208,10 @@ def test_read_dataset_finds_labels_ase_filed_as_results(tmp_path):
     write_dataset(tmp_path / "plain.extxyz", structures)
     with pytest.raises(ValueError, match=r"no structure has REF_energy; it has \['energy'"):
         read_dataset(tmp_path / "plain.extxyz", energy_key="REF_energy")
+    text = tmp_path / "text.extxyz"  # numpy's "could not convert string to float" named nothing
+    text.write_text('2\nREF_energy=abc pbc="F F F" Properties=species:S:1:pos:R:3\nH 0 0 0\nH 0.74 0 0\n')
+    with pytest.raises(ValueError, match=r"text.extxyz': structure 0's REF_energy is not numbers"):
+        read_dataset(text, energy_key="REF_energy")
 
 
 def test_cli_trains_an_energy_only_file_with_no_force_weight(tmp_path):
