@@ -261,3 +261,18 @@ def test_legendre_pole_is_the_largest_value_on_the_sphere():
     assert legendre_pole(40, 0) == math.factorial(40)  # exact, past float32's range
     with pytest.raises(ValueError, match=r"legendre_pole needs l >= m >= 0, got l=1, m=2"):
         legendre_pole(1, 2)
+
+
+def test_a_non_finite_component_reaches_only_the_rows_that_read_it():
+    """The monomials were summed as one dense product, where 0 * NaN is NaN: one NaN component made
+    every harmonic NaN, Y_0 included. Each row now reads its own monomials: a row is NaN exactly
+    when it depends on the NaN component, and is its finite value otherwise."""
+    ls = [0, 1, 2, 3]
+    with np.errstate(invalid="ignore"):
+        got = spherical_harmonics(ls, np.array([[1.0, np.nan, 2.0], [np.inf, 0.0, 0.0]]), normalize=False)
+    a, b = (spherical_harmonics(ls, np.array([[1.0, y, 2.0]]), normalize=False)[0] for y in (0.3, -1.7))
+    depends = ~np.isclose(a, b, rtol=1e-12, atol=1e-12)
+    assert depends.any() and not depends.all()
+    np.testing.assert_array_equal(np.isnan(got[0]), depends)
+    np.testing.assert_allclose(got[0, ~depends], a[~depends], rtol=1e-12)
+    assert got[1, 0] == 1.0  # Y_0 of an infinite vector

@@ -143,7 +143,13 @@ class SphericalHarmonicPolynomials:
             * powers[..., self.exponents[:, 1], 1]
             * powers[..., self.exponents[:, 2], 2]
         )
-        return mono @ self.coefficients.T
+        out = mono @ self.coefficients.T
+        if not np.all(np.isfinite(mono)):
+            # 0 * NaN is NaN: the dense product spread one NaN component into every row. Each row
+            # sums its own monomials, as the polynomial (and e3nn-jax) does
+            used = [np.flatnonzero(c) for c in self.coefficients]
+            out = np.stack([mono[..., k] @ c[k] for c, k in zip(self.coefficients, used)], axis=-1)
+        return out
 
 
 @cache
