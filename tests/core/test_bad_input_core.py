@@ -39,6 +39,12 @@ BAD = {
         ValueError,
         r"filter_ir_out: cannot interpret '1x'",
     ),
+    # Irreps reads a lone degree as even (e3nn-jax's rule): a filter [0, 1] dropped 1o silently
+    "normalize_filter degrees": (
+        lambda: normalize_filter([0, 1], "filter_ir_out"),
+        ValueError,
+        r"filter_ir_out: cannot interpret \[0, 1\] as irreps \(a filter names irreps \('1o'\), not degrees",
+    ),
     "normalize_filter bad pair": (
         lambda: normalize_filter([(1, (0, 2))], "self_connection"),
         ValueError,
@@ -85,3 +91,9 @@ def test_filter_forms(form):
 def test_integer_angles_still_work():
     np.testing.assert_allclose(e3j_core.matrix_x(0), np.eye(3))
     assert e3j_core.select_paths(COO, [np.int64(1), 0]).num_paths == 2
+
+
+def test_a_filter_given_as_a_generator_of_pairs_is_read_whole():
+    """The pairs were read twice (as irreps, then as (mul, irrep) pairs): a generator was empty the
+    second time, and the filter kept nothing."""
+    assert normalize_filter((m, ir) for m, ir in [(1, "0e"), (2, "1o")]) == normalize_filter("0e + 1o")

@@ -575,6 +575,11 @@ BAD = {
         r"max_vacancies must be < 4, the atoms of the smallest supercell of repeats, got 4",
     ),
     "emt_structures seed -1": (lambda: emt_structures(1, seed=-1), ValueError, r"seed must be an int >= 0"),
+    "emt_structures one repeats triple": (
+        lambda: emt_structures(1, repeats=(2, 2, 2)),
+        ValueError,
+        r"repeats must be a non-empty list of 3 positive ints each, got \(2, 2, 2\)",
+    ),
     "emt_structures repeats bool": (
         lambda: emt_structures(1, repeats=[(True, 1, 1)]),
         ValueError,
@@ -696,3 +701,7 @@ def test_masked_edges_may_touch_padding_nodes():
     """The consistency check reads only the real edges: a padding edge on padding nodes is fine."""
     b = M.make_batch(POS, SPECIES, [0, 3], [1, 3], node_mask=[True, True, True, False], edge_mask=[True, False])
     assert b.graph.num_edges == 2
+
+
+def test_cuni_fcc_takes_any_sequence_of_repeats():
+    assert len(M.cuni_fcc(np.array([1, 1, 2]))) == len(M.cuni_fcc(range(1, 4))) / 3 == len(M.cuni_fcc((1, 1, 2))) == 8

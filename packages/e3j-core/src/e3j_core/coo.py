@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from ._checks import is_int
 from .clebsch_gordan import clebsch_gordan
 from .irreps import IntoIrreps, Irrep, Irreps, _is_irrep_like, _is_mul_irrep_like, as_irreps
 
@@ -506,10 +507,13 @@ def normalize_filter(filter: IntoIrreps | Iterable | None, name: str = "filter")
         if isinstance(filter, (str, Irreps, Irrep)) or _is_irrep_like(filter) or _is_mul_irrep_like(filter):
             irreps = [ir for _, ir in Irreps(filter)]
         else:  # an iterable of irreps (e3nn-jax's Irreps is one of MulIrreps)
+            items = list(filter)  # read twice below: a generator would be empty the second time
             try:
-                irreps = [Irrep(ir) for ir in filter]
+                irreps = [Irrep(ir) for ir in items]
             except (TypeError, ValueError):  # not irreps: (mul, irrep) pairs, as Irreps takes them
-                irreps = [ir for _, ir in Irreps(filter)]
+                if any(is_int(ir) for ir in items):  # Irreps reads a lone degree as even: 1 would be 1e
+                    raise ValueError("a filter names irreps ('1o'), not degrees (e3nn-jax refuses them too)") from None
+                irreps = [ir for _, ir in Irreps(items)]
     except (TypeError, ValueError) as err:
         raise ValueError(f"{name}: cannot interpret {filter!r} as irreps ({err})") from None
     return tuple(sorted(set(irreps)))

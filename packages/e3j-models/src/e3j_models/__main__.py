@@ -434,7 +434,9 @@ def _add_backend(p: argparse.ArgumentParser) -> None:
 
 def _add_label_keys(p: argparse.ArgumentParser) -> None:
     """The names of --data's labels (read_dataset's keys), as train and test take them."""
-    p.add_argument("--energy-key", default="energy", help="--data's energy label (e.g. REF_energy, in atoms.info)")
+    p.add_argument(
+        "--energy-key", default="energy", help="--data's energy label (e.g. REF_energy, in atoms.info; free_energy)"
+    )
     p.add_argument("--forces-key", default="forces", help="--data's forces label (e.g. REF_forces, in atoms.arrays)")
     p.add_argument("--stress-key", default="stress", help="--data's stress label (e.g. REF_stress, in atoms.info)")
     p.add_argument("--virials-key", default=None, help="--data's virials (e.g. REF_virials), read as stress -W/V")

@@ -66,7 +66,10 @@ def emt_structures(
     if (
         isinstance(repeats, str)
         or not repeats
-        or any(isinstance(r, str) or len(r) != 3 or not all(is_int(n) and n >= 1 for n in r) for r in repeats)
+        or any(
+            isinstance(r, str) or not np.iterable(r) or len(r) != 3 or not all(is_int(n) and n >= 1 for n in r)
+            for r in repeats
+        )
     ):
         raise ValueError(f"repeats must be a non-empty list of 3 positive ints each, got {repeats!r}")
     smallest = 4 * min(int(np.prod(r)) for r in repeats)  # atoms of the smallest supercell
@@ -231,7 +234,7 @@ def read_dataset(
                 if key in source:
                     try:
                         value = np.asarray(source[key], np.float64)
-                    except (TypeError, ValueError) as err:  # text: numpy's message named nothing
+                    except (TypeError, ValueError) as err:  # text: numpy's message would name nothing
                         raise ValueError(f"data file {path!r}: structure {k}'s {key} is not numbers: {err}") from err
                     if prop == "energy" and value.size == 1:
                         value = value.item()

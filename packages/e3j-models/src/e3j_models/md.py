@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # ASE is an optional extra: imported when run_md runs
     import ase
     from ase.calculators.calculator import BaseCalculator
 
-__all__ = ["ENSEMBLES", "check_ensemble", "plot_md", "run_md"]
+__all__ = ["ENSEMBLES", "check_ensemble", "check_temperature", "plot_md", "run_md"]
 
 ENSEMBLES = ("nve", "nvt", "npt")
 
@@ -79,7 +79,8 @@ def run_md(
 ) -> dict[str, Any]:
     """Run ``steps`` steps of ``ensemble`` on ``atoms`` (modified in place) with ``calculator``.
 
-    Velocities start Maxwell–Boltzmann at ``temperature_K`` (seeded, zero total momentum).
+    Velocities start Maxwell–Boltzmann at ``temperature_K`` (seeded, zero total momentum); ``"npt"``
+    needs ``temperature_K > 0`` (:func:`check_temperature`).
     ``trajectory`` (extxyz, every ``log_every`` steps) is written to a ``.partial`` file renamed at
     the end, so an interrupted run leaves no file that looks complete.
     """

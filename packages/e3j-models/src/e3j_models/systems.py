@@ -56,7 +56,8 @@ def cuni_fcc(repeats: int | tuple[int, int, int], seed: int = 0, lattice_constan
     require("ase", "cuni_fcc")
     from ase.build import bulk
 
-    reps = (repeats,) * 3 if is_int(repeats) else tuple(repeats) if isinstance(repeats, (tuple, list)) else ()
+    iterable = np.iterable(repeats) and not isinstance(repeats, str)  # tuples, lists, arrays, ranges
+    reps = (repeats,) * 3 if is_int(repeats) else tuple(repeats) if iterable else ()
     if len(reps) != 3 or not all(is_int(r) and r >= 1 for r in reps):
         raise ValueError(f"repeats must be a positive int or 3 positive ints, got {repeats!r}")
     seed = check_int("seed", seed, 0)

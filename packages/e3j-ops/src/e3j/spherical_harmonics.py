@@ -133,9 +133,10 @@ def _evaluate(x: jax.Array, ls: tuple[int, ...], normalization: str, normalize: 
         b.append(big_x * b_prev + big_y * a_prev)
 
     # Q_l^m scaled by 2^-e(l, m), 2^e(l, m) <= Q_l^m's largest value on the unit sphere (at the pole,
-    # e3j_core's legendre_pole) < 2^(e + 1): unscaled, Q_l^m passed float32's range at l = 33 (inf and
-    # NaN where the harmonics are below 10). Powers of two scale exactly: below that degree the rows
-    # are the unscaled recurrence's bit for bit
+    # e3j_core's legendre_pole) < 2^(e + 1): the integer Q_l^m grow factorially and pass float32's
+    # range at l = 33, where the harmonics are below 10. Powers of two scale exactly: where no
+    # intermediate overflows or underflows the rows equal the unscaled recurrence's bit for bit (for
+    # unit vectors, every l < 33; an unnormalized vector of length 1e-3 underflows a few degrees sooner)
     def exponent(l: int, m: int) -> int:
         return legendre_pole(l, m).bit_length() - 1
 
