@@ -2,6 +2,7 @@
 one neighbour list per structure."""
 
 import dataclasses
+import io
 import itertools
 import math
 
@@ -449,6 +450,23 @@ def test_a_resumed_run_ends_as_the_run_that_was_not_stopped(monkeypatch, tmp_pat
     again = fit(cfg, train, valid, state=tmp_path / "b.npz", resume=True, config_type_weights={"Default": 1}, **args)
     for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(whole.params), strict=True):
         np.testing.assert_array_equal(a, b)
+    # an edited header's step, or NaN parameters: numpy's and islice's errors, or a stop blaming the rate
+    import json
+
+    with np.load(io.BytesIO(kept["bytes"])) as z:
+        arrays = {k: z[k] for k in z.files}
+    header = json.loads(bytes(arrays["__header__"]).decode())
+    for step in (-2, 99):
+        edited = dict(arrays, __header__=np.frombuffer(json.dumps({**header, "step": step}).encode(), np.uint8))
+        np.savez(tmp_path / "c.npz", **edited)
+        with pytest.raises(
+            ValueError, match=rf"state .*c.npz' is malformed: its step {step} is not an int in \[0, 7\]"
+        ):
+            fit(cfg, train, valid, state=tmp_path / "c.npz", resume=True, **args)
+    name = next(k for k in arrays if k.startswith("params/") and arrays[k].dtype.kind == "f")
+    np.savez(tmp_path / "c.npz", **{**arrays, name: np.full_like(arrays[name], np.nan)})
+    with pytest.raises(ValueError, match=r"state .*c.npz' holds non-finite parameters: \['"):
+        fit(cfg, train, valid, state=tmp_path / "c.npz", resume=True, **args)
 
 
 def test_a_resumed_run_writes_a_checkpoint_given_only_now_from_the_states_best(monkeypatch, tmp_path):

@@ -25,11 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._checks import is_int
 from ._training_data import _config_type, _results
 from ._version import __version__
 from .config import config_to_dict
 from .data import WEIGHT_KEYS
-from .io import _UNREADABLE, _flatten, _nest, _read_arrays
+from .io import _UNREADABLE, _flatten, _nest, _non_finite, _read_arrays
 
 FORMAT = "e3j-models-train-state"
 #: bumped when the layout or the meaning of an entry changes
@@ -154,9 +155,18 @@ def _resumed_state(path: str, run: Mapping[str, Any], flags: Mapping[str, str] |
     def tree(prefix: str):
         return _nest({n[len(prefix) :]: a for n, a in extra.items() if n.startswith(prefix)})
 
+    step, steps = header.get("step"), run.get("steps")
+    if not (is_int(step) and 0 <= step <= (steps if is_int(steps) else step)):
+        # numpy's and islice's errors named neither the file nor the step
+        raise ValueError(f"state {path!r} is malformed: its step {step!r} is not an int in [0, {steps}]")
+    flat: dict[str, np.ndarray] = {}
+    _flatten(params, "", flat)
+    bad = _non_finite(flat)
+    if bad:  # the resumed run would stop at once, blaming the learning rate
+        raise ValueError(f"state {path!r} holds non-finite parameters: {bad}")
     try:
         return {
-            "step": int(header["step"]),
+            "step": int(step),
             "history": {**header["history"], **{k: extra[f"history/{k}"].tolist() for k in _PER_STEP}},
             "best": np.inf if header["best"] is None else float(header["best"]),
             "elapsed": float(header["elapsed"]),
