@@ -10,7 +10,7 @@ import zipfile
 import jax
 import numpy as np
 import pytest
-from model_systems import CELL, CONFIGS, CUTOFF, Z, structure
+from model_systems import CELL, CONFIGS, CUTOFF, Z, edited_checkpoint, structure
 
 import e3j_models as em
 
@@ -160,11 +160,7 @@ def test_load_refuses_damaged_files_and_partial_configs(tmp_path, tiny):
         (tmp_path / "flip.npz").write_bytes(bytes(flipped))
         with pytest.raises(ValueError, match=rf"flip.npz' is damaged: {match} cannot be read"):
             em.load(tmp_path / "flip.npz")
-    header = json.loads(bytes(np.load(good)["__header__"]).decode())
-    del header["config"]["cutoff"]
-    arrays = dict(np.load(good, allow_pickle=False))
-    arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
-    np.savez(tmp_path / "partial.npz", **arrays)
+    edited_checkpoint(good, tmp_path / "partial.npz", lambda config: config.pop("cutoff"))
     with pytest.raises(ValueError, match=r"partial.npz' holds a config without the fields \['cutoff'\]"):
         em.load(tmp_path / "partial.npz")
     # a parameter save would not write: text loaded, and failed in the Calculator naming no parameter
@@ -182,11 +178,7 @@ def test_load_refuses_parameters_that_do_not_fit_or_are_not_finite(tmp_path, tin
     pot, _, params = tiny
     good = tmp_path / "m.npz"
     em.save(good, pot.config, params)
-    header = json.loads(bytes(np.load(good)["__header__"]).decode())
-    header["config"]["num_channels"] += 1
-    arrays = dict(np.load(good, allow_pickle=False))
-    arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
-    np.savez(tmp_path / "edited.npz", **arrays)
+    edited_checkpoint(good, tmp_path / "edited.npz", lambda config: config.update(num_channels=3))
     with pytest.raises(ValueError, match=r"edited.npz' holds parameters that do not fit its config: .*shape"):
         em.load(tmp_path / "edited.npz")
     arrays = dict(np.load(good, allow_pickle=False))

@@ -10,6 +10,7 @@ import pytest
 pytest.importorskip("ase")
 
 from ase.build import bulk
+from model_systems import edited_checkpoint
 
 from e3j_models import Calculator, Potential, batch_structures, nequip, save
 from e3j_models.__main__ import main
@@ -149,11 +150,7 @@ def test_cli_md_outputs_and_bad_input(model, tmp_path):
             ]
         )
     # a checkpoint whose header was edited: refused by load, before the files go
-    header = json.loads(bytes(np.load(ckpt)["__header__"]).decode())
-    header["config"]["num_channels"] += 1
-    arrays = dict(np.load(ckpt, allow_pickle=False))
-    arrays["__header__"] = np.frombuffer(json.dumps(header).encode(), np.uint8)
-    np.savez(tmp_path / "edited.npz", **arrays)
+    edited_checkpoint(ckpt, tmp_path / "edited.npz", lambda config: config.update(num_channels=99))
     with pytest.raises(SystemExit, match=r"--model: .*edited.npz' holds parameters that do not fit its config"):
         main(["md", "--model", str(tmp_path / "edited.npz"), "--supercell", "1", "--out", str(out)])
     # atoms the calculator refuses at its first call: refused before the files go too
