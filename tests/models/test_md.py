@@ -225,3 +225,82 @@ def test_run_md_draws_velocities_without_ases_deprecated_name(model):
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="Use thermalize_momenta")
         run_md(_cell(), Calculator(pot, params), "nve", steps=1, progress=False)
+
+
+def test_keep_velocities_continues_an_nve_run(model, tmp_path):
+    """The last frame of a trajectory, run on with its momenta kept, goes on as one run would have:
+    NVE's energies and clock continue to the 8 decimals extxyz writes."""
+    from ase.io import read
+
+    pot, params = model
+    whole = run_md(_cell(), Calculator(pot, params), "nve", steps=6, timestep_fs=1.0, temperature_K=600, progress=False)
+    first = run_md(
+        _cell(),
+        Calculator(pot, params),
+        "nve",
+        steps=3,
+        timestep_fs=1.0,
+        temperature_K=600,
+        progress=False,
+        trajectory=tmp_path / "t.extxyz",
+    )
+    frame = read(tmp_path / "t.extxyz")  # the last frame
+    assert frame.info["time_ps"] == pytest.approx(first["time_ps"][-1], abs=1e-15)
+    p0 = frame.get_momenta()
+    rest = run_md(
+        frame,
+        Calculator(pot, params),
+        "nve",
+        steps=3,
+        timestep_fs=1.0,
+        temperature_K=5,  # NVE with kept momenta: the temperature draws nothing
+        seed=7,
+        progress=False,
+        velocities="keep",
+    )
+    np.testing.assert_allclose(rest["time_ps"], whole["time_ps"][3:], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(rest["total_energy"], whole["total_energy"][3:], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(rest["energy"], whole["energy"][3:], rtol=0, atol=1e-5)
+    # drawn afresh, the start would be at 5 K with other momenta
+    assert rest["temperature"][0] == pytest.approx(first["temperature"][-1], rel=1e-6)
+    assert not np.array_equal(frame.get_momenta(), p0)  # the run moved them, in place
+
+
+def test_keep_velocities_refuses_a_structure_without_usable_momenta(model):
+    pot, params = model
+    calc = Calculator(pot, params)
+    with pytest.raises(ValueError, match=r"velocities='keep' needs a structure with momenta .* it has none"):
+        run_md(_cell(), calc, "nve", steps=1, velocities="keep", progress=False)
+    with pytest.raises(ValueError, match=r"velocities must be one of \('thermalize', 'keep'\), got 'maxwell'"):
+        run_md(_cell(), calc, "nve", steps=1, velocities="maxwell", progress=False)
+    atoms = _cell()
+    atoms.set_momenta(np.full((len(atoms), 3), np.nan))
+    with pytest.raises(ValueError, match=r"velocities='keep': the structure's momenta are not all finite"):
+        run_md(atoms, calc, "nve", steps=1, velocities="keep", progress=False)
+    atoms.set_momenta(np.zeros((len(atoms), 3)))
+    atoms.info["time_ps"] = "late"
+    with pytest.raises(ValueError, match=r"atoms.info\[\"time_ps\"\] must be a finite number \(ps\), got 'late'"):
+        run_md(atoms, calc, "nve", steps=1, velocities="keep", progress=False)
+    assert calc.buckets == []  # refused before the first evaluation
+
+
+def test_cli_md_keep_velocities_continues_a_run(model, tmp_path):
+    _, params = model
+    ckpt = tmp_path / "m.npz"
+    save(ckpt, CFG, jax.tree.map(np.asarray, params))
+    first, second, bad_out = tmp_path / "first", tmp_path / "second", tmp_path / "bad"
+    with pytest.raises(SystemExit, match=r"--keep-velocities needs --structure"):
+        main(["md", "--model", str(ckpt), "--keep-velocities", "--out", str(bad_out)])
+    bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2).write(tmp_path / "still.extxyz")
+    with pytest.raises(SystemExit, match=r"--keep-velocities: --structure '.*still.extxyz' has no momenta"):
+        main(["md", "--model", str(ckpt), "--structure", str(tmp_path / "still.extxyz"), "--keep-velocities",
+              "--out", str(bad_out)])  # fmt: skip
+    assert not os.path.exists(bad_out)
+    main(["md", "--model", str(ckpt), "--supercell", "2", "--steps", "2", "--out", str(first)])
+    main(["md", "--model", str(ckpt), "--structure", str(first / "trajectory.extxyz"), "--keep-velocities",
+          "--steps", "2", "--out", str(second)])  # fmt: skip
+    a = json.loads((first / "md.json").read_text())
+    b = json.loads((second / "md.json").read_text())
+    assert (a["velocities"], b["velocities"]) == ("thermalize", "keep")
+    assert b["log"]["time_ps"][0] == pytest.approx(a["log"]["time_ps"][-1]) and b["log"]["time_ps"][0] > 0
+    assert b["log"]["total_energy"][0] == pytest.approx(a["log"]["total_energy"][-1], abs=1e-5)

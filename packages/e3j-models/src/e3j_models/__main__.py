@@ -317,7 +317,7 @@ def _structure(args):
 def _md(args) -> None:
     from . import Calculator, Potential, load
     from ._checks import check_positive_real, check_real
-    from .md import check_ensemble, check_temperature, plot_md, run_md
+    from .md import check_ensemble, check_temperature, check_velocities, plot_md, run_md
     from .neighbours import check_structure
 
     if not args.float32:
@@ -339,6 +339,10 @@ def _md(args) -> None:
         raise ValueError(f"--pressure applies to --ensemble npt only, got --ensemble {args.ensemble}")
     if args.structure is None and args.supercell < 1:
         raise ValueError(f"--supercell must be >= 1, got {args.supercell}")
+    if args.keep_velocities and args.structure is None:
+        raise ValueError(
+            "--keep-velocities needs --structure (a frame with momenta: a previous run's trajectory.extxyz)"
+        )
     _check_out(args.out)
     try:
         config, params = load(args.model)
@@ -352,6 +356,16 @@ def _md(args) -> None:
             f"(it knows {list(config.atomic_numbers)})"
         )
     check_ensemble(atoms, args.ensemble)
+    velocities = "keep" if args.keep_velocities else "thermalize"
+    if args.keep_velocities and not atoms.has("momenta"):
+        raise ValueError(
+            f"--keep-velocities: --structure {args.structure!r} has no momenta (a previous run's "
+            "trajectory.extxyz has them)"
+        )
+    try:
+        check_velocities(atoms, velocities)
+    except ValueError as err:
+        raise ValueError(f"--structure {args.structure!r}: {err}") from err
     try:
         pot = Potential(config, args.backend, factored_radial=not args.array_radial)
     except ValueError as err:
@@ -374,6 +388,7 @@ def _md(args) -> None:
         seed=args.seed,
         log_every=args.log_every,
         trajectory=os.path.join(args.out, "trajectory.extxyz"),
+        velocities=velocities,
     )
     plot_md(log, os.path.join(args.out, "md.png"), f"{args.ensemble.upper()}, {len(atoms)} atoms")
     etot = log["total_energy"]
@@ -384,6 +399,7 @@ def _md(args) -> None:
         "backend": args.backend or "e3j",
         "steps": args.steps,
         "timestep_fs": args.timestep,
+        "velocities": velocities,
         "ms_per_step": log["ms_per_step"],
         "ns_per_day": log["ns_per_day"],
         "mean_temperature_K": float(np.mean(log["temperature"][len(etot) // 2 :])),
@@ -556,6 +572,12 @@ def main(argv=None) -> None:
         help="multiply the radial MLP's output out before each convolution (factored_radial=False)",
     )
     p.add_argument("--float32", action="store_true", help="evaluate the model in float32 (default float64)")
+    p.add_argument(
+        "--keep-velocities",
+        action="store_true",
+        help="start from --structure's momenta (the last frame of a previous run's trajectory.extxyz "
+        "continues that run) instead of drawing them at --temperature",
+    )
     p.add_argument("--seed", type=int, default=0, help="draws the initial velocities and the Langevin noise")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(func=_md)

@@ -39,9 +39,11 @@ if TYPE_CHECKING:  # ASE is an optional extra: imported when run_md runs
     import ase
     from ase.calculators.calculator import BaseCalculator
 
-__all__ = ["ENSEMBLES", "check_ensemble", "check_temperature", "plot_md", "run_md"]
+__all__ = ["ENSEMBLES", "VELOCITIES", "check_ensemble", "check_temperature", "check_velocities", "plot_md", "run_md"]
 
 ENSEMBLES = ("nve", "nvt", "npt")
+# where a run's velocities come from: drawn at its temperature, or the structure's own momenta
+VELOCITIES = ("thermalize", "keep")
 
 
 def check_ensemble(atoms, ensemble: str) -> None:
@@ -62,6 +64,21 @@ def check_temperature(temperature: float, ensemble: str, name: str = "temperatur
     return temperature
 
 
+def check_velocities(atoms, velocities: str, name: str = "velocities") -> None:
+    """``ValueError`` unless ``velocities`` is one of :data:`VELOCITIES` and, for ``"keep"``,
+    ``atoms`` carries momenta (a frame of :func:`run_md`'s trajectory does). ``name`` names it."""
+    if velocities not in VELOCITIES:
+        raise ValueError(f"{name} must be one of {VELOCITIES}, got {velocities!r}")
+    if velocities == "keep":
+        if not atoms.has("momenta"):
+            raise ValueError(
+                f"{name}='keep' needs a structure with momenta (a frame of run_md's trajectory has "
+                "them), but it has none"
+            )
+        if not np.all(np.isfinite(atoms.get_momenta())):
+            raise ValueError(f"{name}='keep': the structure's momenta are not all finite")
+
+
 def run_md(
     atoms: ase.Atoms,
     calculator: BaseCalculator,
@@ -76,13 +93,20 @@ def run_md(
     log_every: int = 1,
     trajectory: str | os.PathLike | None = None,
     progress: bool = True,
+    velocities: str = "thermalize",
 ) -> dict[str, Any]:
     """Run ``steps`` steps of ``ensemble`` on ``atoms`` (modified in place) with ``calculator``.
 
-    Velocities start Maxwell–Boltzmann at ``temperature_K`` (seeded, zero total momentum); ``"npt"``
-    needs ``temperature_K > 0`` (:func:`check_temperature`).
-    ``trajectory`` (extxyz, every ``log_every`` steps) is written to a ``.partial`` file renamed at
-    the end, so an interrupted run leaves no file that looks complete.
+    With ``velocities="thermalize"`` velocities start Maxwell–Boltzmann at ``temperature_K``
+    (seeded, zero total momentum); with ``"keep"`` they are ``atoms``' own momenta, unchanged, and
+    the log's clock starts at ``atoms.info["time_ps"]`` where it is set: a frame of a previous
+    run's trajectory continues that run (positions, momenta and cell to the 8 decimals extxyz
+    writes; Langevin's noise and NPT's thermostat and barostat variables start afresh, so only NVE
+    continues as one run would have). ``"npt"`` needs ``temperature_K > 0``
+    (:func:`check_temperature`).
+    ``trajectory`` (extxyz, every ``log_every`` steps, each frame with its momenta and
+    ``info["time_ps"]``) is written to a ``.partial`` file renamed at the end, so an interrupted run
+    leaves no file that looks complete.
     """
     require("ase.md.nose_hoover_chain", "run_md", "train")  # NPT's integrator: the train extra's ASE
     if progress:
@@ -105,6 +129,7 @@ def run_md(
             "e3j_models.Calculator(potential, params)"
         )
     check_ensemble(atoms, ensemble)
+    check_velocities(atoms, velocities)
     steps = check_int("steps", steps, 1)
     timestep_fs = check_positive_real("timestep_fs", timestep_fs, " (fs)")
     temperature_K = check_temperature(temperature_K, ensemble)
@@ -114,12 +139,16 @@ def run_md(
     seed = check_int("seed", seed, 0)
     if trajectory is not None:  # now: the frames are written at the end
         trajectory = check_output_path("trajectory", trajectory)
+    start_ps = 0.0
+    if velocities == "keep":
+        start_ps = check_real('atoms.info["time_ps"]', atoms.info.get("time_ps", 0.0), None, " (ps)")
     atoms.calc = calculator
     rng = np.random.default_rng(seed)
-    thermalize_momenta(atoms, temperature_K=temperature_K, rng=rng)
-    # one atom has only its centre of mass to move: zero momentum, whose temperature cannot be
-    # rescaled back (ASE would divide 0 by 0)
-    Stationary(atoms, preserve_temperature=len(atoms) > 1)
+    if velocities == "thermalize":
+        thermalize_momenta(atoms, temperature_K=temperature_K, rng=rng)
+        # one atom has only its centre of mass to move: zero momentum, whose temperature cannot be
+        # rescaled back (ASE would divide 0 by 0)
+        Stationary(atoms, preserve_temperature=len(atoms) > 1)
     dt = timestep_fs * units.fs
     if ensemble == "nve":
         dyn = VelocityVerlet(atoms, dt)
@@ -150,7 +179,8 @@ def run_md(
                 f"the trajectory diverged by {dyn.get_time() / units.fs:g} fs (energy {epot}): "
                 f"a timestep of {timestep_fs:g} fs is too large, or atoms came too close"
             )
-        log["time_ps"].append(dyn.get_time() / (1000 * units.fs))
+        time_ps = start_ps + dyn.get_time() / (1000 * units.fs)
+        log["time_ps"].append(time_ps)
         log["energy"].append(epot)
         log["total_energy"].append(etot)
         log["temperature"].append(atoms.get_temperature())
@@ -160,6 +190,7 @@ def run_md(
         if trajectory is not None:
             frames.append(atoms.copy())
             frames[-1].calc = None
+            frames[-1].info["time_ps"] = time_ps
 
     record()  # the first evaluation compiles: not timed
     bar = None
