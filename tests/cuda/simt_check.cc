@@ -116,6 +116,7 @@ int main() {
   check(cudaFuncSetAttribute(nothing, cudaFuncAttributeMaxDynamicSharedMemorySize, 228 * 1024) ==
             cudaErrorInvalidValue,
         "opt_in_limit");
+  check(cudaGetLastError() == cudaErrorInvalidValue, "failed_opt_in_is_the_last_error");  // as CUDA's runtime
   check(cudaFuncSetAttribute(nothing, cudaFuncAttributeMaxDynamicSharedMemorySize, 100 * 1024) == cudaSuccess,
         "opt_in");
   launch(nothing, dim3(1), dim3(32), 100 * 1024, nullptr, 0);

@@ -197,7 +197,7 @@ def test_simt_emulation_model(tmp_path):
     """simt.h's launches: every (block, thread) runs once with its coordinates, unwritten shared
     memory reads as 0xff, barriers hold (also when threads have left), shared memory is per block,
     a misaligned float4 load fails the launch, and sm_90's launch limits (threads, grid, shared
-    memory and its opt-in) fail as CUDA fails."""
+    memory and its opt-in) fail as CUDA fails, a failed opt-in also as the last error."""
     import os
     import subprocess
     from pathlib import Path
@@ -211,7 +211,28 @@ def test_simt_emulation_model(tmp_path):
                    check=True)  # fmt: skip
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     lines = run.stdout.splitlines()
-    assert run.returncode == 0 and len(lines) == 14 and all(line.endswith(" ok") for line in lines), run.stdout
+    assert run.returncode == 0 and len(lines) == 15 and all(line.endswith(" ok") for line in lines), run.stdout
+
+
+def test_simt_backward_writes_what_it_owes_with_nothing_to_launch(tmp_path):
+    """The CUDA backward handlers with no channels (a broadcast y's dy [B|E, Dy] is still owed, as
+    zeros) or no nodes (every edge padding: dy and ds's path columns zeroed, ds's other columns
+    kept) write over outputs prefilled with garbage: they returned before writing them. A failed
+    shared-memory opt-in is returned and read, not left for the next call's launch check."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    csrc = here.parents[1] / "packages" / "e3j-cuda" / "csrc"
+    cxx = os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++")
+    assert cxx, "no C++ compiler found (building e3j-cuda's host targets needs one too)"
+    exe = tmp_path / "empty_backward_check"
+    subprocess.run([cxx, "-std=c++17", "-O1", "-pthread", "-w", f"-I{csrc}", f"-I{jax.ffi.include_dir()}",
+                    str(here / "empty_backward_check.cc"), "-o", str(exe)], check=True)  # fmt: skip
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0 and len(lines) == 5 and all(line.endswith(" ok") for line in lines), run.stdout
 
 
 @pytest.mark.parametrize("case", LAUNCH_CASES, ids=str)

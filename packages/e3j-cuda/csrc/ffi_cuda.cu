@@ -446,10 +446,24 @@ ffi::Error launched(const char* what) {
 template <typename K>
 ffi::Error allow_smem(K kernel, size_t bytes) {
   if (bytes <= kDefaultSmem) return ffi::Error::Success();
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)) !=
-      cudaSuccess)
-    return ffi::Error::Internal("e3j_cuda: " + std::to_string(bytes) + " bytes of shared memory are not available");
-  return ffi::Error::Success();
+  const cudaError_t err =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+  if (err == cudaSuccess) return ffi::Error::Success();
+  // CUDA keeps the error as the thread's last one too: read it here, or the next call's launch check
+  // (launched) would report it as its own
+  cudaGetLastError();
+  return ffi::Error::Internal("e3j_cuda: opting a kernel in to " + std::to_string(bytes) +
+                              " bytes of dynamic shared memory failed: " + cudaGetErrorString(err));
+}
+
+// A backward call with nothing to launch still owes a broadcast y's cotangent [B|E, Dy]: a sum over
+// no channels, zero (the other cotangents are then empty).
+ffi::Error zero_broadcast_dy(ffi::Result<ffi::AnyBuffer>& dy, bool broadcast_dy, cudaStream_t stream) {
+  if (!broadcast_dy || dy->size_bytes() == 0) return ffi::Error::Success();
+  const cudaError_t err = cudaMemsetAsync(dy->untyped_data(), 0, dy->size_bytes(), stream);
+  if (err == cudaSuccess) return ffi::Error::Success();
+  cudaGetLastError();  // (read, as allow_smem does)
+  return ffi::Error::Internal(std::string("e3j_cuda: zeroing dy: ") + cudaGetErrorString(err));
 }
 
 int lanes_for(int64_t groups) { return static_cast<int>(std::min<int64_t>(groups, kMaxLanes)); }
@@ -523,7 +537,7 @@ ffi::Error TpBwd(cudaStream_t stream, ffi::AnyBuffer rec_x, ffi::Buffer<ffi::S32
                  bool want_x, bool want_y) {
   const TpBwdDims d = tp_bwd_dims(dz, rowptr_x, rowptr_y);
   const int64_t B = d.B, Dz = d.Dz, C = d.C, Dx = d.Dx, Dy = d.Dy;  // (lambdas cannot capture bindings in C++17)
-  if (B == 0 || C == 0) return ffi::Error::Success();
+  if (B == 0 || C == 0) return zero_broadcast_dy(dy, want_y && !y_channels, stream);
   return dispatch(dz.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
     using T = typename decltype(t)::type;
     using Rec = Record<typename decltype(i)::type, T>;
@@ -582,7 +596,9 @@ ffi::Error ConvBwd(cudaStream_t stream, ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S
                    int64_t index_bytes, bool y_channels, bool want_x, bool want_y, bool want_s) {
   const ConvBwdDims d = conv_bwd_dims(dm, order, rowptr_x, rowptr_y, s_cols, s, *ds, want_s);
   const int64_t N = d.N, Dz = d.Dz, C = d.C, E = d.E, Dx = d.Dx, Dy = d.Dy, P = d.P, Ws = d.Ws, Wds = d.Wds;
-  if (N == 0 || C == 0) return ffi::Error::Success();
+  // no channels: ds's paths and dx are empty; with no nodes but edges the launch below has only the
+  // clearing blocks, which zero every edge's dy and ds rows (all padding)
+  if (C == 0 || (N == 0 && E == 0)) return zero_broadcast_dy(dy, want_y && !y_channels, stream);
   return dispatch(dm.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
     using T = typename decltype(t)::type;
     using Rec = Record<typename decltype(i)::type, T>;

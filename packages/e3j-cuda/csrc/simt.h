@@ -196,11 +196,19 @@ inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d
 
 template <typename... P>
 cudaError_t cudaFuncSetAttribute(void (*kernel)(P...), cudaFuncAttribute attr, int value) {
-  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
-      static_cast<size_t>(value) > e3j_simt::kMaxSharedBytes)
-    return cudaErrorInvalidValue;
   std::lock_guard<std::mutex> lock(e3j_simt::runtime().mutex);
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+      static_cast<size_t>(value) > e3j_simt::kMaxSharedBytes) {
+    e3j_simt::runtime().last_error = cudaErrorInvalidValue;  // as CUDA: also the next cudaGetLastError's
+    return cudaErrorInvalidValue;
+  }
   e3j_simt::runtime().shared_limit[reinterpret_cast<const void*>(kernel)] = static_cast<size_t>(value);
+  return cudaSuccess;
+}
+
+// The stream's work runs at once on the host: a memset is done when it returns.
+inline cudaError_t cudaMemsetAsync(void* ptr, int value, size_t bytes, cudaStream_t) {
+  if (bytes > 0) std::memset(ptr, value, bytes);
   return cudaSuccess;
 }
 
