@@ -435,6 +435,14 @@ def test_float64_is_refused_with_a_clear_error():
     coo, graph, x, y, s, dm = conv_operands(Case(1, 16, 4, False, dtype="float64"))
     with pytest.raises(TypeError, match=r"convolution_bwd: .* float64"):
         mosaic_convolution.convolution_bwd(coo, x, y, s, dm, graph, outs=("x",), y_channels=False, interpret=True)
+    # groups of <= 64 channels alone run the Triton kernels, which take float64: refused all the same
+    small = e3j.MulIrConvolution("4x0e + 2x1o", "0e + 1o", "0e + 1o")
+    plan, graph, x, y, s, dm = grouped_operands("float64", op=small)
+    assert all(mosaic_convolution.on_triton(g) for g in plan.groups)
+    with pytest.raises(TypeError, match=r"grouped_convolution: the Mosaic GPU kernels support float32, got float64"):
+        mosaic_convolution.grouped_convolution(plan, x, y, s, graph, interpret=True)
+    with pytest.raises(TypeError, match=r"grouped_convolution_bwd: .* got float64"):
+        mosaic_convolution.grouped_convolution_bwd(plan, x, y, s, dm, graph, outs=("s",), interpret=True)
 
 
 def test_bad_interpret_argument():

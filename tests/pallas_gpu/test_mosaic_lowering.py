@@ -319,3 +319,34 @@ def test_strided_shared_memory_access_still_does_not_lower(read_strided):
     # (with JAX_PALLAS_VERBOSE_ERRORS the error comes wrapped, its message kept)
     with pytest.raises(Exception, match="Strided slices not implemented"):
         _lower_cuda("NVIDIA H200", kernel(), x)
+
+
+def test_kernels_lower_under_shard_map():
+    """The Mosaic kernels lower inside ``shard_map`` with ``check_vma=True`` (``convolution_sharded``'s,
+    and a user's map's default; ``pallas_call`` refused the Triton kernels' untyped results there,
+    ``plgpu.kernel`` types its own). Value and gradient of a convolution and a tensor product."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = AbstractMesh(
+        (2,), ("d",), abstract_device=AbstractDevice(device_kind=HOPPER[1], num_cores=None, platform="cuda")
+    )
+    conv = e3j.Convolution("0e + 1o", "0e + 1o", filter="0e + 1o")
+    tp = e3j.TensorProduct("0e + 1o", "0e + 1o", filter="0e + 1o")
+    ring = np.arange(6)
+    graph = e3j.Graph.from_edges(ring, np.roll(ring, 1), 6)
+
+    def body(x, y, s):
+        m = conv(x[0], y[0], s[0], graph, backend="pallas_mosaic")
+        z = tp(x[0], y[0, :6], backend="pallas_mosaic")
+        return jax.lax.psum(jax.numpy.sum(m**2) + jax.numpy.sum(z**2), "d")
+
+    f = jax.value_and_grad(jax.shard_map(body, mesh=mesh, in_specs=(P("d"),) * 3, out_specs=P()), argnums=(0, 1, 2))
+    sharded = NamedSharding(mesh, P("d"))
+    shapes = [
+        jax.ShapeDtypeStruct(shape, np.float32, sharding=sharded)
+        for shape in ((2, 6, 4, 16), (2, 6, 4), (2, 6, conv.num_paths, 16))
+    ]
+    with jax.sharding.use_abstract_mesh(mesh):
+        text = jax.jit(f).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count(MOSAIC_CALL) >= 4, text.count(MOSAIC_CALL)

@@ -8,6 +8,7 @@ is unrolled over them at trace time, one ``[rows, cb]`` value per feature row.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 #: Channel lanes one program covers (one per thread at 4 warps).
@@ -78,3 +79,13 @@ def pad_rows(a: jnp.ndarray | None, rows: int) -> jnp.ndarray | None:
     if a is None or a.shape[0] == rows:
         return a
     return jnp.pad(a, [(0, rows - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
+
+
+def result_type(shape: tuple[int, ...], dtype, *operands) -> jax.ShapeDtypeStruct:
+    """A kernel result's type. Inside ``jax.shard_map`` (whose default ``check_vma=True`` makes
+    ``pallas_call`` require it) it varies over every manual mesh axis that any of ``operands``
+    (pytrees of arrays) varies over, as e3j's primitives type their results; outside, no axes."""
+    varying = frozenset()
+    for a in jax.tree.leaves(operands):
+        varying |= getattr(getattr(jax.typeof(a), "mat", None), "varying", None) or frozenset()
+    return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.sharding.ManualAxisType(varying=varying))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 from e3j_core.dependencies import declared_range
@@ -28,7 +29,17 @@ def _load(interpret: bool) -> dict[str, Any]:
     from . import convolution, tensor_product
 
     def bind(fn):
-        return functools.partial(fn, interpret=interpret)
+        kernel = functools.partial(fn, interpret=interpret)
+        if not interpret:
+            return kernel
+        hosted = _behind_callback(kernel)
+
+        def run(plan, *args, **options):
+            # Pallas's Triton interpreter fails shard_map's checks of varying axes (it slices operands
+            # that vary with its grid indices, which do not); behind a callback it runs outside the map
+            return (hosted if _varies(args) else kernel)(plan, *args, **options)
+
+        return run
 
     modules = {"tensor_product": tensor_product, "convolution": convolution, "grouped_convolution": convolution}
     return {k: bind(getattr(modules[k.removesuffix("_bwd")], k)) for k in KERNELS}
@@ -159,18 +170,36 @@ def mosaic_unsupported(req) -> str | None:
     return None
 
 
+# held while an interpreted program runs (see _behind_callback)
+_INTERPRETER = threading.Lock()
+
+
 # Twin of e3j_pallas_tpu.backend._hosted, on purpose: kernel packages depend on e3j-core and jax only,
 # never on e3j or on each other (docs/design.md).
 def _behind_callback(kernel):
     """An interpreted kernel as its own jitted program behind a ``pure_callback``: Mosaic's GPU
-    interpreter threads ordered I/O effects, which e3j's (effect-free) primitive lowerings cannot carry."""
+    interpreter threads ordered I/O effects, which e3j's (effect-free) primitive lowerings cannot
+    carry. The interpreters keep process-wide state that the devices of a ``shard_map``, calling
+    back at once, would share: one program runs at a time."""
     import jax
 
     def run(coo, *args, **options):
         fn = jax.jit(lambda *a: kernel(coo, *a, **options))
-        return jax.pure_callback(fn, jax.eval_shape(fn, *args), *args)
+
+        def one_at_a_time(*a):
+            with _INTERPRETER:
+                return jax.block_until_ready(fn(*a))
+
+        return jax.pure_callback(one_at_a_time, jax.eval_shape(fn, *args), *args)
 
     return run
+
+
+def _varies(tree) -> bool:
+    """Whether a leaf of ``tree`` varies over a manual mesh axis (inside ``jax.shard_map``)."""
+    import jax
+
+    return any(getattr(getattr(jax.typeof(a), "mat", None), "varying", None) for a in jax.tree.leaves(tree))
 
 
 def _load_mosaic(interpret: bool) -> dict[str, Any]:

@@ -48,7 +48,7 @@ from jax.experimental.pallas import triton as plt
 
 from e3j_core import CooTable, TensorProductCoo
 
-from ._blocks import channel_block, clearing_programs, clearing_range, num_warps
+from ._blocks import channel_block, clearing_programs, clearing_range, num_warps, result_type
 from ._records import records, unrolls, walk_row
 
 __all__ = [
@@ -454,10 +454,10 @@ def _forward(
         raise ValueError("out: the in-place output needs an unrolled table")
     args += [x, y, s2]
     if out is None:
-        out_shape = jax.ShapeDtypeStruct((num_nodes, coo.dim_out, channels), x.dtype)
+        out_shape = result_type((num_nodes, coo.dim_out, channels), x.dtype, *args, m_into)
         out_spec = pl.BlockSpec((None, coo.dim_out, cb), lambda b, c: (b, 0, c))
     else:
-        out_shape = jax.ShapeDtypeStruct((num_nodes, out[0]), x.dtype)
+        out_shape = result_type((num_nodes, out[0]), x.dtype, *args, m_into)
         out_spec = _whole(out_shape)
     aliases = {}
     if m_into is not None:
@@ -528,7 +528,8 @@ def _backward(
         "y": (num_edges, coo.dim_y, channels) if y_channels else (nc, num_edges, coo.dim_y),
         "s": (num_edges, width),
     }
-    out_shape = tuple(jax.ShapeDtypeStruct(shapes[o], dtype) if want[o] else None for o in shapes)
+    operands = (graph.sender_offsets, graph.sender_order, graph.receivers, graph.num_valid, x, y, s2, dm)
+    out_shape = tuple(result_type(shapes[o], dtype, *operands, dx_into, ds_into) if want[o] else None for o in shapes)
     if flat is None:
         dx_spec = pl.BlockSpec((None, coo.dim_x, cb), lambda a, c: (jnp.minimum(a, num_nodes - 1), 0, c))
     else:

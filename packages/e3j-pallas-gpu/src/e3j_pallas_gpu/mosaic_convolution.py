@@ -665,6 +665,8 @@ def grouped_convolution(plan, x: jax.Array, y: jax.Array, s: jax.Array, graph, *
     is; another gets its ``[E, P_g, C_g]`` copy. The node features are split into the groups'
     ``[N, Dx_g, C_g]`` and the outputs joined into e3nn's layout around the launches.
     """
+    # refused whatever the groups' sizes: a plan of small groups alone runs no Mosaic launch
+    check_dtype(jnp.result_type(x, y, s), "grouped_convolution")
 
     def launch(g, xg):
         if on_triton(g):
@@ -690,8 +692,9 @@ def grouped_convolution_bwd(plan, x, y, s, dm, graph, *, outs: tuple[str, ...], 
     when first, else into the one given, aliased). Every column belongs to exactly one path; the
     frame zeroes those no path reads.
     """
-    num_edges, dtype = graph.senders.shape[0], dm.dtype
-    itemsize = jnp.dtype(dtype).itemsize
+    num_edges = graph.senders.shape[0]
+    dtype = check_dtype(jnp.result_type(*[a for a in (x, y, s, dm) if a is not None]), "grouped_convolution_bwd")
+    itemsize = dtype.itemsize
 
     def launch(g, xg, dmg, ds):
         if on_triton(g):  # its columns of ds written in place, into ds when given (aliased)

@@ -25,7 +25,7 @@ from jax.experimental.pallas import triton as plt
 
 from e3j_core import CooTable, TensorProductCoo
 
-from ._blocks import channel_block, num_warps, pad_rows, row_block
+from ._blocks import channel_block, num_warps, pad_rows, result_type, row_block
 from ._records import records, unrolls, walk_row
 
 __all__ = [
@@ -184,7 +184,7 @@ def tensor_product(
         args, in_specs = [recs, *args], [specs, *in_specs]
     z = pl.pallas_call(
         kernel,
-        out_shape=jax.ShapeDtypeStruct((padded, coo.dim_out, channels), x.dtype),
+        out_shape=result_type((padded, coo.dim_out, channels), x.dtype, x, y),
         grid=(padded // bt, nc),
         in_specs=in_specs,
         out_specs=_spec(bt, coo.dim_out, cb, True),
@@ -214,13 +214,13 @@ def tensor_product_bwd(
     y_spec = _spec(bt, coo.dim_y, cb, y_channels) if y is not None else None
     in_specs = [x_spec, y_spec, _spec(bt, coo.dim_out, cb, True)]
     args = [pad_rows(x, padded), pad_rows(y, padded), pad_rows(dz, padded)]
-    dx_shape = jax.ShapeDtypeStruct((padded, coo.dim_x, channels), dtype) if want_x else None
+    dx_shape = result_type((padded, coo.dim_x, channels), dtype, x, y, dz) if want_x else None
     dx_spec = _spec(bt, coo.dim_x, cb, True) if want_x else None
     dy_shape = dy_spec = None
     if want_y and y_channels:
-        dy_shape, dy_spec = jax.ShapeDtypeStruct((padded, coo.dim_y, channels), dtype), _spec(bt, coo.dim_y, cb, True)
+        dy_shape, dy_spec = result_type((padded, coo.dim_y, channels), dtype, x, y, dz), _spec(bt, coo.dim_y, cb, True)
     elif want_y:  # per channel block; summed over blocks below
-        dy_shape = jax.ShapeDtypeStruct((nc, padded, coo.dim_y), dtype)
+        dy_shape = result_type((nc, padded, coo.dim_y), dtype, x, y, dz)
         dy_spec = pl.BlockSpec((None, bt, coo.dim_y), lambda b, c: (c, b, 0))
     if unrolls(coo.table):
         kernel = functools.partial(tensor_product_bwd_kernel, table=coo.table, y_channels=y_channels)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 from e3j_core.dependencies import declared_range
@@ -24,6 +25,10 @@ UNROLL_RECORDS = 400
 KERNELS = tuple(op + kind for op in ("tensor_product", "convolution", "grouped_convolution") for kind in ("", "_bwd"))
 
 
+# held while an interpreted program runs (see _hosted)
+_INTERPRETER = threading.Lock()
+
+
 # Twin of e3j_pallas_gpu.backend._behind_callback, on purpose: kernel packages depend on e3j-core and
 # jax only, never on e3j or on each other (docs/design.md).
 def _hosted(kernel):
@@ -31,14 +36,20 @@ def _hosted(kernel):
 
     The TPU interpreter threads ordered I/O effects through its program; e3j lowers kernels inside
     its primitives' (effect-free) lowerings, which cannot carry them. Outside a primitive the
-    interpreted kernel runs as usual.
+    interpreted kernel runs as usual. The interpreter keeps process-wide state (its simulated
+    memory) that the devices of a ``shard_map``, calling back at once, would share: one program
+    runs at a time.
     """
     import jax
 
     def run(coo, *args, **options):
         fn = jax.jit(lambda *a: kernel(coo, *a, **options))
-        shapes = jax.eval_shape(fn, *args)
-        return jax.pure_callback(fn, shapes, *args)
+
+        def one_at_a_time(*a):
+            with _INTERPRETER:
+                return jax.block_until_ready(fn(*a))
+
+        return jax.pure_callback(one_at_a_time, jax.eval_shape(fn, *args), *args)
 
     return run
 

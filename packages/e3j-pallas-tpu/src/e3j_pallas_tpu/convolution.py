@@ -47,7 +47,7 @@ from e3j_core import CooTable, TensorProductCoo
 
 from . import vmem
 from ._records import from_rows, records, smem_bytes, to_rows, unrolls, walk_rows
-from ._rows import x32
+from ._rows import result_type, x32
 from ._segments import ReduceFlush
 
 __all__ = [
@@ -493,7 +493,7 @@ def _forward(coo: TensorProductCoo, x, y, s, graph, cols, y_channels: bool, inte
         scratch += [pltpu.VMEM((d, B, cq), dtype) for d in (coo.dim_x, coo.dim_y, coo.num_paths, coo.dim_out)]
     records_bytes = smem_bytes(coo.table) + 4 * coo.dim_out if walk else 0
     kernel, prefetch, operands, scratch = _place_slots(kernel, prefetch, [x, y, s], scratch, B, records_bytes)
-    out_shape = jax.ShapeDtypeStruct((num_nodes, coo.dim_out, channels), dtype)
+    out_shape = result_type((num_nodes, coo.dim_out, channels), dtype, *prefetch, *operands)
     grid = (channels // cq, order.shape[0] // B)
     return _call(kernel, prefetch, operands, out_shape, scratch, grid, interpret, "e3j_convolution", tile)
 
@@ -573,12 +573,13 @@ def _backward(
             vmem_if(want_y, (coo.dim_y, B, cq)),
             vmem_if(want_s, (coo.num_paths, B, cq)),
         ]
+    varies = (*prefetch, x, y, s, dm, ds_into)  # what the results vary over inside shard_map
     out_shape = (
-        jax.ShapeDtypeStruct((num_nodes, coo.dim_x, channels), dtype) if want_x else None,
-        jax.ShapeDtypeStruct((num_edges, coo.dim_y, channels) if y_channels else (nc, num_edges, coo.dim_y), dtype)
+        result_type((num_nodes, coo.dim_x, channels), dtype, *varies) if want_x else None,
+        result_type((num_edges, coo.dim_y, channels) if y_channels else (nc, num_edges, coo.dim_y), dtype, *varies)
         if want_y
         else None,
-        jax.ShapeDtypeStruct((num_edges, coo.num_paths, channels) if cols is None else (num_edges, width), dtype)
+        result_type((num_edges, coo.num_paths, channels) if cols is None else (num_edges, width), dtype, *varies)
         if want_s
         else None,
     )

@@ -22,7 +22,7 @@ from e3j_core import CooTable, TensorProductCoo
 
 from . import vmem
 from ._records import from_rows, records, to_rows, unrolls, walk_rows
-from ._rows import pad_rows, x32
+from ._rows import pad_rows, result_type, x32
 
 __all__ = [
     "tensor_product",
@@ -144,7 +144,7 @@ def tensor_product(coo: TensorProductCoo, x: jax.Array, y: jax.Array, *, y_chann
     padded = pl.cdiv(batch, bt) * bt
     in_specs = [_spec(bt, coo.dim_x, cq, True), _spec(bt, coo.dim_y, cq, y_channels)]
     args = [pad_rows(x, padded), pad_rows(y, padded)]
-    out_shape = jax.ShapeDtypeStruct((padded, coo.dim_out, channels), dtype)
+    out_shape = result_type((padded, coo.dim_out, channels), dtype, x, y)
     out_specs = _spec(bt, coo.dim_out, cq, True)
     grid = (padded // bt, channels // cq)
     params = vmem.compiler_params(tile, ("parallel", "parallel"))
@@ -207,13 +207,13 @@ def tensor_product_bwd(
         _spec(bt, coo.dim_out, cq, True),
     ]
     args = [pad_rows(x, padded), pad_rows(y, padded), pad_rows(dz, padded)]
-    dx_shape = jax.ShapeDtypeStruct((padded, coo.dim_x, channels), dtype) if want_x else None
+    dx_shape = result_type((padded, coo.dim_x, channels), dtype, x, y, dz) if want_x else None
     dx_spec = _spec(bt, coo.dim_x, cq, True) if want_x else None
     dy_shape = dy_spec = None
     if want_y and y_channels:
-        dy_shape, dy_spec = jax.ShapeDtypeStruct((padded, coo.dim_y, channels), dtype), _spec(bt, coo.dim_y, cq, True)
+        dy_shape, dy_spec = result_type((padded, coo.dim_y, channels), dtype, x, y, dz), _spec(bt, coo.dim_y, cq, True)
     elif want_y:  # a partial sum per channel block, added up below
-        dy_shape = jax.ShapeDtypeStruct((nc, padded, coo.dim_y), dtype)
+        dy_shape = result_type((nc, padded, coo.dim_y), dtype, x, y, dz)
         dy_spec = pl.BlockSpec((None, bt, coo.dim_y), lambda b, c, *_: (c, b, 0))
     grid = (padded // bt, nc)
     params = vmem.compiler_params(tile, ("parallel", "parallel"))
