@@ -690,3 +690,7 @@ def _build(
     return TensorProductCoo(
         irreps_x, irreps_y, filter, normalization, regroup_output, irreps_out, tuple(paths), table, i3
     )
+
+
+# doctest does not look into a cached_property: its example runs from here
+__test__ = {"CooTable.row_offsets": CooTable.row_offsets.__doc__}
