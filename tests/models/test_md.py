@@ -74,6 +74,18 @@ def test_nvt_and_npt_run(model, tmp_path):
     v0 = atoms.get_volume()
     log = run_md(atoms, Calculator(pot, params), "npt", steps=5, progress=False)
     assert np.all(np.isfinite(log["pressure_GPa"])) and log["volume"][0] == pytest.approx(v0)
+    assert np.ptp(log["volume"]) > 0  # the barostat moves the cell
+
+    # the thermostat heats a lattice at rest, where every force vanishes and NVE stays at 0 K
+    def at_rest():
+        atoms = bulk("Cu", "fcc", a=3.6, cubic=True).repeat(2)
+        atoms.set_momenta(np.zeros((len(atoms), 3)))
+        return atoms
+
+    kw = dict(steps=20, temperature_K=600, velocities="keep", progress=False)
+    nve = run_md(at_rest(), Calculator(pot, params), "nve", **kw)
+    nvt = run_md(at_rest(), Calculator(pot, params), "nvt", friction_per_fs=0.05, **kw)
+    assert np.max(nve["temperature"]) < 1e-6 and nvt["temperature"][-1] > 100
     with pytest.raises(ValueError, match="ensemble must be one of"):
         run_md(atoms, Calculator(pot, params), "nph", steps=1)
     open_atoms = _cell()

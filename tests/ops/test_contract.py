@@ -30,7 +30,8 @@ def test_needed_operands_per_output():
 
 
 class Recorder:
-    """Kernels that record what they receive and return zeros of the documented shapes."""
+    """Kernels that record what they receive and return arrays of the documented shapes: zeros, but
+    the tensor product's forward ``arange`` (a result that only the kernel made)."""
 
     def __init__(self, wrong_shape: bool = False):
         self.received: list[dict] = []
@@ -49,7 +50,8 @@ class Recorder:
     def kernels(self, coo) -> Kernels:
         def tp(coo_, x, y, *, y_channels):
             self._note("tensor_product", None, x=x, y=y)
-            return jnp.zeros((x.shape[0], coo.dim_out + self.wrong_shape, x.shape[2]), x.dtype)
+            shape = (x.shape[0], coo.dim_out + self.wrong_shape, x.shape[2])
+            return jnp.arange(np.prod(shape), dtype=x.dtype).reshape(shape)
 
         def tp_bwd(coo_, x, y, dz, *, outs, y_channels):
             self._note("tensor_product_bwd", outs, x=x, y=y, dz=dz)
@@ -148,6 +150,7 @@ def test_forward_output_is_the_kernel_array():
         result_type=_result_type({"z": (3, tp.coo.dim_out, 2)}, x.dtype),
     )
     assert list(out) == ["z"] and isinstance(out["z"], jax.Array) and out["z"].shape == (3, tp.coo.dim_out, 2)
+    np.testing.assert_array_equal(out["z"], np.arange(3 * tp.coo.dim_out * 2).reshape(3, tp.coo.dim_out, 2))
 
 
 def test_a_kernel_returning_a_wrong_shape_is_named():

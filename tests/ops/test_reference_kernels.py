@@ -206,3 +206,19 @@ def test_reference_products_run_in_full_float32_on_every_device(operands, monkey
         jax.make_jaxpr(lambda v: e3j.spherical_harmonics("0e + 1o + 2e + 3o", v, True))(vectors).jaxpr
     )
     assert all(p == exact for p in found), found
+    # the factored convolution's weights h @ k, computed chunk by chunk in the sweep, and their
+    # cotangents ds @ k^T and h^T ds
+    conv = e3j.Convolution("0e + 1o", "0e + 1o", filter="0e + 1o")
+    graph = e3j.Graph.from_edges(np.array([0, 1, 2]), np.array([1, 2, 0]), 3)
+    h, kernel = jnp.ones((3, 5), jnp.float32), jnp.ones((5, conv.num_paths * 4), jnp.float32)
+
+    def conv_loss(x, y, h, kernel):
+        w = e3j.FactoredWeights(h, kernel)
+        return jnp.sum(jnp.sin(conv(x, y, w, graph, backend="reference")))
+
+    xs, ys = jnp.ones((3, 4, 4), jnp.float32), jnp.ones((3, 4), jnp.float32)
+    # the op is one primitive in a jaxpr: its products appear once lowered
+    text = jax.jit(jax.grad(conv_loss, argnums=(0, 1, 2, 3))).lower(xs, ys, h, kernel).as_text()
+    dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+    assert sum("x 5xf32>" in d or "<5x" in d for d in dots) >= 3, dots  # h @ k, ds @ k^T, h^T ds
+    assert all("precision = [HIGHEST, HIGHEST]" in d for d in dots), dots

@@ -297,6 +297,7 @@ def _reference() -> Backend:
         load=_load_reference,
         priority=0,
         kernels=tuple(f.name for f in dataclasses.fields(Kernels)),  # every one
+        notes=("deterministic on a CPU; its scatter-adds on a GPU or TPU are XLA's, which may sum in any order",),
     )
 
 

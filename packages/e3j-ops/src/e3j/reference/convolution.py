@@ -34,7 +34,7 @@ import numpy as np
 from e3j_core import TensorProductCoo
 
 from .._vma import varying_like
-from .tensor_product import apply_table
+from .tensor_product import _EXACT, apply_table
 
 __all__ = [
     "chunk_size",
@@ -358,7 +358,8 @@ class _FactoredWeights:
 
     def _product(self, h_rows, k: int):
         g = self.groups[k]
-        return (h_rows @ self.ks[k]).reshape(h_rows.shape[0], g.coo.num_paths, g.channels)
+        product = jnp.matmul(h_rows, self.ks[k], precision=_EXACT)
+        return product.reshape(h_rows.shape[0], g.coo.num_paths, g.channels)
 
     def rows(self, e) -> list:
         h_rows = self.h[e]
@@ -388,12 +389,13 @@ class _FactoredWeights:
     def add(self, acc: dict, chunk: dict, k: int, ds) -> None:
         ds = ds.reshape(ds.shape[0], -1)
         if "h" in acc:
-            dh = ds @ self.ks[k].T
+            dh = jnp.matmul(ds, self.ks[k].T, precision=_EXACT)
             chunk["dh"] = dh if chunk["dh"] is None else chunk["dh"] + dh
         if "k" in acc:
             # a padding slot's ds is zero times its edge's operands, which may be non-finite
             ds = jnp.where(chunk["valid"][:, None], ds, 0)
-            acc["k"][k] = acc["k"][k] + jnp.matmul(chunk["h"].T, ds, preferred_element_type=acc["k"][k].dtype)
+            dk = jnp.matmul(chunk["h"].T, ds, precision=_EXACT, preferred_element_type=acc["k"][k].dtype)
+            acc["k"][k] = acc["k"][k] + dk
 
     def flush(self, acc: dict, chunk: dict) -> None:
         if "h" in acc:
