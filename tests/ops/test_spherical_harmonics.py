@@ -297,12 +297,14 @@ def test_an_eager_call_compiles_one_program():
 @pytest.mark.parametrize("dtype, tol", [(jnp.float8_e4m3fn, 0.2), (jnp.float8_e5m2, 0.4), (jnp.float16, 2e-3)])
 def test_normalize_in_narrow_float_dtypes(dtype, tol):
     """float8 operands normalize as wider ones do (the exponent-bit scaling raised KeyError for
-    8-bit floats), to their precision."""
+    8-bit floats), to their precision: the float32 harmonics of the rounded vectors, rounded once."""
     v = jnp.asarray([[1.0, 2.0, 0.5], [-0.3, 0.1, 0.2], [0.0, 0.0, 0.0]])
     ref = np.asarray(e3j.spherical_harmonics(2, v, True))
     out = e3j.spherical_harmonics(2, v.astype(dtype), True)
     assert out.dtype == dtype
     np.testing.assert_allclose(np.asarray(out, np.float32), ref, rtol=0, atol=tol * np.abs(ref).max())
+    want = e3j.spherical_harmonics(2, v.astype(dtype).astype(jnp.float32), True).astype(dtype)
+    np.testing.assert_array_equal(np.asarray(out, np.float32), np.asarray(want, np.float32))
 
 
 @pytest.mark.parametrize("normalize", [True, False])
