@@ -81,6 +81,8 @@ def pad_rows(a: jnp.ndarray | None, rows: int) -> jnp.ndarray | None:
     return jnp.pad(a, [(0, rows - a.shape[0])] + [(0, 0)] * (a.ndim - 1))
 
 
+# Twin of e3j_pallas_tpu._rows.result_type, on purpose: kernel packages depend on e3j-core (numpy only)
+# and jax, never on e3j or on each other (docs/design.md), so a jax helper has no shared home.
 def result_type(shape: tuple[int, ...], dtype, *operands) -> jax.ShapeDtypeStruct:
     """A kernel result's type. Inside ``jax.shard_map`` (whose default ``check_vma=True`` makes
     ``pallas_call`` require it) it varies over every manual mesh axis that any of ``operands``
