@@ -29,7 +29,10 @@ path is linear in its weights, so this is the weights' scale).
 
 Instructions that read a block its input marks zero (``zero_flags``) are skipped: the convolutions
 of the others run, built once per set of marks. The e3nn-jax pattern computes those products (its
-``vmap`` drops the marks) and gets zeros: the values and gradients are the same.
+``vmap`` drops the marks) and gets zeros: the values and gradients are the same. A mark is e3nn-jax's
+promise that the block is zero, which its own operations take on trust as this one does: an array
+marked zero whose block holds other numbers (built by hand) gives what the marks say, where
+e3nn-jax's ``vmap`` pattern would read the numbers.
 """
 
 from __future__ import annotations
