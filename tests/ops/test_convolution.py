@@ -582,3 +582,53 @@ def test_chunks_are_sized_for_the_platform_lowered_for(monkeypatch, route):
         chunk = {n: f"tensor<{n}x{conv.coo.dim_out}x{C}xf64>" for n in (8, E)}
         assert chunk[8] in texts[("cpu",)] and chunk[E] not in texts[("cpu",)]
         assert chunk[E] in texts[("cuda",)] and chunk[8] not in texts[("cuda",)]
+
+
+def test_ops_run_under_disable_jit():
+    """An eager op call compiles the primitive alone; under ``jax.disable_jit()`` that ``jit`` called
+    the primitive's bind, whose eager rule is that call: a RecursionError. Values and gradients
+    equal the compiled ones."""
+    conv = e3j.Convolution("0e + 1o", "0e + 1o", filter="0e + 1o")
+    tp = e3j.TensorProduct("0e + 1o", "0e + 1o", filter="0e + 1o")
+    rng = np.random.default_rng(0)
+    graph = e3j.Graph.from_edges(np.array([0, 1, 2, 2]), np.array([1, 2, 0, 1]), 3)
+    x, y = jnp.asarray(rng.normal(size=(3, 4, 2))), jnp.asarray(rng.normal(size=(4, 4)))
+    s = jnp.asarray(rng.normal(size=(4, conv.num_paths, 2)))
+
+    def loss(x, y, s):
+        return jnp.sum(jnp.sin(conv(x, y, s, graph))) + jnp.sum(jnp.sin(tp(x, y[:3])))
+
+    want = jax.value_and_grad(loss, argnums=(0, 1, 2))(x, y, s)
+    with jax.disable_jit():
+        got = jax.value_and_grad(loss, argnums=(0, 1, 2))(x, y, s)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_linear_transpose_of_a_jvp_in_an_operand():
+    """A JVP's tangent is linear in each primal it does not differentiate: ``jax.linear_transpose``
+    of it transposes the linearized primitive in an operand (it refused: "transposed in its tangent
+    operands only"). Against ``jax.vjp`` of the same function, which goes through the JVP rules."""
+    conv = e3j.Convolution("0e + 1o", "0e + 1o", filter="0e + 1o")
+    tp = e3j.TensorProduct("0e + 1o", "0e + 1o", filter="0e + 1o")
+    rng = np.random.default_rng(1)
+    graph = e3j.Graph.from_edges(np.array([0, 1, 2, 2, 0]), np.array([1, 2, 0, 1, 2]), 3)
+
+    def r(*shape):
+        return jnp.asarray(rng.normal(size=shape))
+
+    x, tx, y, ty = r(3, 4, 2), r(3, 4, 2), r(5, 4), r(5, 4)
+    s, ts, h, k = r(5, conv.num_paths, 2), r(5, conv.num_paths, 2), r(5, 3), r(3, conv.num_paths * 2)
+    functions = [
+        (lambda y: jax.jvp(lambda a: conv(a, y, s, graph), (x,), (tx,))[1], y),
+        (lambda s: jax.jvp(lambda a, b: conv(a, b, s, graph), (x, y), (tx, ty))[1], s),
+        (lambda x: jax.jvp(lambda c: conv(x, y, c, graph), (s,), (ts,))[1], x),
+        (lambda h: jax.jvp(lambda a: conv(a, y, e3j.FactoredWeights(h, k), graph), (x,), (tx,))[1], h),
+        (lambda y: jax.jvp(lambda a: tp(a, y), (x,), (tx,))[1], y[:3]),
+    ]
+    for n, (f, arg) in enumerate(functions):
+        ct = r(*jax.eval_shape(f, arg).shape)
+        want = jax.vjp(f, arg)[1](ct)[0]
+        got = jax.linear_transpose(f, arg)(ct)[0]
+        assert float(jnp.abs(want).max()) > 1e-3, n
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=str(n))

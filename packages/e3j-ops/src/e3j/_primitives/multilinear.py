@@ -232,10 +232,11 @@ class Primitives:
 
     def _transpose_L(self, cts, *args, spec, q_slots, t_slots, outs, n_aux, backend):
         Q, T, aux = self._split(args, q_slots, t_slots, n_aux)
-        if any(ad.is_undefined_primal(v) for v in Q.values()):
-            raise ValueError(f"{self.L.name} is transposed in its tangent operands only")
-        undefined = [k for k, v in T.items() if ad.is_undefined_primal(v)]
         G = {j: ct for j, ct in zip(outs, cts) if type(ct) is not ad.Zero}
+        undefined_q = [k for k, v in Q.items() if ad.is_undefined_primal(v)]
+        if undefined_q:
+            return self._transpose_L_in_operand(undefined_q, G, Q, T, aux, spec, backend)
+        undefined = [k for k, v in T.items() if ad.is_undefined_primal(v)]
         res = self.bind_L(spec, Q, G, aux, undefined, backend) if G else {}
         t_cts = []
         for k, v in T.items():
@@ -246,6 +247,26 @@ class Primitives:
             else:
                 t_cts.append(ad.Zero(v.aval))
         return [None] * len(Q) + t_cts + [None] * len(aux)
+
+    def _transpose_L_in_operand(self, undefined_q, G, Q, T, aux, spec, backend):
+        """``L`` transposed in one operand slot ``q`` with its tangents known (a JVP's tangent as a
+        function of a primal, e.g. under ``jax.linear_transpose``): output ``j``'s term for tangent
+        slot ``k`` reads ``Q[q]`` once when ``k != q``, so ``q``'s cotangent is
+        ``Σ_{k ≠ q} L(Q[k→T_k], G∖k; q)``; a term with ``k = q`` does not read ``Q[q]``."""
+        if len(undefined_q) != 1 or any(ad.is_undefined_primal(v) for v in T.values()):
+            undefined = undefined_q + [f"tangent {k}" for k, v in T.items() if ad.is_undefined_primal(v)]
+            raise ValueError(
+                f"{self.L.name} is linear in one operand or in its tangents, got {undefined} as linear inputs"
+            )
+        (q,) = undefined_q
+        known = {s: v for s, v in Q.items() if s != q}
+        parts = []
+        for k, Tk in T.items():
+            Gk = {j: g for j, g in G.items() if j != k}
+            if k != q and Gk:
+                parts += [r[q] for r in [self.bind_L(spec, {**known, k: Tk}, Gk, aux, [q], backend)] if q in r]
+        ct_q = _sum(parts) if parts else ad.Zero(Q[q].aval)
+        return [ct_q if s == q else None for s in Q] + [None] * (len(T) + len(aux))
 
     # -- batching -----------------------------------------------------------------------------
     def _batch_M(self, args, dims, *, spec, q_slots, outs, n_aux, backend):
@@ -452,7 +473,9 @@ def _apply_jitted(primitive: Primitive, *args, **params):
     # E3J_BACKEND is read when the program is lowered: keyed on it, an eager call made after it
     # changed lowers again, as a fresh jit of the call would
     env = os.environ.get(ENV_VAR, "")
-    return _jitted(primitive, tuple(sorted(params.items())), env)(*args)
+    # compiled under jax.disable_jit() too: there jit would call bind, whose impl is this (a loop)
+    with jax.disable_jit(False):
+        return _jitted(primitive, tuple(sorted(params.items())), env)(*args)
 
 
 @lru_cache(maxsize=EAGER_PROGRAMS)
