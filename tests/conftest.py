@@ -11,6 +11,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 
 import jax
 import pytest
+from installed import require_backend
 
 jax.config.update("jax_enable_x64", True)
 
@@ -23,8 +24,7 @@ def fused_on_cpu_only(monkeypatch):
     import e3j
     import e3j._factored_route as route
 
-    if "test" not in {b.name for b in e3j.available_backends()}:
-        pytest.skip("backend test is not installed")
+    require_backend("test")
 
     def selected(req, requested):
         return e3j.backends.get_backend("reference" if req.platform == "cpu" else "test")

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from e3nn_jax.legacy import FunctionalTensorProduct
+from installed import require_backend
 from jaxpr_paths import paths_bound
 
 import e3j
@@ -109,8 +110,7 @@ def test_equals_e3nn_functional_tensor_product(path_normalization):
     "backend, kwargs", [("cuda_host", {}), ("pallas_gpu_interpret", {"gradient_normalization": "element"})]
 )
 def test_equals_e3nn_on_a_kernel_backend(backend, kwargs):
-    if backend not in {b.name for b in e3j.available_backends()}:
-        pytest.skip(f"backend {backend} is not installed")
+    require_backend(backend)
     tp = nequip_tp("8x0e + 8x1o", "0e + 1o + 2e", "0e + 1o + 1e + 2e", **kwargs)
     fmp, _ = check_value_and_grad(tp, backend, seed=1)
     scales = np.concatenate([op.scale.ravel() for op in fmp.ops])
@@ -142,8 +142,7 @@ def test_one_primitive_reads_operands_in_place(kwargs):
 def test_marked_blocks_on_a_kernel_backend(backend):
     """Skipped instructions on a kernel backend: its kernels read the kept columns of e3nn's weights
     in place; the columns no kept path reads get a zero gradient (kernels write their own columns)."""
-    if backend not in {b.name for b in e3j.available_backends()}:
-        pytest.skip(f"backend {backend} is not installed")
+    require_backend(backend)
     tp = nequip_tp("4x0e + 2x1o + 2x2e", "0e + 1o + 2e", "0e + 1o + 2e")
     fmp = interop.FunctionalMessagePassing(tp)
     x, y, w = operands(tp, fmp.num_weights, seed=4)

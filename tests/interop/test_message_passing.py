@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from installed import require_backend
 from jaxpr_paths import paths_bound
 
 import e3j
@@ -280,8 +281,7 @@ def test_config_read_at_each_call(setting):
 
 @pytest.mark.parametrize("backend", ["reference", "cuda_host", "pallas_gpu_interpret"])
 def test_gradients_equal_e3nn_on_cpu_backends(backend):
-    if backend not in {b.name for b in e3j.available_backends()}:
-        pytest.skip(f"backend {backend} is not installed")
+    require_backend(backend)
     irreps_x, irreps_y, filter_, keep, _ = CASES[1]
     mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=keep)
     x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=1)
@@ -407,8 +407,7 @@ def test_marked_blocks_are_skipped_on_every_backend(backend):
     """The product over the unmarked blocks reads its weights' columns of e3nn's array in place on
     every backend's kernels; the columns it skips get a zero gradient (kernels that write only their
     own columns of the weights' cotangent leave the others unwritten: they are zeroed)."""
-    if backend not in {b.name for b in e3j.available_backends()}:
-        pytest.skip(f"backend {backend} is not installed")
+    require_backend(backend)
     irreps_x, irreps_y, filter_ = "4x0e + 2x1o + 2x2e", "0e + 1o + 2e + 3o", "0e + 1o + 2e"
     mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=filter_)
     x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=12)
@@ -444,8 +443,7 @@ def test_blocks_no_product_reads_stay_out(backend):
     """Blocks of the node features and edge attributes whose every product the filter drops
     (``4e`` and ``6o`` under ``0e + 1o``) are never read by e3nn-jax: NaN there leaves its values
     and gradients finite, and the drop-in's equal them on every CPU-runnable backend."""
-    if backend not in {b.name for b in e3j.available_backends()}:
-        pytest.skip(f"backend {backend} is not installed")
+    require_backend(backend)
     irreps_x, irreps_y, filter_ = "4x0e + 2x1o + 2x4e", "0e + 1o + 6o", "0e + 1o"
     mp = interop.MessagePassing(irreps_x, irreps_y, filter_)
     x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=13)

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from installed import require_backend
 
 import e3j
 
@@ -97,8 +98,7 @@ def reference(model):
 @pytest.mark.parametrize("backend", BACKENDS + [pytest.param(b, marks=pytest.mark.slow) for b in SLOW_BACKENDS])
 @pytest.mark.parametrize("model", MODELS)
 def test_ported_layer_same_parameters_energy_and_forces(model, backend):
-    if backend not in {b.name for b in e3j.available_backends()}:
-        pytest.skip(f"backend {backend} is not installed")
+    require_backend(backend)
     make, _, after = MODELS[model]
     params, energy, forces = reference(model)
     positions = system()[0]

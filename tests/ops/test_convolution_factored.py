@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from installed import require_backend
 from jaxpr_paths import routes
 
 import e3j
@@ -29,11 +30,6 @@ RNG = np.random.default_rng(21)
 SENDERS, RECEIVERS = RNG.integers(0, N, E), RNG.integers(0, N, E)
 GRAPH = e3j.Graph.from_edges(SENDERS, RECEIVERS, N)
 BACKENDS = ["reference", "test", pytest.param("pallas_gpu_interpret", marks=pytest.mark.slow)]
-
-
-def skip_unless_installed(backend):
-    if backend not in {b.name for b in e3j.available_backends()}:
-        pytest.skip(f"backend {backend} is not installed")
 
 
 def path_of_rows() -> np.ndarray:
@@ -107,7 +103,7 @@ def test_factored_scalars_run_one_primitive_and_are_never_multiplied_out_on_the_
 def test_value_gradients_and_second_order_equal_e3nn(backend, y_channels):
     """Every order of derivative, with respect to ``hidden``, ``kernel`` and ``bias`` too, equals
     e3nn-jax's convolution on the multiplied-out scalars."""
-    skip_unless_installed(backend)
+    require_backend(backend)
     x, y, h, k, b = operands(4, y_channels)
     cot = jax.random.normal(jax.random.key(7), (N, CONV.coo.dim_out, C), jnp.float64)
     v = jax.random.normal(jax.random.key(8), x.shape, jnp.float64)
@@ -136,7 +132,7 @@ def test_value_gradients_and_second_order_equal_e3nn(backend, y_channels):
 def test_vmap(backend):
     """Mapped features with a shared ``hidden`` fold into the channels; a mapped ``hidden``, or its
     cotangent, runs as a loop: both equal the unmapped calls."""
-    skip_unless_installed(backend)
+    require_backend(backend)
     x, y, h, k, _ = operands(5)
 
     def conv(a, c, d):
@@ -160,7 +156,7 @@ def test_vmap(backend):
 
 @pytest.mark.parametrize("backend", ["reference", "test"])
 def test_padding_edges_with_nan_hidden_rows_and_empty_graph(backend):
-    skip_unless_installed(backend)
+    require_backend(backend)
     x, y, h, k, b = operands(6)
     pad = 5
     mask = np.arange(E + pad) < E
@@ -192,7 +188,7 @@ def test_padding_edges_with_nan_hidden_rows_and_empty_graph(backend):
 @pytest.mark.parametrize("backend", ["reference", "test"])
 def test_linear_transposes(backend):
     """``jax.linear_transpose`` with respect to one operand at a time."""
-    skip_unless_installed(backend)
+    require_backend(backend)
     x, y, h, k, _ = operands(8)
     g = jax.random.normal(jax.random.key(9), (N, CONV.coo.dim_out, C), jnp.float64)
 
@@ -354,7 +350,7 @@ def test_tangents_of_both_factors_are_one_evaluation():
 
 @pytest.mark.parametrize("backend", ["reference", "test"])
 def test_zero_channels_give_zeros_as_the_array_does(backend):
-    skip_unless_installed(backend)
+    require_backend(backend)
     x, y = jnp.zeros((N, CONV.coo.dim_x, 0)), jnp.ones((E, CONV.coo.dim_y))
     w = FactoredWeights(jnp.ones((E, H)), jnp.zeros((H, 0)))
     out = CONV(x, y, w, GRAPH, backend=backend)
@@ -400,7 +396,7 @@ def test_factored_scalars_reach_the_factored_primitive_only_where_a_backend_fuse
     ``test`` plugin (priority 100, no factored kernels) is the CPU's; a requested backend by its
     own kernels, on every platform."""
     if backend in ("test", "auto"):
-        skip_unless_installed("test")
+        require_backend("test")
     if backend == "shipped":
         request.getfixturevalue("fused_on_cpu_only")
     monkeypatch.delenv("E3J_BACKEND", raising=False)
@@ -442,7 +438,7 @@ def test_both_forms_bound_by_platform_go_through_vmap_and_grad(fused_on_cpu_only
 def test_a_requested_backend_that_fails_to_load_is_named():
     """Asked ahead of lowering which form to bind, a requested backend whose ``load()`` raises gives
     the ``BackendError`` naming it, as with an array of scalars (not the load's own exception)."""
-    skip_unless_installed("load_fails")
+    require_backend("load_fails")
     x, y, h, k, _ = operands(2)
     with pytest.raises(e3j.backends.BackendError, match="'load_fails' failed to load"):
         CONV(x, y, FactoredWeights(h, k), GRAPH, backend="load_fails")

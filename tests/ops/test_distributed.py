@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from installed import require_backend
 from jax.sharding import PartitionSpec as P
 
 import e3j
@@ -385,8 +386,7 @@ def test_mixed_multiplicities_under_shard_map(mesh, backend, factored):
     features, edge attributes and per-edge weights (or ``FactoredWeights``' hidden rows) sharded,
     the kernel replicated. Values and gradients, the kernel's summed over the devices, equal a loop
     over the devices' problems without ``shard_map``."""
-    if backend not in {b.name for b in e3j.available_backends()}:
-        pytest.skip(f"backend {backend} is not installed")
+    require_backend(backend)
     op = e3j.MulIrConvolution("4x0e + 2x1o", "0e + 1o", "0e + 1o")
     rng = np.random.default_rng(3)
     n, e = 5, 9
@@ -418,18 +418,13 @@ def test_mixed_multiplicities_under_shard_map(mesh, backend, factored):
 KERNEL_BACKENDS = ["pallas_gpu_interpret", "pallas_tpu_interpret", "pallas_mosaic_interpret", "cuda_host"]
 
 
-def _installed(backend):
-    if backend not in {b.name for b in e3j.available_backends()}:
-        pytest.skip(f"backend {backend} is not installed")
-
-
 @pytest.mark.parametrize("backend", KERNEL_BACKENDS)
 def test_kernel_backends_under_shard_map(mesh, conv, backend):
     """The kernels inside ``shard_map`` with its default ``check_vma=True``: ``pallas_call``
     refused result types that did not say which mesh axes they vary over, so every Pallas backend
     failed in ``convolution_sharded`` and in an op inside a user's ``shard_map``. float32 (the
     Pallas TPU and Mosaic kernels take no float64); against the reference on one device."""
-    _installed(backend)
+    require_backend(backend)
     senders, receivers, mask, x, y, s = random_problem(conv, channels=4, seed=2)
     x, y, s = (a.astype(jnp.float32) for a in (x, y, s))
     graph = e3j.Graph.from_edges(senders, receivers, 23, edge_mask=mask)
@@ -459,7 +454,7 @@ def test_compiled_pallas_kernels_lower_under_shard_map(conv, backend, platform, 
     """The compiled Triton and TPU kernels (value and gradient, forward and backward kernels)
     lower inside ``shard_map`` with ``check_vma=True`` for their platforms: their results carry
     the operands' varying mesh axes."""
-    _installed(backend)
+    require_backend(backend)
     from jax.sharding import AbstractDevice, AbstractMesh, NamedSharding
 
     cores = None if platform == "cuda" else 1

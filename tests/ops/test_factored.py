@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from installed import require_backend
 
 import e3j
 from e3j import FactoredWeights
@@ -64,8 +65,7 @@ def test_factored_weights_are_never_multiplied_out_where_the_kernels_fuse_them(b
     kernel``: its compiled value and gradient hold no ``[E, num_weights]`` array. A backend without
     them (the test plugin: no grouped kernels) multiplies the weights out once, and gets the same
     values and gradients."""
-    if backend not in {b.name for b in e3j.available_backends()}:
-        pytest.skip(f"backend {backend} is not installed")
+    require_backend(backend)
     conv = e3j.MulIrConvolution("8x0e + 4x1o + 2x2e", "0e + 1o + 2e", "0e + 1o + 2e")
     x, y, w, graph = operands(conv, False)
     assert conv.num_weights == 48 and EDGES == 19

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from installed import require_backend
 
 import e3j
 from e3j._primitives.convolution import CONVOLUTION_FACTORED, FactoredConvSpec
@@ -24,11 +25,6 @@ from e3j._primitives.grouped_convolution import GROUPED_CONVOLUTION_FACTORED, Gr
 
 SLOTS = ("x", "y", "h", "k", "m")
 N, E, C, H = 5, 17, 3, 11
-
-
-def require_test_backend():
-    if "test" not in {b.name for b in e3j.available_backends()}:
-        pytest.skip("backend test is not installed")
 
 
 def l_calls(outs_choices, tangent_choices) -> list[tuple[tuple, tuple, tuple]]:
@@ -112,7 +108,7 @@ def uniform_case():
     ],
 )
 def test_l_calls_of_the_uniform_form_equal_the_factored_kernels(calls):
-    require_test_backend()
+    require_backend("test")
     spec, shapes, leaves = uniform_case()
     assert len(ALL_UNIFORM_CALLS) == 830 and len(representative(ALL_UNIFORM_CALLS, 2, 0)) > 40
     assert_calls_agree(CONVOLUTION_FACTORED, spec, shapes, leaves, calls)
@@ -126,7 +122,7 @@ def test_l_calls_of_the_uniform_form_equal_the_factored_kernels(calls):
     ],
 )
 def test_l_calls_of_the_grouped_form_equal_the_factored_kernels(calls):
-    require_test_backend()
+    require_backend("test")
     conv = e3j.MulIrConvolution("4x0e + 2x1o + 1x2e", "0e + 1o", "0e + 1o + 2e")
     rng = np.random.default_rng(4)
     graph = e3j.Graph.from_edges(rng.integers(0, N, E), rng.integers(0, N, E), N)
@@ -148,7 +144,7 @@ def test_a_force_training_call_forms_one_product_of_each_kind():
     (``Q = x, y, h, k, m``, tangents ``x, y, h``, outputs ``x, h, k``): one product for the weights,
     one for their tangent, one for ``dh``, two for ``dk`` (``h^T ds + ḣ^T ds_Q``), and three
     backward sweeps, one per tangent slot. One evaluation at a time it took eight products."""
-    require_test_backend()
+    require_backend("test")
     import e3j_test_backend
 
     spec, shapes, leaves = uniform_case()

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from installed import require_backend
 from jaxpr_paths import routes
 
 import e3j
@@ -67,8 +68,7 @@ def test_value_gradients_and_second_order_equal_e3nn(backend):
     """``test`` (reference kernels without the grouped ones) runs the groups one by one through the
     ordinary kernels; the reference's grouped kernels run them in one sweep, the Pallas GPU ones one
     launch per group on the weights in place: every order of derivative equals e3nn-jax."""
-    if backend not in {b.name for b in e3j.available_backends()}:
-        pytest.skip(f"backend {backend} is not installed")
+    require_backend(backend)
     x, y, w = operands(1)
     cot = jax.random.normal(jax.random.key(5), (N, CONV.irreps_out.dim), jnp.float64)
     v = jax.random.normal(jax.random.key(6), x.shape, jnp.float64)
@@ -155,8 +155,7 @@ def test_factored_weights_value_gradients_and_second_order_equal_e3nn(backend):
     inside its sweep (its factored grouped kernels), other backends multiply them out first; every
     order of derivative, with respect to ``hidden`` and ``kernel`` too, equals e3nn-jax's pattern on
     ``hidden @ kernel``."""
-    if backend not in {b.name for b in e3j.available_backends()}:
-        pytest.skip(f"backend {backend} is not installed")
+    require_backend(backend)
     x, y, _ = operands(4)
     h, k = factors(4)
     cot = jax.random.normal(jax.random.key(7), (N, CONV.irreps_out.dim), jnp.float64)
@@ -230,8 +229,7 @@ def test_factored_kernels_come_in_pairs():
 def test_factored_weights_linear_transposes(backend):
     """``jax.linear_transpose`` with respect to one operand at a time (each output slot computed
     from the other operands alone), against the array of the same weights."""
-    if backend not in {b.name for b in e3j.available_backends()}:
-        pytest.skip(f"backend {backend} is not installed")
+    require_backend(backend)
     x, y, _ = operands(6)
     h, k = factors(6)
     g = jax.random.normal(jax.random.key(9), (N, CONV.irreps_out.dim), jnp.float64)

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from installed import require_backend
 
 import e3j
 
@@ -33,11 +34,6 @@ def random(shape, seed):
     return jax.random.normal(jax.random.key(seed), shape, jnp.float64)
 
 
-def needs(backend):
-    if backend not in {b.name for b in e3j.available_backends()}:
-        pytest.skip(f"backend {backend} is not installed")
-
-
 # (irreps_x, irreps_y, filter, self_connection): mixed multiplicities, unsorted blocks, a repeated
 # multiplicity across irreps, a zero block
 CONV_CASES = [
@@ -52,7 +48,7 @@ CONV_RUNS = [(c, "reference") for c in CONV_CASES] + [(CONV_CASES[0], "cuda_host
 @pytest.mark.parametrize("case, backend", CONV_RUNS)
 def test_convolution_equals_e3nn_value_and_gradient(case, backend):
     irreps_x, irreps_y, filter_, self_connection = case
-    needs(backend)
+    require_backend(backend)
     conv = e3j.MulIrConvolution(irreps_x, irreps_y, filter_, self_connection=self_connection)
     ix, iy = e3nn.Irreps(irreps_x), e3nn.Irreps(irreps_y)
     x, y, w = random((N, ix.dim), 0), random((E, iy.dim), 1), random((E, conv.num_weights), 2)

@@ -83,11 +83,18 @@ def pad_rows(a: jnp.ndarray | None, rows: int) -> jnp.ndarray | None:
 
 # Twin of e3j_pallas_tpu._rows.result_type, on purpose: kernel packages depend on e3j-core (numpy only)
 # and jax, never on e3j or on each other (docs/design.md), so a jax helper has no shared home.
+def varying_axes(*trees) -> frozenset:
+    """The manual mesh axes (inside ``jax.shard_map``) that any leaf of ``trees`` varies over;
+    empty outside a map."""
+    varying = frozenset()
+    for a in jax.tree.leaves(trees):
+        varying |= getattr(getattr(jax.typeof(a), "mat", None), "varying", None) or frozenset()
+    return varying
+
+
 def result_type(shape: tuple[int, ...], dtype, *operands) -> jax.ShapeDtypeStruct:
     """A kernel result's type. Inside ``jax.shard_map`` (whose default ``check_vma=True`` makes
     ``pallas_call`` require it) it varies over every manual mesh axis that any of ``operands``
     (pytrees of arrays) varies over, as e3j's primitives type their results; outside, no axes."""
-    varying = frozenset()
-    for a in jax.tree.leaves(operands):
-        varying |= getattr(getattr(jax.typeof(a), "mat", None), "varying", None) or frozenset()
+    varying = varying_axes(*operands)
     return jax.ShapeDtypeStruct(shape, dtype, manual_axis_type=jax.sharding.ManualAxisType(varying=varying))

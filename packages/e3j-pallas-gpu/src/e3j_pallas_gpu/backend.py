@@ -197,9 +197,9 @@ def _behind_callback(kernel):
 
 def _varies(tree) -> bool:
     """Whether a leaf of ``tree`` varies over a manual mesh axis (inside ``jax.shard_map``)."""
-    import jax
+    from ._blocks import varying_axes
 
-    return any(getattr(getattr(jax.typeof(a), "mat", None), "varying", None) for a in jax.tree.leaves(tree))
+    return bool(varying_axes(tree))
 
 
 def _load_mosaic(interpret: bool) -> dict[str, Any]:
