@@ -38,7 +38,9 @@ replicated). Given as device blocks (``edge_layout="blocks"``), each device hold
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -47,7 +49,7 @@ from jax import shard_map
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ._checks import STATIC, check_int, check_rank, edge_arrays
-from .backends import current_backend_request
+from .backends import ENV_VAR, current_backend_request
 from .convolution import Convolution
 from .factored import FactoredWeights
 from .graph import Graph
@@ -245,7 +247,9 @@ def convolution_sharded(
     Returns ``[N, Dout, C]``, sharded by node blocks over ``axis_name`` (before slicing off the
     padding nodes; on an Explicit axis, replicated when ``N`` does not split evenly), equal to the
     single-device convolution up to summation order. Meshes of Auto and Explicit axes (as
-    ``jax.make_mesh`` makes them) both work.
+    ``jax.make_mesh`` makes them) both work. The call is compiled as one program, called eagerly
+    too; an eager ``jax.grad`` through it on an Explicit axis runs inside ``jax.set_mesh(mesh)``,
+    as JAX requires of eager computations on arrays of an Explicit mesh.
     """
     pg = partitioned
     if not isinstance(conv, Convolution):
@@ -291,36 +295,56 @@ def convolution_sharded(
         current_backend_request(backend)  # a bad name is an error here too
         return jnp.zeros((0, conv.coo.dim_out, x.shape[2]), x.dtype)
 
-    n, n_pad = pg.nodes_per_device, pg.num_nodes_padded
-    explicit = mesh.axis_types[mesh.axis_names.index(axis_name)] == AxisType.Explicit
-    if explicit and not blocks:
-        # on an Explicit axis (jax.make_mesh's default) the gathers into device blocks need their
-        # operands' layout resolved: edge operands sharded in the caller's order are gathered whole
-        y, s = (jax.sharding.reshard(a, NamedSharding(mesh, PartitionSpec())) for a in (y, s))
-    x_pad = jnp.pad(x, ((0, n_pad - pg.num_nodes), (0, 0), (0, 0)))
-    y_blocks, s_blocks = (y, s) if blocks else (pg.edge_blocks(y), pg.edge_blocks(s))
+    # compiled as one program, eager calls too: eager jax.grad on an Explicit axis ran the
+    # transposes of the reshards and of the padding one by one, and JAX refused the slice of a
+    # sharded cotangent they gave. The backend request (an argument, use_backend, E3J_BACKEND) is
+    # read here and keys the program, as a fresh jit of the call would see it
+    requested = current_backend_request(backend)
+    program = _sharded(conv, mesh, axis_name, requested, blocks, os.environ.get(ENV_VAR, ""))
+    with jax.disable_jit(False):  # under disable_jit, the same reshards run one by one
+        return program(x, y, s, pg)
 
-    def local(x_block, y_block, s_block, graph_block, node_ids_block):
-        x_all = jax.lax.all_gather(x_block, axis_name, tiled=True)  # [N_pad, Dx, C]
-        x_local = x_all[node_ids_block[0]]  # own nodes, then halo
-        graph = jax.tree.map(lambda a: a[0], graph_block)
-        m = conv(x_local, y_block, s_block, graph, backend=backend)
-        return m[:n]
 
-    spec = PartitionSpec(axis_name)
-    operands = (x_pad, y_blocks, s_blocks, pg.graph, pg.node_ids)
-    if explicit:
-        # and shard_map takes its inputs only as laid out as its in_specs say; the padded and
-        # gathered blocks come out replicated
-        operands = jax.tree.map(lambda a: jax.sharding.reshard(a, NamedSharding(mesh, spec)), operands)
-    m = shard_map(
-        local,
-        mesh=mesh,
-        in_specs=(spec, spec, spec, spec, spec),
-        out_specs=spec,
-    )(*operands)
-    if n_pad == pg.num_nodes:
-        return m
-    if explicit:  # N rows do not split evenly over the axis: an Explicit layout must say so
-        m = jax.sharding.reshard(m, NamedSharding(mesh, PartitionSpec()))
-    return m[: pg.num_nodes]
+@functools.lru_cache(maxsize=64)
+def _sharded(conv: Convolution, mesh, axis_name: str, backend: str | None, blocks: bool, env: str):
+    """:func:`convolution_sharded`'s program after its checks, jitted (one per setting; ``env``, the
+    value of ``E3J_BACKEND``, only keys the cache)."""
+    del env
+
+    @jax.jit
+    def program(x, y, s, pg):
+        n, n_pad = pg.nodes_per_device, pg.num_nodes_padded
+        explicit = mesh.axis_types[mesh.axis_names.index(axis_name)] == AxisType.Explicit
+        if explicit and not blocks:
+            # on an Explicit axis (jax.make_mesh's default) the gathers into device blocks need their
+            # operands' layout resolved: edge operands sharded in the caller's order are gathered whole
+            y, s = (jax.sharding.reshard(a, NamedSharding(mesh, PartitionSpec())) for a in (y, s))
+        x_pad = jnp.pad(x, ((0, n_pad - pg.num_nodes), (0, 0), (0, 0)))
+        y_blocks, s_blocks = (y, s) if blocks else (pg.edge_blocks(y), pg.edge_blocks(s))
+
+        def local(x_block, y_block, s_block, graph_block, node_ids_block):
+            x_all = jax.lax.all_gather(x_block, axis_name, tiled=True)  # [N_pad, Dx, C]
+            x_local = x_all[node_ids_block[0]]  # own nodes, then halo
+            graph = jax.tree.map(lambda a: a[0], graph_block)
+            m = conv(x_local, y_block, s_block, graph, backend=backend)
+            return m[:n]
+
+        spec = PartitionSpec(axis_name)
+        operands = (x_pad, y_blocks, s_blocks, pg.graph, pg.node_ids)
+        if explicit:
+            # and shard_map takes its inputs only as laid out as its in_specs say; the padded and
+            # gathered blocks come out replicated
+            operands = jax.tree.map(lambda a: jax.sharding.reshard(a, NamedSharding(mesh, spec)), operands)
+        m = shard_map(
+            local,
+            mesh=mesh,
+            in_specs=(spec, spec, spec, spec, spec),
+            out_specs=spec,
+        )(*operands)
+        if n_pad == pg.num_nodes:
+            return m
+        if explicit:  # N rows do not split evenly over the axis: an Explicit layout must say so
+            m = jax.sharding.reshard(m, NamedSharding(mesh, PartitionSpec()))
+        return m[: pg.num_nodes]
+
+    return program
