@@ -166,9 +166,13 @@ def test_concatenation_multiplication_and_membership():
         ("e", "'e'"),
         ("²x1o", "invalid multiplicity '²'"),  # a digit to str.isdigit, not to int()
         ("1²o", "1²o"),
+        # e3nn-jax reads a degree with int(): it takes "1 o" as 1o and "1_0e" as 10e
+        ("1 o", "'1 o'"),
+        ("2x1_0e", "'1_0e'"),
     ],
 )
 def test_malformed_strings_name_the_bad_token(text, token):
+    """Strings are read strictly (docs/inputs.md), where e3nn-jax's reading is looser."""
     with pytest.raises(ValueError) as info:
         Irreps(text)
     assert token in str(info.value)
