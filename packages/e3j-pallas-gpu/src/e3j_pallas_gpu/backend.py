@@ -59,12 +59,27 @@ _COMMON: dict[str, Any] = {
     "jax_requirement": JAX_REQUIREMENT,
 }
 
+
+def triton_unsupported(req) -> str | None:
+    """Why the Triton kernels cannot be lowered for ``req`` (an ``e3j.backends.OpRequest``), or
+    ``None``: Pallas's Triton lowering reads the target GPU from a CUDA device or from an abstract
+    mesh's device kind, and without either fails inside JAX ("No supported GPU devices found")."""
+    if _cuda_capability()[1] == _NO_GPU:
+        return (
+            f"{_NO_GPU}: Pallas's Triton lowering needs to know the GPU; lowering without one, name it "
+            "with jax.sharding.use_abstract_mesh(AbstractMesh(..., abstract_device=AbstractDevice("
+            "device_kind='NVIDIA H100 80GB HBM3', platform='cuda', num_cores=None)))"
+        )
+    return None
+
+
 #: Triton-lowered Pallas kernels on NVIDIA GPUs.
 backend: dict[str, Any] = {
     **_COMMON,
     "name": "pallas_gpu",
     "platforms": ("cuda",),
     "priority": 20,
+    "check": triton_unsupported,
     "load": functools.partial(_load, False),
 }
 
@@ -112,6 +127,9 @@ def _device_kind_capability(kind: str) -> tuple[int, int] | None:
     return None
 
 
+_NO_GPU = "no CUDA device and no abstract device kind"
+
+
 def _cuda_capability() -> tuple[tuple[int, int] | None, str]:
     """The compute capability this lowering targets and where it came from (``None`` if unknown).
 
@@ -128,7 +146,7 @@ def _cuda_capability() -> tuple[tuple[int, int] | None, str]:
     try:
         devices = jax.devices("cuda")
     except RuntimeError:
-        return None, "no CUDA device and no abstract device kind"
+        return None, _NO_GPU
     caps = []
     for d in devices:
         cc = getattr(d, "compute_capability", None)
