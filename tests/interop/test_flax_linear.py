@@ -103,6 +103,25 @@ def test_index_and_x_broadcast_together_as_in_e3nn():
         ours.apply(p, jnp.ones(3, int), x)
 
 
+def test_host_index_values_out_of_range_are_refused():
+    """A host index outside ``[-S, S)`` gave the last row's result (JAX's indexing clamps it, as
+    e3nn-jax's does): refused now. Negative ones count from the end, as in e3nn-jax; traced ones
+    cannot be read and keep JAX's indexing."""
+    x = jax.random.normal(jax.random.key(0), (2, 4, 2))
+    lin = Linear("0e + 1o", 3, "0e + 1o", num_indexed_weights=3)
+    p = lin.init(jax.random.key(1), np.array([0, 1]), x)
+    np.testing.assert_array_equal(lin.apply(p, np.array([-1, -3]), x), lin.apply(p, np.array([2, 0]), x))
+    for bad, value in (([5, 0], 5), ([0, 3], 3), ([-4, 0], -4)):
+        with pytest.raises(ValueError, match=rf"index must be in \[-3, 3\) \(num_indexed_weights=3; .*got {value}"):
+            lin.apply(p, np.array(bad), x)
+        with pytest.raises(ValueError, match="index must be in"):
+            lin.apply(p, jnp.array(bad), x)  # a concrete jax.Array too
+    with pytest.raises(ValueError, match="index must be in"):
+        lin.init(jax.random.key(1), np.array([0, 3]), x)
+    traced = jax.jit(lin.apply)(p, np.array([0, 3]), x)  # clamped to row 2, as e3nn-jax does
+    np.testing.assert_array_equal(traced, lin.apply(p, np.array([0, 2]), x))
+
+
 @pytest.mark.parametrize("channel_axis", [False, True])
 @pytest.mark.parametrize("biases", [False, True])
 def test_float_weights_are_mixed_with_the_parameters_as_in_e3nn(channel_axis, biases):
@@ -250,3 +269,16 @@ def test_bad_calls_are_named():
         Linear("0e", 2, "0e").init(jax.random.key(0), e3nn.IrrepsArray("1o", jnp.ones((3, 3))), x)
     with pytest.raises(TypeError, match=r"parameter_initializer must be a callable"):
         Linear("0e", 2, "0e", parameter_initializer=0.1).init(jax.random.key(0), x)
+
+
+def test_features_other_than_the_parameters_were_made_for_are_named():
+    """Applied to features of another channel count or irreps than at init, flax said only that a
+    parameter was not found ("w[0,0] 7x0e,8x0e" in scope "/"), which reads as a wrong checkpoint."""
+    lin = Linear("0e + 1o", 3, "0e + 1o")
+    p = lin.init(jax.random.key(1), jnp.ones((2, 4, 8)))
+    with pytest.raises(ValueError, match=r"x \(1x0e\+1x1o, C_in=7\) is not the input these parameters were made for"):
+        lin.apply(p, jnp.ones((2, 4, 7)))
+    other = Linear("0e + 1o", 3, "2x0e + 1o")
+    with pytest.raises(ValueError, match=r"no parameter 'w\[0,0\] 16x0e,3x0e' \(they have \['w\[0,0\] 8x0e,3x0e'"):
+        other.apply(p, jnp.ones((2, 5, 8)))
+    assert lin.apply(p, jnp.ones((2, 4, 8))).shape == (2, 4, 3)

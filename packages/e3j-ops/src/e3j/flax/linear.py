@@ -44,9 +44,10 @@ class Linear(nn.Module):
     - ``lin(x)``: the parameters above.
     - ``lin(index, x)`` with ``num_indexed_weights=S`` and ``index: int [...]`` (e.g. each node's
       species): every parameter gains a leading ``[S]`` axis and each element uses its row. An
-      index is read with JAX's indexing, as in e3nn-jax, which does not raise: a negative one
-      counts from the end (``-1`` is row ``S - 1``) and one past the end is clamped to the last
-      row. Check the indices before the call.
+      index is read with JAX's indexing, as in e3nn-jax: a negative one counts from the end
+      (``-1`` is row ``S - 1``). Host indices outside ``[-S, S)`` raise a ``ValueError``; traced
+      ones (inside ``jit``) cannot be checked, and one past the end is clamped to the last row there
+      (e3nn-jax clamps it in both cases): check those before the call.
     - ``lin(weights, x)`` with float ``weights [..., d]`` (e.g. an embedding): every parameter gains
       a leading ``[d]`` axis and each element's parameters are ``weights @ parameter / sqrt(d)``
       (e3nn's ``gradient_normalization`` splits the ``1/sqrt(d)`` between the initialization and
@@ -191,6 +192,14 @@ class Linear(nn.Module):
             lead, scale = ((d, c_in) if per_channel else (d,)), jnp.sqrt(1 / d)
 
         def parameter(name, shape, std):
+            if not self.is_initializing() and not self.has_variable("params", name):
+                # flax would say only that the name is missing, which reads as a wrong checkpoint
+                given = sorted(self.variables.get("params", {}))
+                raise ValueError(
+                    f"x ({irreps_in}, C_in={c_in}) is not the input these parameters were made for: "
+                    f"no parameter {name!r} (they have {given}); apply the module to features of the "
+                    "irreps and channel count it was initialized with"
+                )
             if self.parameter_initializer is not None:
                 init = self.parameter_initializer()
             else:
@@ -249,6 +258,20 @@ class Linear(nn.Module):
         return jnp.concatenate(outs, axis=-2)
 
 
+def _check_index_values(index, num_indexed_weights: int) -> None:
+    """A host (concrete) ``index`` outside ``[-S, S)`` refused: JAX's indexing would clamp it to the
+    last row, silently. Traced values cannot be read (inside ``jit``) and are left to that indexing."""
+    if isinstance(index, jax.core.Tracer) or index.size == 0:
+        return
+    values = np.asarray(index)
+    bad = (values < -num_indexed_weights) | (values >= num_indexed_weights)
+    if bad.any():
+        raise ValueError(
+            f"index must be in [-{num_indexed_weights}, {num_indexed_weights}) (num_indexed_weights="
+            f"{num_indexed_weights}; a negative one counts from the end), got {int(values[bad].flat[0])}"
+        )
+
+
 def _read_call(weights_or_x, x, num_indexed_weights):
     """``(mode, index or weights or None, x)`` from ``lin(x)``, ``lin(index, x)``, ``lin(weights, x)``."""
     if x is None:
@@ -272,7 +295,9 @@ def _read_call(weights_or_x, x, num_indexed_weights):
     if num_indexed_weights is not None:
         if float_or_int != "int":
             raise TypeError(f"index must be an integer array (num_indexed_weights is set), got {_describe(given)}")
-        return "indexed", jnp.asarray(given), x
+        index = jnp.asarray(given)
+        _check_index_values(index, num_indexed_weights)
+        return "indexed", index, x
     if float_or_int == "int":
         raise ValueError("lin(index, x) needs num_indexed_weights; call lin(x), or lin(weights, x) with float weights")
     if float_or_int != "float":
