@@ -237,8 +237,32 @@ def test_calculator_compiles_once_per_bucket_and_matches_ase_numerics(tiny):
     open_atoms = ase.Atoms(numbers=s["numbers"], positions=s["positions"])
     open_atoms.calc = em.Calculator(pot, params)
     assert open_atoms.get_forces().shape == (8, 3)
-    with pytest.raises(ase.calculators.calculator.PropertyNotImplementedError, match="periodic"):
+    with pytest.raises(ase.calculators.calculator.PropertyNotImplementedError, match="nonzero volume"):
         open_atoms.get_stress()
+
+
+@pytest.mark.parametrize("pbc", [(True, True, False), (False, False, False)], ids=["slab", "molecule_in_a_box"])
+def test_calculator_gives_stress_wherever_the_cell_has_a_volume(tiny, pbc):
+    """ASE's rule (its EMT's): a stress wherever ``atoms.cell.rank == 3``, periodic or not; the
+    calculator refused any structure not periodic in all three directions, so a slab's in-plane cell
+    could not relax under ASE's filters. Equal to ASE's finite differences of a strain, and
+    to EMT's convention: a cell without a volume is refused."""
+    pytest.importorskip("ase")
+    from ase.calculators.calculator import PropertyNotImplementedError
+
+    pot, _, params = tiny
+    atoms = _periodic_atoms()
+    atoms.pbc = pbc
+    atoms.calc = em.Calculator(pot, params)
+    stress = atoms.get_stress()
+    assert np.max(np.abs(stress)) > 1e-6
+    np.testing.assert_allclose(stress, atoms.calc.calculate_numerical_stress(atoms, d=1e-5), atol=1e-7)
+    flat = atoms.copy()
+    flat.cell[2] = 0  # no volume: refused, as EMT refuses it
+    flat.calc = em.Calculator(pot, params)
+    assert np.isfinite(flat.get_potential_energy())
+    with pytest.raises(PropertyNotImplementedError, match="nonzero volume"):
+        flat.get_stress()
 
 
 def test_calculator_keeps_no_results_of_another_structure_after_a_refusal(tiny):
@@ -254,11 +278,12 @@ def test_calculator_keeps_no_results_of_another_structure_after_a_refusal(tiny):
     slab = a.copy()
     slab.positions[0] += 0.3
     slab.pbc = [True, True, False]
-    with pytest.raises(PropertyNotImplementedError, match="periodic"):
+    slab.cell[2] = 0  # no volume: no stress
+    with pytest.raises(PropertyNotImplementedError, match="nonzero volume"):
         calc.calculate(slab, ["energy", "stress"], all_changes)
     fresh = em.Calculator(pot, params)
     assert calc.get_potential_energy(slab) == fresh.get_potential_energy(slab) != fresh.get_potential_energy(a)
-    with pytest.raises(PropertyNotImplementedError, match="periodic"):
+    with pytest.raises(PropertyNotImplementedError, match="nonzero volume"):
         calc.get_stress(slab)  # the same atoms: their energy stays (no recalculation needed)
     assert calc.results.get("energy") == fresh.get_potential_energy(slab)
     unknown = a.copy()
@@ -424,6 +449,8 @@ def test_float32_calculator_keeps_large_reference_energies_digits(tiny):
     for dtype in (np.float32, np.float64):
         atoms.calc = em.Calculator(big, params, dtype=dtype)
         energies[dtype] = atoms.get_potential_energy()
+        # float64 results whatever the model's type, as ASE's calculators give them
+        assert atoms.get_forces().dtype == atoms.get_stress().dtype == np.float64
     bare = em.Calculator(pot, params)  # the same model without reference energies, float64
     atoms.calc = bare
     e0 = sum({1: -13604.21, 8: -2042.37}[int(z)] for z in s["numbers"])

@@ -4,7 +4,8 @@ Nodes of all structures are concatenated (``node_graph`` says whose), padding no
 ``node_mask`` and padding edges by the :class:`e3j.Graph`'s ``edge_mask``. The edge ``e`` points from
 ``senders[e]`` to ``receivers[e]`` with vector
 ``positions[senders] - positions[receivers] + shifts[e] @ cell[node_graph[receivers[e]]]`` (``shifts``
-integer cell images, as floats; cell rows are the lattice vectors, zeros for open systems).
+integer cell images, as floats; cell rows are the lattice vectors, zeros for a structure without a
+cell; an open structure's box is kept, its shifts zero).
 :func:`e3j_models.neighbours.batch_structures` builds one from atoms; :func:`make_batch` from arrays.
 """
 

@@ -66,7 +66,9 @@ def _choose_bucket(need: tuple[int, int], current, used: list, headroom: float) 
 class Calculator(_AseCalculator):
     """``Calculator(potential, params, headroom=0.1, dtype=None)``: ASE ``energy``, ``forces``, ``stress``.
 
-    ``stress`` (Voigt, ASE's sign: ``(1/V) ∂E/∂ε``) needs a fully periodic cell. The padding bucket:
+    ``stress`` (Voigt, ASE's sign: ``(1/V) ∂E/∂ε``) needs a cell of nonzero volume, as ASE's own
+    calculators do: a slab (``pbc`` ``(True, True, False)``) gets the stress over its cell's volume,
+    the vacuum included (what ASE's filters relax in the periodic directions). The padding bucket:
     the current one while the system fits it and it is at most twice the system's own
     :func:`~e3j_models.bucket_size` in nodes and in edges (an MD run keeps one), else the smallest
     such bucket used before, else a new one sized to the system (a dataset of small and large
@@ -105,8 +107,12 @@ class Calculator(_AseCalculator):
         if system_changes:
             self.results = {}
         atoms = self.atoms
-        if "stress" in properties and not atoms.pbc.all():
-            raise PropertyNotImplementedError("stress needs a fully periodic cell (atoms.pbc all True)")
+        # ASE's rule (its EMT's): a stress wherever the cell has a volume, periodic or not
+        has_volume = atoms.cell.rank == 3
+        if "stress" in properties and not has_volume:
+            raise PropertyNotImplementedError(
+                f"stress needs a cell of nonzero volume (atoms.cell.rank 3), got rank {atoms.cell.rank}"
+            )
         cfg = self.potential.config
         n = len(atoms)
         if n == 0:
@@ -129,7 +135,8 @@ class Calculator(_AseCalculator):
             self.buckets.append(size)
         out = _energy_forces_stress(self._bare, current_backend_request(), self.params, batch)
         energy = float(out["energy"][0]) + _reference_energy(cfg.atomic_numbers, cfg.atomic_energies, atoms.numbers)
-        # copies: ASE's callers may edit results in place
-        self.results = {"energy": energy, "free_energy": energy, "forces": np.array(out["forces"][:n])}
-        if atoms.pbc.all():
-            self.results["stress"] = full_3x3_to_voigt_6_stress(np.asarray(out["stress"][0]))
+        # float64 copies, whatever the model's float type (as ASE's calculators give them): ASE's
+        # callers may edit results in place
+        self.results = {"energy": energy, "free_energy": energy, "forces": np.array(out["forces"][:n], np.float64)}
+        if has_volume:
+            self.results["stress"] = full_3x3_to_voigt_6_stress(np.asarray(out["stress"][0], np.float64))

@@ -301,14 +301,16 @@ def _assemble(graphs, index: dict, num_nodes, num_edges, headroom: float, dtype,
     lookup[list(index)] = list(index.values())
     pos_all, spec_all, graph_all, s_all, r_all, sh_all, cells = [], [], [], [], [], [], []
     offset = 0
-    for g, (positions, numbers, cell, pbc, s, r, shifts) in enumerate(graphs):
+    for g, (positions, numbers, cell, _pbc, s, r, shifts) in enumerate(graphs):
         pos_all.append(positions)
         spec_all.append(lookup[numbers])
         graph_all.append(np.full(positions.shape[0], g))
         s_all.append(s.astype(np.int64) + offset)  # a cached graph's indices may be int8 or int16
         r_all.append(r.astype(np.int64) + offset)
         sh_all.append(shifts)
-        cells.append(cell if pbc.any() else np.zeros((3, 3)))
+        # kept whatever pbc says (a molecule's box too): edges use it only through their shifts,
+        # zero in open directions, and the stress divides by its volume, as ASE's calculators do
+        cells.append(cell)
         offset += positions.shape[0]
     n, e = offset, sum(len(s) for s in s_all)
     n_pad = bucket_size(n + 1, headroom) if num_nodes is None else num_nodes

@@ -5,8 +5,9 @@ e3j; ``"e3nn"``: the e3nn-jax twin). The parameter tree does not depend on the b
 ``params`` evaluates on both. Forces are the gradient of the total energy with respect to positions;
 stress is the gradient with respect to a homogeneous deformation ``F = 1 + ε`` applied to positions
 and cell (per structure), divided by the cell volume (ASE's sign convention); structures without a
-cell (zero volume) get NaN stress, and a partially periodic one with a cell of nonzero volume gets
-the stress over that volume, vacuum included.
+cell (zero volume) get NaN stress, and one with a cell of nonzero volume, periodic in some
+directions or in none (a slab, a molecule in a box), gets the stress over that volume, vacuum
+included (ASE's calculators' rule).
 
 >>> import jax, numpy as np
 >>> from e3j_models import Potential, make_batch, nequip
