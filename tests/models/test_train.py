@@ -325,6 +325,28 @@ def test_evaluate_structures_and_the_test_command(tmp_path, capsys):
     write_dataset(tmp_path / "bad.extxyz", bad)
     with pytest.raises(SystemExit, match=r"error: positions \(--data structure 0\) must be finite"):
         main(["test", "--model", model, "--data", str(tmp_path / "bad.extxyz")])
+    # per-structure weights do not enter the metrics: one the loss would refuse does not stop them
+    weighted = read_dataset(data)
+    weighted[1].info["config_weight"] = -1.0
+    write_dataset(tmp_path / "weighted.extxyz", weighted)
+    main(["test", "--model", model, "--data", str(tmp_path / "weighted.extxyz"), "--out", str(tmp_path / "w.json")])
+    assert json.loads((tmp_path / "w.json").read_text())["force_mae"] == written["force_mae"]
+    with pytest.raises(ValueError, match=r"train\[1\] has config_weight -1.0: a per-structure weight must be"):
+        check_training_data(result.config, weighted, (1.0, 1.0, 0.0))
+    # a float64 checkpoint (fit(dtype=np.float64)'s) is scored in a process without JAX's 64-bit
+    # mode, as md runs it: the command switches it on (it refused, naming a call a shell cannot make)
+    import subprocess
+    import sys
+
+    import jax
+
+    save(tmp_path / "m64.npz", result.config, jax.tree.map(lambda a: np.asarray(a, np.float64), params))
+    env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}
+    command = [sys.executable, "-m", "e3j_models", "test", "--model", str(tmp_path / "m64.npz"), "--data", data]
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    want = evaluate_structures(pot, jax.tree.map(lambda a: np.asarray(a, np.float64), params), structures[3:])
+    np.testing.assert_allclose(json.loads(out.stdout)["force_mae"], want["force_mae"], rtol=1e-9)  # float32: ~1e-7
 
 
 def test_training_decreases_loss_and_matches_e3nn_twin():
@@ -647,3 +669,32 @@ def test_cli_train_passes_its_flags_to_fit(tmp_path, monkeypatch, flag, key, val
     with pytest.raises(SystemExit, match="fit called"):
         main(["train", "--data", str(data), "--preset", "nequip", "--out", str(tmp_path / "run"), *flag])
     assert seen[key] == value and type(seen[key]) is type(value)
+
+
+def test_cli_names_elements_held_only_by_validation_structures(tmp_path, monkeypatch):
+    """The command line's elements are the data's: one that only validation structures hold got
+    fit's message, which suggests editing atomic_numbers (the command line builds them) and names
+    no structure. Named with the structures and the flags that move them."""
+    from ase.build import bulk
+
+    import e3j_models.train as train_module
+
+    monkeypatch.setattr(train_module, "fit", lambda *a, **k: pytest.fail("fit called"))
+    gold = bulk("Au", "fcc", a=4.08, cubic=True)
+    gold.calc = EMT()
+    gold.get_forces()
+    structures = emt_structures(5)
+    data = tmp_path / "d.extxyz"
+    write_dataset(data, [*structures[:3], gold, *structures[3:]])  # gold is --data's structure 3
+    seeds = [s for s in range(40) if 3 in np.random.default_rng(s).permutation(6)[:1]]
+    held = r"element\(s\) \[79\] occur only in validation structures \(--data structure\(s\) \[3\]\).*--seed"
+    with pytest.raises(SystemExit, match=held):
+        main(["train", "--data", str(data), "--seed", str(seeds[0]), "--out", str(tmp_path / "r")])
+    write_dataset(data, structures)
+    valid = tmp_path / "v.extxyz"
+    write_dataset(valid, [structures[0], gold])
+    with pytest.raises(
+        SystemExit,
+        match=r"\[79\] occur only in validation structures \(--valid-file structure\(s\) \[1\]\).*into --data",
+    ):
+        main(["train", "--data", str(data), "--valid-file", str(valid), "--out", str(tmp_path / "r2")])

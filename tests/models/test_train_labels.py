@@ -181,8 +181,12 @@ def test_read_dataset_takes_partly_labelled_files_and_reads_weights(tmp_path):
     for atoms, ref in zip(virial, structures, strict=True):
         atoms.info["REF_virials"] = (-ref.get_volume() * ref.get_stress(voigt=False)).reshape(9)
     write_dataset(tmp_path / "virials.extxyz", virial)
-    back = read_dataset(tmp_path / "virials.extxyz", virials_key="REF_virials")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # the weight is read: it warned that it was not
+        back = read_dataset(tmp_path / "virials.extxyz", virials_key="REF_virials")
     assert all(a.info["config_stress_weight"] == 0.25 for a in back)
+    with pytest.warns(UserWarning, match=r"\['config_virials_weight'\] are not read.*with virials_key"):
+        read_dataset(tmp_path / "virials.extxyz")  # no virials read: nor their weight
     np.testing.assert_allclose(back[0].get_stress(), structures[0].get_stress(), atol=1e-9)
     other = [_relabel(a, my_weight=2.0) for a in structures]
     write_dataset(tmp_path / "other.extxyz", other)

@@ -216,6 +216,7 @@ def _train(args) -> None:
         present = {_config_type(a) for a in [*train, *valid]} | {"Default"}
         type_weights = {k: v for k, v in type_weights.items() if k in present}
     elements = sorted({int(z) for a in [*train, *valid] for z in a.numbers})
+    _check_elements_trained(elements, train, valid, names["valid"], args.valid_file is not None)
     overrides = {"num_channels": args.channels, "l_max": args.l_max, "cutoff": args.cutoff}
     if args.layers is not None:
         overrides["num_layers"] = args.layers
@@ -411,6 +412,28 @@ def _md(args) -> None:
     print(json.dumps({k: v for k, v in summary.items() if k != "log"}, indent=1))
 
 
+def _check_elements_trained(elements, train, valid, valid_names, own_file: bool) -> None:
+    """The model's elements are the data's; one held only by validation structures has no training
+    structure to fit its reference energy from. Named here with those structures and the flags that
+    move them (fit's own message suggests editing atomic_numbers, which the command line builds)."""
+    trained = {int(z) for a in train for z in a.numbers}
+    only = [z for z in elements if z not in trained]
+    if not only:
+        return
+    file, index = valid_names
+    holders = [int(index[k]) for k, a in enumerate(valid) if {int(z) for z in a.numbers} & set(only)]
+    more = f" (and {len(holders) - 10} more)" if len(holders) > 10 else ""
+    fix = (
+        "move structures holding them into --data"
+        if own_file
+        else "another --seed or a smaller --valid-fraction draws some of them for training"
+    )
+    raise SystemExit(
+        f"error: element(s) {only} occur only in validation structures ({file} structure(s) "
+        f"{holders[:10]}{more}): no training structure fits their reference energies; {fix}"
+    )
+
+
 def _test(args) -> None:
     from . import Potential, load
     from ._checks import check_int, check_output_path
@@ -423,6 +446,12 @@ def _test(args) -> None:
         config, params = load(args.model)
     except ValueError as err:
         raise ValueError(f"--model: {err}") from err
+    import jax
+
+    if any(np.asarray(a).dtype == np.float64 for a in jax.tree.leaves(params)):
+        # a float64 checkpoint (fit(dtype=np.float64)'s) is scored in float64, which needs JAX's
+        # 64-bit mode, off by default; this is the program's entry, as for md
+        jax.config.update("jax_enable_x64", True)
     try:
         potential = Potential(config, args.backend)
     except ValueError as err:

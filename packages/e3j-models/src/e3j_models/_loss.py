@@ -142,6 +142,7 @@ def evaluate_structures(
         every_element=False,
         parts=("structures", ""),
         reads_stress=True,
+        config_weights=False,  # the metrics do not weigh: a weight is not checked either
     )
     bare = potential._bare()  # the reference energies are taken out of the labels on the host instead
     params = _floats_as(params, dtype)

@@ -47,7 +47,8 @@ def _label_weights(
         except (TypeError, ValueError):
             values[key] = math.nan
         if not (math.isfinite(values[key]) and values[key] >= 0):
-            raise ValueError(f"has {key} {value!r}: a per-structure weight must be a finite number >= 0")
+            shown = value.item() if isinstance(value, np.generic) else value  # -1.0, not np.float64(-1.0)
+            raise ValueError(f"has {key} {shown!r}: a per-structure weight must be a finite number >= 0")
     base = values["config_weight"] * (type_weights or {}).get(_config_type(atoms), 1.0)
     terms = (base * values[f"config_{p}_weight"] for p in ("energy", "forces", "stress"))
     return tuple(w if p else 0.0 for w, p in zip(terms, present, strict=True))
@@ -218,12 +219,14 @@ def _check_training_data(
     type_weights_name="config_type_weights",
     parts=("train", "valid"),
     reads_stress=None,
+    config_weights=True,
 ):
     """:func:`check_training_data`, returning each structure's checked graph it built (for
     :func:`_batch`; :func:`~e3j_models.neighbours._checked_graph`): ``(train's, valid's)``. ``names``
     and ``type_weights_name`` name the loss weights and the type weights in errors (the command
     line's flags), ``parts`` the two lists' structures (``train[k]``); ``reads_stress``: whether
-    the caller reads the stress labels (default: when ``weights[2] > 0``; metrics read them all)."""
+    the caller reads the stress labels (default: when ``weights[2] > 0``; metrics read them all);
+    ``config_weights``: whether it reads the per-structure weights (metrics do not)."""
     check_config(config)
     check_structure_list("train", train)
     check_structure_list("valid", valid)
@@ -233,7 +236,9 @@ def _check_training_data(
     reads_stress = weights[2] > 0 if reads_stress is None else reads_stress
     for part, name, structures in (("train", parts[0], train), ("valid", parts[1], valid)):
         for k, atoms in enumerate(structures):
-            graph, its_weights = _check_structure_data(config, atoms, f"{name}[{k}]", reads_stress, dtype, type_weights)
+            graph, its_weights = _check_structure_data(
+                config, atoms, f"{name}[{k}]", reads_stress, dtype, type_weights, config_weights
+            )
             found[part].append(graph)
             if part == "train":
                 label_weights.append(its_weights)
@@ -255,7 +260,7 @@ def _check_training_data(
     return found["train"], found["valid"]
 
 
-def _check_structure_data(config, atoms, name: str, reads_stress: bool, dtype, type_weights=None):
+def _check_structure_data(config, atoms, name: str, reads_stress: bool, dtype, type_weights=None, config_weights=True):
     """``ValueError`` naming structure ``name`` for labels the loss would read and cannot use, or
     atoms the model cannot read (a NaN force passed to a validation MAE of NaN and no checkpoint;
     coincident atoms were named by their place in a shuffled batch). A stress label (on a fully
@@ -279,7 +284,7 @@ def _check_structure_data(config, atoms, name: str, reads_stress: bool, dtype, t
                 f"{name} has non-finite reference forces (atom {int(np.argwhere(~np.isfinite(forces))[0, 0])})"
             )
     try:
-        label_weights = _label_weights(atoms, res, type_weights=type_weights)
+        label_weights = _label_weights(atoms, res, config_weights, type_weights)
     except ValueError as err:
         raise ValueError(f"{name} {err}") from None
     if _has_stress(atoms, res):  # the batches read it (Voigt or 3×3); the loss or the metrics its values

@@ -213,11 +213,14 @@ def read_dataset(
     keys = {"energy": energy_key, "forces": forces_key, "stress": stress_key}
     renamed = {p: k for p, k in keys.items() if k != p}
     # per-structure loss weights other than mace-torch's config_*_weight are not read: say so
-    weighted = sorted({n for atoms in structures for n in atoms.info if "weight" in n.lower()} - set(WEIGHT_KEYS))
+    # (config_virials_weight is, as the stress's, where the stress comes from virials)
+    read = set(WEIGHT_KEYS) | ({"config_virials_weight"} if virials_key is not None else set())
+    weighted = sorted({n for atoms in structures for n in atoms.info if "weight" in n.lower()} - read)
     if weighted:
+        extra = "" if virials_key is not None else "; config_virials_weight with virials_key"
         warnings.warn(
             f"data file {path!r}: per-structure weights {weighted} are not read; fit reads "
-            f"{', '.join(WEIGHT_KEYS)} (mace-torch's)",
+            f"{', '.join(WEIGHT_KEYS)} (mace-torch's){extra}",
             stacklevel=2,
         )
     has = {"energy": [], "forces": []}
