@@ -282,3 +282,6 @@ def test_features_other_than_the_parameters_were_made_for_are_named():
     with pytest.raises(ValueError, match=r"no parameter 'w\[0,0\] 16x0e,3x0e' \(they have \['w\[0,0\] 8x0e,3x0e'"):
         other.apply(p, jnp.ones((2, 5, 8)))
     assert lin.apply(p, jnp.ones((2, 4, 8))).shape == (2, 4, 3)
+    # a mutable params collection creates what is missing, as flax's own layers do
+    out, made = lin.apply({}, jnp.ones((2, 4, 8)), rngs={"params": jax.random.key(1)}, mutable=["params"])
+    assert jax.tree.structure(made) == jax.tree.structure(p) and out.shape == (2, 4, 3)

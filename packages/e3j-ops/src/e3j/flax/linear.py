@@ -192,7 +192,12 @@ class Linear(nn.Module):
             lead, scale = ((d, c_in) if per_channel else (d,)), jnp.sqrt(1 / d)
 
         def parameter(name, shape, std):
-            if not self.is_initializing() and not self.has_variable("params", name):
+            # (a mutable params collection creates missing parameters, as flax's own layers do)
+            if (
+                not self.is_initializing()
+                and not self.is_mutable_collection("params")
+                and not self.has_variable("params", name)
+            ):
                 # flax would say only that the name is missing, which reads as a wrong checkpoint
                 given = sorted(self.variables.get("params", {}))
                 raise ValueError(
