@@ -484,28 +484,34 @@ def test_compiled_pallas_kernels_lower_under_shard_map(conv, backend, platform, 
 def test_eager_calls_follow_the_backend_request(mesh, conv, monkeypatch):
     """convolution_sharded compiles one program per setting: an eager call made after
     ``use_backend`` or ``E3J_BACKEND`` changed runs on the backend requested then (the ``test``
-    plugin counts its kernels as they are lowered), as a fresh jit of the call would."""
+    plugin counts its kernels as they are lowered), as a fresh jit of the call would, and a call
+    back in an earlier setting reuses that setting's program (a hit of the program cache: a
+    stale ``test`` program would lower nothing either, so the plugin's count alone cannot tell)."""
     require_backend("test")
     import e3j_test_backend
+
+    from e3j.distributed import _sharded
 
     senders, receivers, mask, x, y, s = random_problem(conv, seed=11)
     pg = e3j.partition_graph(senders, receivers, 23, NDEV, edge_mask=mask)
     ref = conv(x, y, s, e3j.Graph.from_edges(senders, receivers, 23, edge_mask=mask))
+    _sharded.cache_clear()
 
-    def kernel_calls(run):
+    def run():
+        """(kernels the test plugin lowered, whether the call compiled a program of its own)."""
         e3j_test_backend.calls.clear()
-        assert max_err(run(), ref) <= TOL
-        return list(e3j_test_backend.calls)
-
-    def call():
-        return e3j.convolution_sharded(conv, x, y, s, pg, mesh, "d")
+        misses = _sharded.cache_info().misses
+        assert max_err(e3j.convolution_sharded(conv, x, y, s, pg, mesh, "d"), ref) <= TOL
+        return list(e3j_test_backend.calls), _sharded.cache_info().misses > misses
 
     monkeypatch.setenv("E3J_BACKEND", "reference")
-    assert kernel_calls(call) == []
+    assert run() == ([], True)
     with e3j.use_backend("test"):
-        assert kernel_calls(call) == ["convolution"]
-    assert kernel_calls(call) == []
+        assert run() == (["convolution"], True)
+    assert run() == ([], False)  # the first program, the reference's
     monkeypatch.setenv("E3J_BACKEND", "test")
-    assert kernel_calls(call) == ["convolution"]
+    assert run() == (["convolution"], True)
     monkeypatch.setenv("E3J_BACKEND", "reference")
-    assert kernel_calls(call) == []
+    assert run() == ([], False)
+    with e3j.use_backend("test"):
+        assert run() == ([], False)  # the use_backend program, lowered once
