@@ -169,6 +169,7 @@ def test_concatenation_multiplication_and_membership():
         # e3nn-jax reads a degree with int(): it takes "1 o" as 1o and "1_0e" as 10e
         ("1 o", "'1 o'"),
         ("2x1_0e", "'1_0e'"),
+        ("2_0x1o", "'2_0'"),
     ],
 )
 def test_malformed_strings_name_the_bad_token(text, token):
