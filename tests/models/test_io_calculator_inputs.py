@@ -488,6 +488,16 @@ def test_given_neighbours_give_the_same_batch():
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     assert a.graph.num_valid == len(edges[0]) > 0
+    # an image along a direction that is not periodic would move its edge by that cell vector (an
+    # open structure keeps its box): refused, named
+    slab = {**s, "pbc": (True, True, False)}
+    senders, receivers, shifts = em.neighbour_list(slab["positions"], CUTOFF, slab["cell"], slab["pbc"])
+    shifts = np.array(shifts)
+    shifts[1, 2] = 1
+    with pytest.raises(
+        ValueError, match=r"edge 1 has shifts \[.*, 1\], an image along a direction that is not periodic"
+    ):
+        em.batch_structures([slab], Z, CUTOFF, neighbours=[(senders, receivers, shifts)])
 
 
 def test_params_of_another_config_and_batches_of_the_model(tmp_path, tiny):

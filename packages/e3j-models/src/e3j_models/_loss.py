@@ -52,8 +52,9 @@ def _loss_sums(potential: Potential, params, batch: GraphBatch, labels: Labels, 
     f_err = jnp.where(per_atom > 0, per_atom * (out["forces"] - labels.forces) ** 2, 0)
     sums["forces"] = (jnp.sum(f_err), 3 * jnp.sum(per_atom > 0))
     if stress:
-        # structures without a stress label add 0, and so does their gradient: an open structure's
-        # predicted stress is NaN, which must not reach the square (where()'s gradient still would)
+        # structures without a stress label add 0, and so does their gradient: the predicted stress
+        # of a structure without a cell is NaN, which must not reach the square (where()'s gradient
+        # still would)
         has = jnp.broadcast_to(labels.has_stress, labels.energy.shape) & (per[:, 2] > 0)
         predicted = jnp.where(has[:, None, None], out["stress"], labels.stress)
         per_structure = jnp.mean((predicted - labels.stress) ** 2, axis=(1, 2))

@@ -188,7 +188,16 @@ def _structure_graph(st, index: dict, cutoff: float, dtype, where: str, given=No
     if given is None:
         s, r, shifts = neighbour_list(positions, cutoff, cell, pbc)
     else:
-        s, r, shifts = _given_neighbours(given, positions.shape[0], where or f" (structure {g})")
+        named = where or f" (structure {g})"
+        s, r, shifts = _given_neighbours(given, positions.shape[0], named)
+        # an image along an open direction is no image: the edge would move by that cell vector
+        across = np.flatnonzero(np.any(np.asarray(shifts)[:, ~pbc] != 0, axis=1))
+        if across.size:
+            k = int(across[0])
+            raise ValueError(
+                f"neighbours{named}: edge {k} has shifts {np.asarray(shifts)[k].tolist()}, an image along a "
+                f"direction that is not periodic (pbc {pbc.tolist()})"
+            )
     positions, shifts = _near_origin(positions, cell, pbc, s, r, shifts)
     lattice = cell if pbc.any() else np.zeros((3, 3))
     zero = zero_length_edges(positions, s, r, np.asarray(shifts), lattice, (np.float64, dtype))
