@@ -224,11 +224,11 @@ def test_eager_calls_keep_a_bounded_number_of_programs():
     assert info.maxsize == multilinear.EAGER_PROGRAMS
     # past the bound the least recently used goes (a jax.jit is made, not compiled, until called)
     prim = CONVOLUTION.M
-    first = multilinear._jitted(prim, (("setting", -1),), "")
+    first = multilinear._jitted(prim, (("setting", -1),))
     for i in range(multilinear.EAGER_PROGRAMS):
-        multilinear._jitted(prim, (("setting", i),), "")
+        multilinear._jitted(prim, (("setting", i),))
     assert multilinear._jitted.cache_info().currsize == multilinear.EAGER_PROGRAMS
-    assert multilinear._jitted(prim, (("setting", -1),), "") is not first  # dropped, made again
+    assert multilinear._jitted(prim, (("setting", -1),)) is not first  # dropped, made again
     conv, graph, x, y, s = _conv_setup()
     conv(x, y, s, graph, backend="reference")
     size = multilinear._jitted.cache_info().currsize

@@ -31,7 +31,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from functools import cache, partial
+from functools import cache, lru_cache, partial, wraps
 from typing import Any
 
 import jax
@@ -430,6 +430,37 @@ def current_backend_request(explicit: str | None = None) -> str | None:
         get_backend(explicit)
         return explicit
     return _REQUEST.get()
+
+
+def programs_per_request(maxsize: int) -> Callable[[Callable], Callable]:
+    """Decorator: an LRU cache of a program builder, keyed on its arguments and on ``E3J_BACKEND``.
+
+    ``E3J_BACKEND`` is read when a program is lowered, so a cached ``jax.jit`` made before it changed
+    would keep the old choice; keyed on its value, a call made after the change builds (and lowers)
+    again, as a fresh ``jax.jit`` of the call would. The wrapper keeps ``cache_info`` and
+    ``cache_clear``.
+
+    >>> @programs_per_request(maxsize=4)
+    ... def program(n):
+    ...     return jax.jit(lambda x: x * n)
+    >>> program(2) is program(2)
+    True
+    """
+
+    def decorate(build: Callable) -> Callable:
+        @lru_cache(maxsize=maxsize)
+        def cached(env: str, *args):
+            del env  # only a cache key
+            return build(*args)
+
+        @wraps(build)
+        def program(*args):
+            return cached(os.environ.get(ENV_VAR, ""), *args)
+
+        program.cache_info, program.cache_clear = cached.cache_info, cached.cache_clear
+        return program
+
+    return decorate
 
 
 _warned: set[tuple] = set()

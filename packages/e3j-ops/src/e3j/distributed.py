@@ -38,9 +38,7 @@ replicated). Given as device blocks (``edge_layout="blocks"``), each device hold
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +47,7 @@ from jax import shard_map
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
 from ._checks import STATIC, check_int, check_rank, edge_arrays
-from .backends import ENV_VAR, current_backend_request
+from .backends import current_backend_request, programs_per_request
 from .convolution import Convolution
 from .factored import FactoredWeights
 from .graph import Graph
@@ -299,17 +297,15 @@ def convolution_sharded(
     # transposes of the reshards and of the padding one by one, and JAX refused the slice of a
     # sharded cotangent they gave. The backend request (an argument, use_backend, E3J_BACKEND) is
     # read here and keys the program, as a fresh jit of the call would see it
-    requested = current_backend_request(backend)
-    program = _sharded(conv, mesh, axis_name, requested, blocks, os.environ.get(ENV_VAR, ""))
+    program = _sharded(conv, mesh, axis_name, current_backend_request(backend), blocks)
     with jax.disable_jit(False):  # under disable_jit, the same reshards run one by one
         return program(x, y, s, pg)
 
 
-@functools.lru_cache(maxsize=64)
-def _sharded(conv: Convolution, mesh, axis_name: str, backend: str | None, blocks: bool, env: str):
-    """:func:`convolution_sharded`'s program after its checks, jitted (one per setting; ``env``, the
-    value of ``E3J_BACKEND``, only keys the cache)."""
-    del env
+@programs_per_request(maxsize=64)
+def _sharded(conv: Convolution, mesh, axis_name: str, backend: str | None, blocks: bool):
+    """:func:`convolution_sharded`'s program after its checks, jitted (one per setting and value of
+    ``E3J_BACKEND``)."""
 
     @jax.jit
     def program(x, y, s, pg):

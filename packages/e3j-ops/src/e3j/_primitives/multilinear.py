@@ -31,10 +31,9 @@ Nothing differentiates through a kernel.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import partial
 from typing import Any
 
 import jax
@@ -46,7 +45,7 @@ from e3j_core import TensorProductCoo
 
 from .. import contract
 from .._vma import varying_like
-from ..backends import ENV_VAR, OpRequest, kernels_of, select_backend
+from ..backends import OpRequest, kernels_of, programs_per_request, select_backend
 
 PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 #: compiled programs kept for eager (un-jitted) calls, one per static setting (an op, its derivative
@@ -470,20 +469,16 @@ def dispatch(form: Multilinear, platform: str, requested: str | None, spec: CooS
 
 def _apply_jitted(primitive: Primitive, *args, **params):
     """Eager evaluation: the primitive compiled on its own (what ``jit`` of one primitive gives)."""
-    # E3J_BACKEND is read when the program is lowered: keyed on it, an eager call made after it
-    # changed lowers again, as a fresh jit of the call would
-    env = os.environ.get(ENV_VAR, "")
     # compiled under jax.disable_jit() too: there jit would call bind, whose impl is this (a loop)
     with jax.disable_jit(False):
-        return _jitted(primitive, tuple(sorted(params.items())), env)(*args)
+        return _jitted(primitive, tuple(sorted(params.items())))(*args)
 
 
-@lru_cache(maxsize=EAGER_PROGRAMS)
-def _jitted(primitive: Primitive, params: tuple, env: str) -> Callable:
-    # params are the primitive's static parameters (hashable): one compiled function per setting,
-    # the least recently used dropped past EAGER_PROGRAMS (each holds its executables: unbounded,
-    # a loop over many irreps ran the process out of memory maps)
-    del env  # only a cache key
+@programs_per_request(maxsize=EAGER_PROGRAMS)
+def _jitted(primitive: Primitive, params: tuple) -> Callable:
+    # params are the primitive's static parameters (hashable): one compiled function per setting
+    # (and E3J_BACKEND value), the least recently used dropped past EAGER_PROGRAMS (each holds its
+    # executables: unbounded, a loop over many irreps ran the process out of memory maps)
     return jax.jit(partial(primitive.bind, **dict(params)))
 
 
