@@ -416,8 +416,9 @@ def _check_elements_trained(elements, train, valid, valid_names, own_file: bool)
     """The model's elements are the data's; one held only by validation structures has no training
     structure to fit its reference energy from. Named here with those structures and the flags that
     move them (fit's own message suggests editing atomic_numbers, which the command line builds)."""
-    trained = {int(z) for a in train for z in a.numbers}
-    only = [z for z in elements if z not in trained]
+    from ._training_data import absent_elements
+
+    only = absent_elements(elements, train)
     if not only:
         return
     file, index = valid_names

@@ -11,13 +11,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from e3j._checks import check_array, check_bool, check_int, check_positive_int, check_rank, float_dtype
+from e3j._checks import (
+    check_array,
+    check_bool,
+    check_host_index,
+    check_int,
+    check_positive_int,
+    check_rank,
+    float_dtype,
+)
 from e3j_core._checks import check_positive_real, check_real, is_int
 
 __all__ = [
     "check_array",
     "check_bool",
     "check_float_dtype",
+    "check_host_index",
     "check_int",
     "check_model_dtype",
     "check_output_path",

@@ -170,9 +170,14 @@ def _fitted_config(config, structures: Sequence, num_edges: Sequence[int]):
     )
 
 
-def _check_elements_present(atomic_numbers: Sequence[int], structures: Sequence) -> None:
+def absent_elements(atomic_numbers: Sequence[int], structures: Sequence) -> list[int]:
+    """The elements of ``atomic_numbers`` that no structure of ``structures`` holds, in that order."""
     present = {int(n) for atoms in structures for n in atoms.numbers}
-    absent = [z for z in atomic_numbers if z not in present]
+    return [int(z) for z in atomic_numbers if int(z) not in present]
+
+
+def _check_elements_present(atomic_numbers: Sequence[int], structures: Sequence) -> None:
+    absent = absent_elements(atomic_numbers, structures)
     if absent:
         raise ValueError(
             f"atomic numbers {absent} of the config ({list(atomic_numbers)}) occur in none of the "

@@ -33,7 +33,7 @@ from jax.typing import DTypeLike
 
 import e3j.backends
 
-from ._checks import check_bool, check_model_dtype
+from ._checks import check_bool, check_host_index, check_model_dtype
 from .batch import GraphBatch
 from .config import MACEConfig, NequIPConfig, check_config
 from .models import MACE, NequIP
@@ -213,16 +213,9 @@ def _check_batch(batch: object) -> None:
 
 
 def _check_species(batch: GraphBatch, num_species: int) -> None:
-    """Concrete species (an eager call) must index the model's elements; traced ones cannot be read
-    and, like any out-of-range index in JAX, are clamped (a negative one wraps around)."""
-    species, mask = batch.species, batch.node_mask
-    if isinstance(species, jax.core.Tracer) or isinstance(mask, jax.core.Tracer):
-        return
-    real = np.asarray(species)[np.asarray(mask)]
-    bad = (real < 0) | (real >= num_species)
-    if bad.any():
-        value = int(real[bad][0])
-        raise ValueError(f"batch.species must be in [0, {num_species}) (the model's atomic_numbers), got {value}")
+    # concrete species (an eager call) must index the model's elements; traced ones cannot be read
+    # and, like any out-of-range index in JAX, are clamped (a negative one wraps around)
+    check_host_index("batch.species", batch.species, 0, num_species, "the model's atomic_numbers", batch.node_mask)
 
 
 def _check_call(params: object, batch: object) -> None:

@@ -12,6 +12,7 @@ __all__ = [
     "STATIC",
     "check_array",
     "check_bool",
+    "check_host_index",
     "check_int",
     "check_positive_int",
     "check_rank",
@@ -110,6 +111,20 @@ def check_truth(name: str, value: object) -> bool:
     if (is_int(value) or is_flag_array) and value in (0, 1):
         return bool(value)
     raise TypeError(f"{name} must be a bool (or 0 / 1), got {value!r}")
+
+
+def check_host_index(name: str, index, low: int, high: int, meaning: str, mask=None) -> None:
+    """A concrete integer ``index`` (its entries where ``mask``, if given) must lie in ``[low, high)``:
+    JAX's indexing clamps one outside (a negative one wraps first), silently. Traced values cannot be
+    read (inside ``jit``) and are left to that indexing. ``meaning`` says what the range is."""
+    if isinstance(index, jax.core.Tracer) or isinstance(mask, jax.core.Tracer):
+        return
+    values = np.asarray(index)
+    if mask is not None:
+        values = values[np.asarray(mask)]
+    bad = (values < low) | (values >= high)
+    if bad.any():
+        raise ValueError(f"{name} must be in [{low}, {high}) ({meaning}), got {int(values[bad].flat[0])}")
 
 
 def check_same_dtype(**arrays) -> jnp.dtype:

@@ -13,7 +13,7 @@ import numpy as np
 
 from e3j_core import Irreps, as_irreps
 
-from .._checks import check_bool, check_positive_int, check_rank, float_dtype, is_irreps_array
+from .._checks import check_bool, check_host_index, check_positive_int, check_rank, float_dtype, is_irreps_array
 
 __all__ = ["Linear"]
 
@@ -263,20 +263,6 @@ class Linear(nn.Module):
         return jnp.concatenate(outs, axis=-2)
 
 
-def _check_index_values(index, num_indexed_weights: int) -> None:
-    """A host (concrete) ``index`` outside ``[-S, S)`` refused: JAX's indexing would clamp it to the
-    last row, silently. Traced values cannot be read (inside ``jit``) and are left to that indexing."""
-    if isinstance(index, jax.core.Tracer) or index.size == 0:
-        return
-    values = np.asarray(index)
-    bad = (values < -num_indexed_weights) | (values >= num_indexed_weights)
-    if bad.any():
-        raise ValueError(
-            f"index must be in [-{num_indexed_weights}, {num_indexed_weights}) (num_indexed_weights="
-            f"{num_indexed_weights}; a negative one counts from the end), got {int(values[bad].flat[0])}"
-        )
-
-
 def _read_call(weights_or_x, x, num_indexed_weights):
     """``(mode, index or weights or None, x)`` from ``lin(x)``, ``lin(index, x)``, ``lin(weights, x)``."""
     if x is None:
@@ -301,7 +287,9 @@ def _read_call(weights_or_x, x, num_indexed_weights):
         if float_or_int != "int":
             raise TypeError(f"index must be an integer array (num_indexed_weights is set), got {_describe(given)}")
         index = jnp.asarray(given)
-        _check_index_values(index, num_indexed_weights)
+        # a host index outside is refused: JAX's indexing would give it the last row's weights
+        s = num_indexed_weights
+        check_host_index("index", index, -s, s, f"num_indexed_weights={s}; a negative one counts from the end")
         return "indexed", index, x
     if float_or_int == "int":
         raise ValueError("lin(index, x) needs num_indexed_weights; call lin(x), or lin(weights, x) with float weights")
