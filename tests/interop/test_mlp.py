@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import e3nn_jax as e3nn
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -71,6 +72,19 @@ def test_bad_configuration_is_named():
     for message, kw in cases.items():
         with pytest.raises((ValueError, TypeError), match=message):
             e3j.flax.MultiLayerPerceptron(**kw).init(jax.random.key(0), x)
+
+
+@pytest.mark.parametrize("factored", [False, True])
+def test_features_of_another_width_than_the_parameters_are_named(factored):
+    # flax's own error spoke of an initializer and Dense_0's kernel, not of the input
+    mlp = e3j.flax.MultiLayerPerceptron((8, 6), jax.nn.silu, output_activation=False, factored=factored)
+    params = mlp.init(jax.random.key(0), jnp.ones((5, 3)))
+    with pytest.raises(ValueError, match=r"x has 4 features \(last axis\) but the parameters were made for 3 "):
+        mlp.apply(params, jnp.ones((5, 4)))
+    boxed = jax.tree.map(lambda a: nn.Partitioned(a, (None,) * a.ndim), params)  # metadata boxes read too
+    with pytest.raises(ValueError, match=r"made for 3 \(Dense_0's kernel is \(3, 8\)\)"):
+        mlp.apply(boxed, jnp.ones((5, 4)))
+    assert mlp.apply(params, jnp.ones((5, 3))).shape == (5, 6)
 
 
 def test_factored_output_needs_one_row_per_edge():

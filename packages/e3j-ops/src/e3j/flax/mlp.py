@@ -76,6 +76,7 @@ class MultiLayerPerceptron(nn.Module):
             check_rank("x", x, (2,), "[E, features] with factored=True (one row per edge)")
         check_rank("x", x, tuple(range(1, 33)), "[..., features]")
         float_dtype("x", x)
+        _check_width(self, x)
         act = None if self.act is None else _normalize(self.act)
         last_act = None if last_act is None else _normalize(last_act)
 
@@ -98,6 +99,17 @@ class MultiLayerPerceptron(nn.Module):
             if a is not None:
                 x = a(x)
         return wrap(f"{x.shape[-1]}x0e", x) if irreps_array else x
+
+
+def _check_width(mlp: MultiLayerPerceptron, x) -> None:
+    """Features of another width than the parameters were made for named as ``x`` (flax would say
+    its initializer "expected to generate shape" ... for ``Dense_0``'s kernel)."""
+    kernel = mlp.variables.get("params", {}).get("Dense_0", {}).get("kernel")
+    if kernel is not None and (width := jnp.shape(nn.meta.unbox(kernel))[0]) != x.shape[-1]:
+        raise ValueError(
+            f"x has {x.shape[-1]} features (last axis) but the parameters were made for {width} "
+            f"(Dense_0's kernel is {jnp.shape(nn.meta.unbox(kernel))})"
+        )
 
 
 class _LastDense(nn.Module):
