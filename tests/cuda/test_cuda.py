@@ -342,6 +342,36 @@ def test_kernels_lower_to_ffi_calls_for_cuda(case):
     assert "index_bytes = 1 : i64" in text
 
 
+def test_launches_past_cudas_grid_limit_are_refused():
+    # one thread block per row or node: the handlers' cast of a count past 2**32 to the grid's
+    # unsigned int wrapped and left rows unwritten, silently. Abstract shapes: nothing is allocated
+    from kernel_cases import conv_operands, tp_operands
+
+    case = Case(1, 1, 2, False)
+    coo, x, y, dz = tp_operands(case)
+    big = 2**31
+    fwd = functools.partial(kernels.tensor_product, coo, y_channels=False)
+    bwd = functools.partial(kernels.tensor_product_bwd, coo, outs=("x",), y_channels=False)
+    for fn, args in ((fwd, (x, y)), (bwd, (x, y, dz))):
+        shapes = [jax.ShapeDtypeStruct((big, *a.shape[1:]), a.dtype) for a in args]
+        with pytest.raises(ValueError, match=r"a tensor product of 2147483648 rows need 2147483648 thread blocks"):
+            jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",))
+        fits = [jax.ShapeDtypeStruct((big - 1, *a.shape[1:]), a.dtype) for a in args]
+        assert "custom_call @e3j_tp_" in jax.jit(fn).trace(*fits).lower(lowering_platforms=("cuda",)).as_text()
+    coo, graph, x, y, s, dm = conv_operands(case)
+    conv_bwd = functools.partial(kernels.convolution_bwd, coo, outs=("x",), y_channels=False)
+    nodes = big - 1000  # the backward's up to 1,024 clearing blocks take it past the limit
+    shapes = [jax.ShapeDtypeStruct((nodes, *a.shape[1:]), a.dtype) for a in (x, dm)]
+    graph_shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), graph)
+    offsets = jax.ShapeDtypeStruct((nodes + 1,), np.int32)
+    graph_shapes = graph_shapes._replace(receiver_offsets=offsets, sender_offsets=offsets)
+    y_s, s_s = (jax.ShapeDtypeStruct(a.shape, a.dtype) for a in (y, s))
+    with pytest.raises(ValueError, match=r"a convolution's backward over 2147482648 nodes \(and its clearing\) need"):
+        jax.jit(lambda x, y, s, dm, g: conv_bwd(x, y, s, dm, g)).trace(
+            shapes[0], y_s, s_s, shapes[1], graph_shapes
+        ).lower(lowering_platforms=("cuda",))
+
+
 @pytest.mark.parametrize("factored", [False, True], ids=["array", "factored"])
 def test_grouped_convolution_lowers_for_cuda_without_copying_the_weights(factored):
     check_grouped_lowering(_lower_cuda, "cuda", "custom_call @e3j_conv_", factored=factored)

@@ -316,6 +316,13 @@ def test_errors(mesh, conv):
         e3j.partition_graph(senders.astype(float), receivers, 3, NDEV)
     with pytest.raises(TypeError, match="runs on the host"):
         jax.jit(lambda s, r: e3j.partition_graph(s, r, 3, NDEV))(senders, receivers)
+    # global node and edge ids are int32 (a larger id wrapped and gathered another edge's rows);
+    # a zero-stride view allocates nothing
+    many = np.broadcast_to(np.int32(0), (2**31,))
+    with pytest.raises(ValueError, match=r"senders: 2147483648 edges exceed the int32 indices"):
+        e3j.partition_graph(many, many, 3, NDEV)
+    with pytest.raises(ValueError, match=r"num_nodes: 2147483648 nodes \(padded to the devices' blocks\) exceed"):
+        e3j.partition_graph(senders, receivers, 2**31 - 3, NDEV)
 
     pg = e3j.partition_graph(senders, receivers, 3, NDEV)
     x = jnp.zeros((3, conv.coo.dim_x, 2))

@@ -222,6 +222,22 @@ def test_bad_arguments_raise_under_jit_too():
         jax.jit(lambda s, r, n: Graph.from_edges(s, r, n))(jnp.zeros(3, jnp.int32), jnp.zeros(3, jnp.int32), 3)
 
 
+def test_counts_past_int32_indices_are_refused():
+    # e3j's graphs and kernels index nodes and edges with int32: 2**31 edges wrapped to negative
+    # orders and offsets, silently. Zero-stride views and abstract shapes: nothing is allocated
+    many = np.broadcast_to(np.int32(0), (2**31,))
+    match = r"senders: 2147483648 edges exceed the int32 indices of e3j's graphs and kernels \(at most 2\*\*31 - 1"
+    with pytest.raises(ValueError, match=match):
+        Graph.from_edges(many, many, 3)
+    edges = jax.ShapeDtypeStruct((2**31,), jnp.int32)
+    with pytest.raises(ValueError, match=match):
+        jax.eval_shape(lambda s, r: Graph.from_edges(s, r, 3), edges, edges)
+    with pytest.raises(ValueError, match=r"num_nodes: 2147483648 nodes exceed the int32 indices"):
+        Graph.from_edges([], [], 2**31)
+    fits = jax.ShapeDtypeStruct((2**31 - 1,), jnp.int32)
+    assert jax.eval_shape(lambda s, r: Graph.from_edges(s, r, 3), fits, fits).order.shape == (2**31 - 1,)
+
+
 # -- pytree ---------------------------------------------------------------------------------------
 
 

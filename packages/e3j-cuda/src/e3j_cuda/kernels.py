@@ -58,6 +58,21 @@ def _operand(a: jax.Array | None, dtype) -> jax.Array:
     return jnp.zeros((0,), dtype) if a is None else a
 
 
+#: CUDA's limit on a grid's x dimension: the kernels launch one thread block per row of a tensor
+#: product and per node of a convolution, whose backward adds blocks that clear padding edges (at
+#: most MAX_CLEARING_BLOCKS: csrc/ffi_cuda.cu's kMaxClearingBlocks)
+MAX_GRID_X, MAX_CLEARING_BLOCKS = 2**31 - 1, 1024
+
+
+def _check_grid(blocks: int, what: str) -> None:
+    # the handlers cast the count to the grid's unsigned int: past 2**32 it would wrap, silently
+    if blocks > MAX_GRID_X:
+        raise ValueError(
+            f"e3j_cuda: {what} need {blocks} thread blocks, over CUDA's grid limit of 2**31 - 1 = "
+            f"{MAX_GRID_X}; split the batch, or run it on another backend (e.g. backend='pallas_gpu')"
+        )
+
+
 def _shape(shape, dtype) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype)
 
@@ -68,6 +83,7 @@ def tensor_product(
     """``z = x ⊗ y``: ``[B, Dx, C]``, ``[B, Dy(, C)]`` → ``[B, Dout, C]``."""
     dtype = x.dtype
     batch, _, channels = x.shape
+    _check_grid(batch, f"a tensor product of {batch} rows")
     call = jax.ffi.ffi_call(f"{target}_tp_fwd", _shape((batch, coo.dim_out, channels), dtype))
     return call(
         *_table(coo.table, dtype),
@@ -92,6 +108,7 @@ def tensor_product_bwd(
     want_x, want_y = "x" in outs, "y" in outs
     dtype = dz.dtype
     batch, _, channels = dz.shape
+    _check_grid(batch, f"a tensor product of {batch} rows")
     dy_shape = (batch, coo.dim_y, channels) if y_channels else (batch, coo.dim_y)
     call = jax.ffi.ffi_call(
         f"{target}_tp_bwd",
@@ -138,6 +155,7 @@ def _forward(coo: TensorProductCoo, x, y, s2, cols: np.ndarray, graph, y_channel
     """``m [N, Dout, C]`` from ``x [N, Dx, C]``, ``y`` and the 2-D weights ``s2 [E, W]`` (columns ``cols``)."""
     dtype = x.dtype
     num_nodes, _, channels = x.shape
+    _check_grid(num_nodes, f"a convolution over {num_nodes} nodes")
     call = jax.ffi.ffi_call(f"{target}_conv_fwd", _shape((num_nodes, coo.dim_out, channels), dtype))
     return call(
         *_table(coo.table, dtype),
@@ -179,6 +197,7 @@ def _backward(
     dtype = dm.dtype
     num_nodes, _, channels = dm.shape
     num_edges = graph.senders.shape[0]
+    _check_grid(num_nodes + MAX_CLEARING_BLOCKS, f"a convolution's backward over {num_nodes} nodes (and its clearing)")
     shapes = {
         "x": (num_nodes, coo.dim_x, channels),
         "y": (num_edges, coo.dim_y, channels) if y_channels else (num_edges, coo.dim_y),

@@ -13,6 +13,7 @@ __all__ = [
     "check_array",
     "check_bool",
     "check_host_index",
+    "check_index_count",
     "check_int",
     "check_positive_int",
     "check_rank",
@@ -24,6 +25,9 @@ __all__ = [
     "not_an_array",
     "promoted_real_dtype",
 ]
+
+#: e3j's graphs, kernels and sweeps index nodes and edges (and a graph's CSR offsets) with int32
+MAX_INDEX_COUNT = 2**31 - 1
 
 # the note check_int adds for counts that fix shapes (a node count, a device count)
 STATIC = " (static, not traced)"
@@ -127,6 +131,15 @@ def check_host_index(name: str, index, low: int, high: int, meaning: str, mask=N
         raise ValueError(f"{name} must be in [{low}, {high}) ({meaning}), got {int(values[bad].flat[0])}")
 
 
+def check_index_count(name: str, count: int, what: str) -> None:
+    """``count`` nodes or edges must be indexable with int32 (a larger count wrapped silently)."""
+    if count > MAX_INDEX_COUNT:
+        raise ValueError(
+            f"{name}: {count} {what} exceed the int32 indices of e3j's graphs and kernels (at most "
+            f"2**31 - 1 = {MAX_INDEX_COUNT}); split the graph"
+        )
+
+
 def check_same_dtype(**arrays) -> jnp.dtype:
     dtypes = {name: float_dtype(name, a) for name, a in arrays.items()}
     if len(set(dtypes.values())) > 1:
@@ -157,6 +170,8 @@ def edge_arrays(xp, senders, receivers, edge_mask):
     if senders.shape != receivers.shape:
         raise ValueError(f"senders {senders.shape} and receivers {receivers.shape} must have one shape")
     num_edges = senders.shape[0]
+    if isinstance(num_edges, (int, np.integer)):  # a symbolic size is refused by the callers
+        check_index_count("senders", num_edges, "edges")
     if "edge_mask" not in arrays:
         return senders, receivers, xp.ones((num_edges,), bool)
     mask = arrays["edge_mask"]

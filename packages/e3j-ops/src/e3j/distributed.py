@@ -46,7 +46,7 @@ import numpy as np
 from jax import shard_map
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ._checks import STATIC, check_int, check_rank, edge_arrays
+from ._checks import STATIC, check_index_count, check_int, check_rank, edge_arrays
 from .backends import current_backend_request, programs_per_request
 from .convolution import Convolution
 from .factored import FactoredWeights
@@ -149,6 +149,8 @@ def partition_graph(
     """
     num_nodes = check_int("num_nodes", num_nodes, 0, STATIC)
     num_devices = check_int("num_devices", num_devices, 1, STATIC)
+    # node and edge ids (global: node_ids, edge_ids) are int32, as are the blocks' graphs
+    check_index_count("num_nodes", -(-num_nodes // num_devices) * num_devices, "nodes (padded to the devices' blocks)")
     if any(isinstance(a, jax.core.Tracer) for a in (senders, receivers, edge_mask)):
         raise TypeError("partition_graph runs on the host: pass concrete (numpy) arrays, not traced values")
     senders, receivers, mask = edge_arrays(np, senders, receivers, edge_mask)

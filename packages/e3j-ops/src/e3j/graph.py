@@ -22,7 +22,7 @@ import numpy as np
 from jax.experimental import checkify
 from jax.typing import ArrayLike
 
-from ._checks import STATIC, check_int, edge_arrays
+from ._checks import STATIC, check_index_count, check_int, edge_arrays
 
 __all__ = ["Graph"]
 
@@ -82,6 +82,7 @@ class Graph(NamedTuple):
                 edges under ``jit`` are treated as padding, so they can never touch memory.
         """
         num_nodes = check_int("num_nodes", num_nodes, 0, STATIC)
+        check_index_count("num_nodes", num_nodes, "nodes")
         traced = any(isinstance(a, jax.core.Tracer) for a in (senders, receivers, edge_mask))
         xp = jnp if traced else np
         senders, receivers, mask = edge_arrays(xp, senders, receivers, edge_mask)
