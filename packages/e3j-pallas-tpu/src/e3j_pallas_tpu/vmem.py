@@ -123,8 +123,8 @@ def vmem_limit(tile: Tile) -> int | None:
     """The scoped VMEM limit to ask Mosaic for: ``None`` (its default, 16 MiB on v4/v5e) while the
     tile's buffers fit :data:`BUFFER_BUDGET`, else the buffers plus :data:`SPILL_MARGIN`, in whole MiB.
 
-    Only the smallest tile of a walked high-degree table can exceed the budget (e.g. lmax 7-8 at 128
-    channels: 17-30 MiB of buffers); TensorCores with 128 MiB of VMEM (v5e, v6e) serve that.
+    Only the smallest tile of a walked table exceeds the budget (at 128 channels from lmax 5: 6.0-6.9
+    MiB of buffers, 23-30 MiB at lmax 8); TensorCores with 128 MiB of VMEM (v5e, v6e) serve that.
 
     >>> vmem_limit(Tile(8, 128, (("a", BUFFER_BUDGET),))) is None
     True
