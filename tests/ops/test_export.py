@@ -119,6 +119,33 @@ def test_symbolic_graph_sizes_are_refused_by_name(symbolic):
         )
 
 
+def test_symbolic_channel_counts_are_refused_by_name():
+    """Backends are chosen per channel count: a symbolic C failed in JAX's lowering ("Symbolic
+    dimension 'C' used in a context that requires a constant"), naming nothing. A symbolic batch
+    is fine."""
+    (b, c) = export.symbolic_shape("B, C")
+    tp = e3j.TensorProduct("0e + 1o", "0e + 1o + 2e", filter="0e + 1o")
+    f = jax.jit(lambda x, y: tp(x, y, backend="reference"))
+    y = jax.ShapeDtypeStruct((b, 9), jnp.float32)
+    export.export(f, platforms=("cpu",))(jax.ShapeDtypeStruct((b, 4, 8), jnp.float32), y)
+    message = r"the channel axis C of an operand has the symbolic size C: .*one function per channel count"
+    with pytest.raises(ValueError, match=message):
+        export.export(f, platforms=("cpu",))(jax.ShapeDtypeStruct((b, 4, c), jnp.float32), y)
+    g = _graph()
+    x, y, s = (jax.ShapeDtypeStruct(shape, jnp.float32) for shape in ((6, 9, c), (20, 9), (20, CONV.num_paths, c)))
+    hidden, kernel = (
+        jax.ShapeDtypeStruct((20, 3), jnp.float32),
+        jax.ShapeDtypeStruct((3, CONV.num_paths * c), jnp.float32),
+    )
+    routes = {  # the array route decides at lowering, the factored one at trace time
+        "array": (lambda x, y, s: CONV(x, y, s, g), (x, y, s)),
+        "factored": (lambda x, y, h, k: CONV(x, y, e3j.FactoredWeights(h, k), g), (x, y, hidden, kernel)),
+    }
+    for fn, args in routes.values():
+        with pytest.raises(ValueError, match=message):
+            export.export(jax.jit(fn), platforms=("cpu",))(*args)
+
+
 def test_graph_from_symbolic_edges_is_refused_by_name():
     """``Graph.from_edges`` inside an exported function with a symbolic edge count names the graph,
     where the CSR sort would fail with JAX's "requires a constant", naming nothing."""

@@ -24,6 +24,7 @@ __all__ = [
     "is_irreps_array",
     "not_an_array",
     "promoted_real_dtype",
+    "static_size",
 ]
 
 #: e3j's graphs, kernels and sweeps index nodes and edges (and a graph's CSR offsets) with int32
@@ -138,6 +139,17 @@ def check_index_count(name: str, count: int, what: str) -> None:
             f"{name}: {count} {what} exceed the int32 indices of e3j's graphs and kernels (at most "
             f"2**31 - 1 = {MAX_INDEX_COUNT}); split the graph"
         )
+
+
+def static_size(size, what: str, per: str = "padded size (e.g. a padding bucket)") -> int:
+    """An axis length as an int; a symbolic one (``jax.export`` shape polymorphism) refused, naming
+    ``what`` and what to export one function per, where JAX's error would name neither."""
+    if not isinstance(size, (int, np.integer)):
+        raise ValueError(
+            f"{what} has the symbolic size {size}: e3j's kernels and sweeps need static node, edge and "
+            f"channel counts. Export one function per {per} instead of a shape-polymorphic one"
+        )
+    return int(size)
 
 
 def check_same_dtype(**arrays) -> jnp.dtype:

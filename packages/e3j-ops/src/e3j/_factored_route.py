@@ -50,7 +50,7 @@ def convolution_fusing(coo, dtype, channels: int, requested: str | None) -> tupl
     name = jax.numpy.dtype(dtype).name
 
     def fuses(platform: str) -> bool:
-        req = OpRequest("convolution", platform, name, int(channels), coo_lmax(coo))
+        req = OpRequest("convolution", platform, name, channels, coo_lmax(coo))
         return provides(selected(req, requested), "convolution_factored")
 
     return _fusing(fuses)

@@ -40,6 +40,7 @@ from packaging.version import Version
 
 from e3j_core import COO_FORMAT_VERSION
 
+from ._checks import static_size
 from .contract import OPS, Kernels
 
 __all__ = [
@@ -89,6 +90,11 @@ class OpRequest:
     dtype: str
     channels: int
     lmax: int
+
+    def __post_init__(self):
+        # backends are chosen per channel count (limits, multiples, yields): it must be static
+        per = "channel count"
+        object.__setattr__(self, "channels", static_size(self.channels, "the channel axis C of an operand", per))
 
 
 @dataclass(frozen=True)

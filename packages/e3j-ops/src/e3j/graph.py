@@ -22,7 +22,7 @@ import numpy as np
 from jax.experimental import checkify
 from jax.typing import ArrayLike
 
-from ._checks import STATIC, check_index_count, check_int, edge_arrays
+from ._checks import STATIC, check_index_count, check_int, edge_arrays, static_size
 
 __all__ = ["Graph"]
 
@@ -52,12 +52,12 @@ class Graph(NamedTuple):
     @property
     def num_nodes(self) -> int:
         """``N``, static (``ValueError`` for a symbolic size)."""
-        return _static_size(self.receiver_offsets.shape[0], "receiver_offsets [N + 1]") - 1
+        return static_size(self.receiver_offsets.shape[0], "graph: receiver_offsets [N + 1]") - 1
 
     @property
     def num_edges(self) -> int:
         """``E``, static (``ValueError`` for a symbolic size)."""
-        return _static_size(self.senders.shape[0], "senders [E]")
+        return static_size(self.senders.shape[0], "graph: senders [E]")
 
     @classmethod
     def from_edges(
@@ -87,7 +87,7 @@ class Graph(NamedTuple):
         xp = jnp if traced else np
         senders, receivers, mask = edge_arrays(xp, senders, receivers, edge_mask)
         # before the CSR sort, which would fail on a symbolic size with JAX's message, naming nothing
-        _static_size(senders.shape[0], "senders [E]")
+        static_size(senders.shape[0], "graph: senders [E]")
         in_range = (senders >= 0) & (senders < num_nodes) & (receivers >= 0) & (receivers < num_nodes)
         if not traced:
             bad = np.flatnonzero(mask & ~in_range)
@@ -121,17 +121,6 @@ class Graph(NamedTuple):
 
 # jax.export serializes a function's argument and result trees: a Graph argument must be known by name
 jax.export.register_namedtuple_serialization(Graph, serialized_name="e3j.Graph")
-
-
-def _static_size(size, what: str) -> int:
-    """An array's length as an int; a symbolic one (``jax.export`` shape polymorphism) refused."""
-    if not isinstance(size, (int, np.integer)):
-        raise ValueError(
-            f"graph: {what} has the symbolic size {size}: e3j's kernels and sweeps need static node and "
-            "edge counts. Export one function per padded size (e.g. a padding bucket) instead of a "
-            "shape-polymorphic one"
-        )
-    return int(size)
 
 
 def _csr(xp, index, mask, num_nodes):

@@ -124,7 +124,7 @@ def _factored_backend(platform: str, requested: str | None, spec: FactoredConvSp
     """The backend that runs this call, and its kernels."""
     channels = next(a.shape[-1] for k, a in operands.items() if spec.has_channels(slot_of(k)))
     dtype = jnp.dtype(next(iter(operands.values())).dtype)
-    backend = select_backend(OpRequest("convolution", platform, dtype.name, int(channels), spec.lmax), requested)
+    backend = select_backend(OpRequest("convolution", platform, dtype.name, channels, spec.lmax), requested)
     return backend, kernels_of(backend, platform)
 
 

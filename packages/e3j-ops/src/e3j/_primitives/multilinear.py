@@ -450,7 +450,7 @@ def dispatch(form: Multilinear, platform: str, requested: str | None, spec: CooS
     op = form.name
     channels = next(a.shape[-1] for k, a in A.items() if spec.has_channels(slot_of(k)))
     dtype = jnp.dtype(next(iter(A.values())).dtype).name
-    backend = select_backend(OpRequest(op, platform, dtype, int(channels), spec.lmax), requested)
+    backend = select_backend(OpRequest(op, platform, dtype, channels, spec.lmax), requested)
     graph = jax.tree.unflatten(spec.graph_tree, aux) if spec.graph_tree is not None else None
     avals = {k: jax.typeof(v) for k, v in A.items()}
     aux_avals = tuple(jax.typeof(a) for a in aux)
