@@ -348,6 +348,20 @@ def test_reference_named_runs_what_the_fallback_runs():
         np.testing.assert_array_equal(got, want)
 
 
+def test_what_the_reference_refuses_by_name_the_fallback_refuses_too():
+    # float8 ran on the default selection's fallback while backend="reference" refused it
+    x, y = tp_args(fresh())
+    x8, y8 = x.astype(jnp.float8_e4m3fn), y.astype(jnp.float8_e4m3fn)
+    with pytest.raises(BackendError, match="supports bfloat16/float16/float32/float64, not float8_e4m3fn"):
+        TP(x8, y8, backend="reference")
+    message = r"no backend can run tensor_product on cpu: .*test: it supports float32/float64, not float8_e4m3fn.*; "
+    with pytest.raises(BackendError, match=message + r"reference: it supports bfloat16/float16/float32/float64, not f"):
+        TP(x8, y8)
+    req = OpRequest("convolution", "cuda", "float8_e5m2", 8, 1)
+    with pytest.raises(BackendError, match=r"no backend can run convolution on cuda: .*reference: it supports"):
+        select_backend(req, None)
+
+
 # -- lowering for other platforms (on a CPU machine) -----------------------------------------------
 
 

@@ -16,7 +16,8 @@ Selection happens when a primitive is lowered, for the platform it is lowered fo
    (backends with ``auto=False``, such as interpreters of accelerator kernels, only run by name;
    one that ``yields`` an op below a channel count is passed over there when the backend it names
    (measured faster there) can run the request: see :meth:`Backend.passed_over`);
-4. else the reference backend. On an accelerator this fallback warns once, saying why.
+4. else the reference backend. On an accelerator this fallback warns once, saying why; a request
+   the reference cannot run either (e.g. a float8 dtype) raises ``BackendError`` naming each reason.
 
 ``python -m e3j info`` prints what is installed and what each op would use.
 """
@@ -525,13 +526,18 @@ def select_backend(req: OpRequest, requested: str | None, *, warn: bool = True, 
             except BackendError as err:
                 reason = str(err)
         reasons.append(f"{backend.name}: {reason}")
+    reference = get_backend("reference")
+    reason = reference.unsupported(req)
+    if reason:  # as when asked for by name: what no backend runs is refused, not run anyway
+        listed = "; ".join([*reasons, f"reference: {reason}"])
+        raise BackendError(f"no backend can run {req.op} on {req.platform}: {listed}")
     if req.platform != "cpu" and warn:
         why = "; ".join(reasons) if reasons else "no kernel backend is installed (e.g. pip install e3j[cuda])"
         _warn_once(
             ("fallback", req.op, req.platform),
             f"e3j {req.op} on {req.platform} falls back to the pure-JAX reference backend: {why}",
         )
-    return get_backend("reference")
+    return reference
 
 
 def _check_loadable(backend: Backend) -> None:
