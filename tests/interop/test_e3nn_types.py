@@ -314,6 +314,48 @@ def test_message_passing_drop_ins_promote_integer_operands_as_e3nn():
     np.testing.assert_array_equal(got.array, want.array)
 
 
+def test_drop_in_result_dtypes_follow_e3nn_arithmetic():
+    """e3nn-jax promotes in two steps, the tensor product (its inputs' weak types dropped: a weakly
+    typed float64 array is float64 there, integers give the default float) then the product with
+    the weights (per-copy weights drop a weak type, a scalar or ``[E, 1]`` keeps it). The drop-ins
+    promoted the three at once: integer features with float16 weights gave float16, and weak
+    float64 arrays float32 (x64, this suite's setting)."""
+    from e3j import interop
+
+    rng = np.random.default_rng(8)
+    n, e = 3, 5
+    senders, receivers = rng.integers(0, n, e), rng.integers(0, n, e)
+    data = rng.integers(-2, 3, (n, 5)).astype(np.float32)
+    features = {
+        "int32": jnp.asarray(data, jnp.int32),
+        "float16": jnp.asarray(data, jnp.float16),
+        "float32": jnp.asarray(data, jnp.float32),
+        "weak float64": jnp.full((n, 5), 1.5),
+    }
+    y = e3nn.IrrepsArray("0e + 1o", jnp.asarray(rng.normal(size=(e, 4)), jnp.float32))
+    mp = interop.MessagePassing("2x0e + 1o", y.irreps, "0e + 1o")
+    w = mp.num_weights
+    weights = {
+        "number": 2.0,
+        "weak [E, 1]": jnp.full((e, 1), 0.5),
+        "weak [E, W]": jnp.full((e, w), 0.5),
+        "weak [W]": jnp.full((w,), 0.5),
+        "float16 [E, W]": jnp.full((e, w), 0.5, jnp.float16),
+        "float32 [W]": jnp.full((w,), 0.5, jnp.float32),
+    }
+    assert features["weak float64"].weak_type and jnp.result_type(features["weak float64"]) == jnp.float64
+    for fname, array in features.items():
+        x = e3nn.IrrepsArray("2x0e + 1o", array)
+        assert interop.tensor_product(x[senders], y).dtype == e3nn.tensor_product(x[senders], y).dtype, fname
+        for wname, weight in weights.items():
+            m = e3nn.tensor_product(x[senders], y, filter_ir_out="0e + 1o") * weight
+            want = e3nn.scatter_sum(m, dst=receivers, output_size=n)
+            got = mp(x, y, weight, senders, receivers)
+            assert got.dtype == want.dtype, (fname, wname, got.dtype, want.dtype)
+            tol = 1e-2 if want.dtype == jnp.float16 else 1e-5
+            np.testing.assert_allclose(got.array, want.array, rtol=tol, atol=tol, err_msg=f"{fname}, {wname}")
+
+
 def test_message_passing_keeps_float32_with_weakly_typed_weights():
     """Under x64 (this suite's setting), a Python number as the weights (or an array made from one)
     is weakly typed: e3nn's ``m * 2.0`` stays float32, as ``jnp.result_type`` says. The drop-ins

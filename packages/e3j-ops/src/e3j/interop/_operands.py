@@ -104,7 +104,9 @@ def message_passing_operands(
         weights = marks_zeroed(weights)
     # the weights as given, for the dtype: broadcast forms are built in its dtype, which would lose
     # the weak type of a Python number (float64 under x64, where e3nn's m * 2.0 stays float32)
-    given = weights.dtype if isinstance(weights, FactoredWeights) else getattr(weights, "array", weights)
+    given = weights if isinstance(weights, (jax.Array, np.ndarray, int, float, np.number)) else _dtype(weights)
+    if hasattr(given, "shape") and given.ndim >= 1 and given.shape[-1] == num_weights != 1:
+        given = given.dtype  # e3nn's per-copy product drops a weak type (its scalar or [E, 1] keep it)
     if broadcast:
         weights = broadcast_weights(weights, num_edges, num_weights)
     # arrays only (a list is check_weights' TypeError); the edge count is edge_attrs'
@@ -113,9 +115,11 @@ def message_passing_operands(
         part = "weights (FactoredWeights.hidden)" if isinstance(weights, FactoredWeights) else "weights"
         raise ValueError(f"{part} has {shape[0]} rows and edge_attrs {num_edges}: both take one row per edge")
     check_weights("weights", weights, num_edges, num_weights, weights_layout)
-    # each operand's dtype checked under its own name, then promoted to one as e3nn-jax's arithmetic does
-    operands = {"node_feats": node_feats.array, "edge_attrs": edge_attrs, "weights": given}
-    dtype = promoted_real_dtype(operands, REAL)
+    # each operand's dtype checked under its own name, then promoted as e3nn-jax's arithmetic does:
+    # the tensor product first (its inputs' weak types dropped: integers give the default float),
+    # then the product with the weights
+    messages = promoted_real_dtype({"node_feats": node_feats.array.dtype, "edge_attrs": _dtype(edge_attrs)}, REAL)
+    dtype = promoted_real_dtype({"node_feats ⊗ edge_attrs": messages, "weights": given}, REAL)
     if graph is not None and not isinstance(graph, Graph):
         raise TypeError(
             "graph must be an e3j.Graph (e3j.Graph.from_edges(senders, receivers, num_nodes)), "
@@ -131,6 +135,11 @@ def message_passing_operands(
         raise ValueError(f"graph has {graph.num_nodes} nodes and {graph.num_edges} edges, node_feats and "
                          f"edge_attrs have {num_nodes} and {num_edges}")  # fmt: skip
     return marks_zeroed(node_feats).astype(dtype), edge_attrs.astype(dtype), weights.astype(dtype), graph
+
+
+def _dtype(a):
+    """An array's dtype (strong: no weak type), anything else as it is (for the check to name it)."""
+    return a.dtype if isinstance(a, (jax.Array, np.ndarray, e3nn.IrrepsArray, FactoredWeights)) else a
 
 
 def broadcast_weights(w, num_edges: int, num_weights: int):

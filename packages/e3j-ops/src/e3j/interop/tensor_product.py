@@ -70,7 +70,8 @@ def tensor_product(
                 "(or arrays of scalars), or two irreps for the output's irreps"
             )
     input1, input2 = e3nn.as_irreps_array(input1), e3nn.as_irreps_array(input2)
-    dtype = promoted_real_dtype({"input1": input1.array, "input2": input2.array}, REAL)
+    # as e3nn-jax's tensor product: its inputs' weak types dropped (integers give the default float)
+    dtype = promoted_real_dtype({"input1": input1.array.dtype, "input2": input2.array.dtype}, REAL)
     irrep_normalization = check_irrep_normalization(irrep_normalization)
     irreps_x, irreps_y = Irreps(input1.irreps), Irreps(input2.irreps)
     try:
