@@ -24,7 +24,8 @@ pack() {
 
 # e3j-models force time vs atoms, MD ms/step per backend and the e3nn-jax twin, run-to-run deviation
 # (issue 16), bounded to $E3J_E2E_TIMEOUT seconds (default 420). The backends: $E3J_E2E_BACKENDS, else
-# every non-interpreted auto backend of this platform (the interpreters run kernels op by op in Python).
+# every automatic backend of this platform that is compatible and loads (e3j._bench.runnable_backends;
+# the interpreters, which run kernels op by op in Python, run only by name).
 run_e2e() {
   log "end to end (e3j-models)"
   python3 -m pip install -q --no-index --no-deps --no-build-isolation packages/e3j-models 2>&1 | tee -a "$OUT/log.txt"
@@ -33,7 +34,7 @@ run_e2e() {
     return 1
   fi
   local backends kind
-  backends=${E3J_E2E_BACKENDS:-$(python3 -c "import jax, e3j; from e3j.backends import device_platform; p = device_platform(jax.devices()[0]); print(*[b.name for b in e3j.available_backends() if p in b.platforms and b.auto and b.name != 'reference'] or ['reference'])")}
+  backends=${E3J_E2E_BACKENDS:-$(python3 -c "from e3j._bench import runnable_backends; print(*runnable_backends() or ['reference'])")}
   kind=$(device_slug) || return 1
   log "backends: $backends e3nn ($kind)"
   local sizes out="benchmarks/results/$kind-e2e.json"
@@ -53,5 +54,9 @@ run_e2e() {
   # sections are written as they finish (md, determinism, forces): a timeout keeps what ran
   timeout "${E3J_E2E_TIMEOUT:-420}" python3 benchmarks/e2e.py "${sizes[@]}" --backends $backends e3nn --out "$out" \
     2>&1 | grep -v Warning | tail -60 | tee -a "$OUT/log.txt"
+  local rc=${PIPESTATUS[0]}
   pack
+  # a timeout (124) keeps the sections written so far; any other failure is the caller's to see
+  [ "$rc" = 124 ] && log "end to end: stopped at ${E3J_E2E_TIMEOUT:-420} s (finished sections kept)"
+  [ "$rc" = 0 ] || [ "$rc" = 124 ] || { log "end to end FAILED (exit $rc)"; return "$rc"; }
 }

@@ -14,6 +14,11 @@
 # (install, info, then only that step, bounded to 420 s): they need e3j-models' dependencies too,
 #   python3 -m pip download --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_17_x86_64 -d .whl flax ase vesin tqdm   (with their dependencies)
+# but with --no-deps and the dependencies named, not resolved: resolved, pip picked flax 0.3.3 with
+# jax 0.4.29, numpy and scipy (87 MB, over the 64 MiB carry, and shadowing the image's JAX). What ran
+# in a rehearsal (42 MB with the first line's wheels): --no-deps ... flax==0.12.12 optax orbax-checkpoint
+# absl-py etils humanize msgpack protobuf pyyaml rich markdown-it-py mdurl pygments tensorstore
+# treescope aiofiles prometheus-client psutil simplejson uvloop attrs sympy mpmath ase vesin tqdm
 # E3J_E2E_ARGS replaces that step's sections and sizes and E3J_E2E_OUT its results file (e.g. the
 # force-inference section alone, after a bounded run whose MD took the time: see _device_common.sh).
 # E3J_DEVICE_STEPS picks the steps after install and info, in order (default: tests table1 mosaic

@@ -52,6 +52,7 @@ from models_vs_e3nn import (
 )
 
 import e3j_models as em
+from e3j._bench import device_slug
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKPOINTS = ROOT / "packages" / "e3j-models" / "checkpoints"
@@ -168,7 +169,8 @@ def measure_determinism(
 def largest(force_rows: list[dict]) -> list[dict]:
     """Per model and backend: the largest atom count run, the smallest that did not fit, XLA's estimate."""
     rows = list(force_rows)
-    for path in sorted((ROOT / "benchmarks" / "results").glob("cpu-models-vs-e3nn*.json")):
+    # the committed runs of this kind of device only (a GPU's table must not list a CPU's sizes)
+    for path in sorted((ROOT / "benchmarks" / "results").glob(f"{device_slug()}-models-vs-e3nn*.json")):
         rows += [dict(r, source=path.name) for r in json.loads(path.read_text())["rows"]]
     out = []
     for key in sorted({(r["model"], r["backend"]) for r in rows}):

@@ -71,10 +71,20 @@ def fits_free_memory(mem: int | None) -> bool:
 
     One larger would be killed for memory: it is recorded as not fitting, not run.
     """
-    return mem is None or mem < 0.9 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return mem is None or mem < 0.9 * device_memory()[1]
 
 
-def machine_memory() -> int:
+def device_memory() -> tuple[int, int]:
+    """``(total, free)`` bytes of the memory the default device computes in: an accelerator's from
+    JAX's memory statistics, the host's on a CPU (whose device reports none)."""
+    stats = jax.devices()[0].memory_stats() or {}
+    if "bytes_limit" in stats:
+        return int(stats["bytes_limit"]), int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
+    page = os.sysconf("SC_PAGE_SIZE")
+    return page * os.sysconf("SC_PHYS_PAGES"), page * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def host_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
@@ -85,7 +95,8 @@ def machine_info() -> dict:
         "processor": platform.processor() or platform.machine(),
         "cpu": host_info()["cpu"],
         "cpus": os.cpu_count(),
-        "memory_bytes": machine_memory(),
+        "memory_bytes": host_memory(),
+        "device_memory_bytes": device_memory()[0],
         "jax": jax.__version__,
         "device": str(jax.devices()[0]),
         # what the script knows: the load (beside it in the results) says how busy the machine was
@@ -144,7 +155,7 @@ def measure_forces(
             "ms": seconds * 1e3,
             "compile_s": compile_s,
             "memory_bytes": mem,
-            "max_atoms_estimate": None if not mem else int(machine_memory() / mem * n_real),
+            "max_atoms_estimate": None if not mem else int(device_memory()[0] / mem * n_real),
             "fits_free_memory": fits,
             "energy": energy,
         }

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -242,6 +243,55 @@ exit 0
     assert "--md cuni_mace:8 mace_a:8" in default and default.endswith("--out benchmarks/results/fake-e2e.json")
     want = "--md --models nequip --atoms 1000 --runs 3 --backends fake e3nn --out benchmarks/results/x-forces.json"
     assert chosen == want
+    # a failing benchmark is the caller's to see (device.sh exits); a timeout keeps what was written
+    for code, want_rc in ((3, 3), (124, 0)):
+        (bin_dir / "python3").write_text(
+            f'#!/usr/bin/env bash\nif [ "$1" = benchmarks/e2e.py ]; then exit {code}; fi\n'
+            'if [ "$1" = -c ]; then echo fake; fi\nexit 0\n'
+        )
+        script = f"source {ROOT / 'benchmarks/_device_common.sh'}; snapshot_results; run_e2e; echo rc=$?"
+        run = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+        assert run.stdout.strip().endswith(f"rc={want_rc}"), run.stdout
+        assert ("end to end FAILED (exit 3)" in run.stdout) == (code == 3), run.stdout
+        assert ("stopped at" in run.stdout) == (code == 124), run.stdout
+
+
+def test_models_fit_in_the_memory_of_the_device_they_run_on(monkeypatch):
+    # on a GPU the model's executable lives in its memory: judged against the host's RAM, sizes a
+    # GPU cannot hold were run (and killed) and the estimates of the largest size were the host's
+    script = runpy.run_path(str(ROOT / "benchmarks/models_vs_e3nn.py"))
+    host = script["device_memory"]()
+    assert host[0] == script["host_memory"]() and 0 < host[1] <= host[0]
+
+    class Accelerator:
+        def memory_stats(self):
+            return {"bytes_limit": 1000, "bytes_in_use": 300}
+
+    monkeypatch.setattr(jax, "devices", lambda *a: [Accelerator()])
+    assert script["device_memory"]() == (1000, 700)
+    assert script["fits_free_memory"](600) and not script["fits_free_memory"](650)
+
+
+def test_largest_sizes_come_from_runs_on_the_same_kind_of_device(monkeypatch):
+    # e2e.py's "largest" table adds the committed models_vs_e3nn runs: a GPU's table listed the CPU's
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        script = runpy.run_path(str(ROOT / "benchmarks/e2e.py"))
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    sources = {r["largest_run_source"] for r in script["largest"]([])}
+    assert sources and all(s.startswith("cpu-models-vs-e3nn") for s in sources), sources
+    script["largest"].__globals__["device_slug"] = lambda: "nvidia-h200"  # no committed runs there yet
+    assert script["largest"]([]) == []
+
+
+def test_end_to_end_runs_the_backends_that_load_here():
+    # the development environment's plugin declares broken backends for CPU (an incompatible one,
+    # one needing another JAX, one failing to load): e2e.py crashed on the first of them
+    from e3j._bench import runnable_backends
+
+    assert runnable_backends("cpu") == ["test"]
+    assert runnable_backends() == ["test"]
 
 
 def test_e2e_tables_compare_each_backend_with_the_twin():

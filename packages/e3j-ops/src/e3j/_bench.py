@@ -22,6 +22,7 @@ __all__ = [
     "device_slug",
     "kernel_backend",
     "nbytes",
+    "runnable_backends",
     "throughput",
     "time_call",
 ]
@@ -171,6 +172,30 @@ def kernel_backend(op: str, channels: int, lmax: int, dtype: str = "float32", ba
     platform = backends.device_platform(jax.devices()[0])
     req = backends.OpRequest(op, platform, dtype, channels, lmax)
     return backends.select_backend(req, backends.current_backend_request(backend), warn=False).name
+
+
+def runnable_backends(platform: str | None = None) -> list[str]:
+    """The backends a benchmark of "every backend" runs on ``platform`` (default: the default
+    device's): the automatic ones besides the reference, compatible with what is installed and
+    loading here (the device scripts' end-to-end step, which call it as :func:`device_slug`).
+
+    >>> runnable_backends("rocm")  # none of e3j's kernel packages runs there
+    []
+    """
+    from . import backends
+
+    if platform is None:
+        platform = backends.device_platform(jax.devices()[0])
+    names = []
+    for b in backends.available_backends():
+        if not b.auto or b.name == "reference" or platform not in b.platforms or b.incompatibility():
+            continue
+        try:
+            backends._check_loadable(b)
+        except backends.BackendError:
+            continue
+        names.append(b.name)
+    return names
 
 
 def device_slug(kind: str | None = None) -> str:
