@@ -61,6 +61,26 @@ def test_equals_e3nn_pattern(irreps_x, irreps_y, filter_, self_connection, folde
         assert not mp.plan.gathers
 
 
+@pytest.mark.parametrize("empty", ["", [], ()])
+def test_an_empty_self_connection_is_none(empty):
+    # e3nn's concatenate([m.filter([]), tp]).regroup() is tp regrouped: no constant 0e edge column
+    # (one no path read), and a filter leaving no path names the caller's irreps, not [1, y]'s
+    irreps_x, irreps_y, filter_ = "2x1o + 2x0e", "0e + 1o + 2e", "0e + 1o"
+    mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=empty)
+    assert (
+        not mp.plan.constant_row and mp.num_weights == interop.MessagePassing(irreps_x, irreps_y, filter_).num_weights
+    )
+    x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=7)
+    ref = e3nn_pattern(x, y, w, filter_, empty)
+    out = mp(x, y, w, SENDERS, RECEIVERS)
+    assert out.irreps == ref.irreps
+    np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
+    conv = e3j.MulIrConvolution("2x0e + 1o", "0e + 1o", "0e", self_connection=empty)
+    assert not conv.plan.constant_row
+    with pytest.raises(ValueError, match=r"filter 3e leaves no path in 2x0e\+1x1o ⊗ 1x0e\+1x1o "):
+        e3j.MulIrConvolution("2x0e + 1o", "0e + 1o", "3e", self_connection=empty)
+
+
 def test_irreps_array_weights_as_e3nn_multiplies_them():
     """``e3nn.flax.MultiLayerPerceptron`` returns ``IrrepsArray("Wx0e")`` for an IrrepsArray input, and
     e3nn's ``m * w`` takes it; the drop-in takes it too, values and gradients equal."""

@@ -369,6 +369,7 @@ def plan(
     """
     if grouping not in GROUPINGS:
         raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
+    keep, regroup_output = _no_empty_self_connection(keep, regroup_output)
     with_self = keep is not None
     rescale_self = with_self and normalization == "none"
     irreps_y_op = Irreps("0e") + irreps_y if with_self else irreps_y
@@ -434,6 +435,12 @@ def plan(
     return Plan(tuple(groups), irreps_x, irreps_out, Gather.of(out_index, offset), with_self, blocks, self_scale)
 
 
+def _no_empty_self_connection(keep, regroup_output: bool) -> tuple[tuple[Irrep, ...] | None, bool]:
+    """An empty self connection keeps no copy of ``x``: e3nn's ``concatenate([x.filter([]), tp])
+    .regroup()`` is ``tp`` regrouped, with no constant row of ones in ``y`` for it to read."""
+    return (None, True) if keep is not None and len(keep) == 0 else (keep, regroup_output)
+
+
 def _wanted_filter(filter_out, keep) -> tuple[Irrep, ...] | None:
     """The output irreps the ``C = 1`` product keeps: the filter's, and the self connection's."""
     if filter_out is None:
@@ -455,6 +462,7 @@ def e3nn_copies(
     their weights): copy ``n`` reads the ``x`` copy whose first row of the flat ``x`` is
     ``copies[n].x_start`` and row ``copies[n].y_start`` of ``y' = [1, y]`` (with ``keep``: the
     self connection's constant row first) or of ``y``."""
+    keep, regroup_output = _no_empty_self_connection(keep, regroup_output)
     with_self = keep is not None
     irreps_y_op = Irreps("0e") + irreps_y if with_self else irreps_y
     full = tensor_product_coo(

@@ -25,7 +25,7 @@ import numpy as np
 
 from e3j_core import Irrep, Irreps
 
-from ._mul_ir_plan import Gather, Plan, _wanted_filter, e3nn_copies
+from ._mul_ir_plan import Gather, Plan, _no_empty_self_connection, _wanted_filter, e3nn_copies
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,6 +107,7 @@ def pruned(
     edge attribute is never marked: a marked block of ``x`` has a zero copy, as in e3nn-jax."""
     if len(zero_x) != len(irreps_x) or len(zero_y) != len(irreps_y):
         raise ValueError(f"one mark per block: {len(zero_x)} for {irreps_x}, {len(zero_y)} for {irreps_y}")
+    keep, regroup_output = _no_empty_self_connection(keep, regroup_output)
     kept_x, x_cols, x_row = _kept(irreps_x, zero_x)
     kept_y, y_cols, y_row = _kept(irreps_y, zero_y)
     _, copies = e3nn_copies(irreps_x, irreps_y, filter_out, keep, normalization, regroup_output)
