@@ -134,6 +134,52 @@ def test_explicit_mesh_axes(conv):
     assert max_err(jnp.asarray(np.asarray(out24)[:23]), ref) <= TOL  # slicing a sharded axis needs a layout
 
 
+@pytest.mark.parametrize("layout", ["caller", "blocks"])
+@pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
+def test_factored_weights_match_single_device(conv, explicit, layout):
+    """FactoredWeights (each device its rows of hidden, the kernel and bias whole) give the
+    single-device factored call's values and gradients; padding edges' rows of hidden may hold NaN
+    (the kernel's cotangent reads every row). The call refused them and suggested materializing
+    them, whose kernel gradient read the NaN."""
+    from jax.sharding import AxisType, NamedSharding
+
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    mesh = jax.make_mesh((NDEV,), ("d",), axis_types=(kind,), devices=jax.devices()[:NDEV])
+    senders, receivers, mask, x, y, _ = random_problem(conv, seed=11)
+    graph = e3j.Graph.from_edges(senders, receivers, 23, edge_mask=mask)
+    pg = e3j.partition_graph(senders, receivers, 23, NDEV, edge_mask=mask)
+    rng = np.random.default_rng(12)
+    hidden = jnp.asarray(rng.normal(size=(80, 5))).at[~mask].set(jnp.nan)
+    kernel = jnp.asarray(rng.normal(size=(5, conv.num_paths * 3)))
+    bias = jnp.asarray(rng.normal(size=(conv.num_paths * 3,)))
+
+    def single(x, h, k, b):
+        return loss(conv(x, y, e3j.FactoredWeights(h, k, b), graph))
+
+    def sharded(x, h, k, b):
+        if layout == "blocks":
+            h = jax.device_put(pg.edge_blocks(h), NamedSharding(mesh, P("d")))
+            y_ = jax.device_put(pg.edge_blocks(y), NamedSharding(mesh, P("d")))
+        else:
+            y_ = y
+        w = e3j.FactoredWeights(h, k, b)
+        return loss(e3j.convolution_sharded(conv, x, y_, w, pg, mesh, "d", edge_layout=layout))
+
+    for b in (None, bias):
+        assert abs(jax.jit(sharded)(x, hidden, kernel, b) - single(x, hidden, kernel, b)) <= TOL
+        argnums = (0, 1, 2) if b is None else (0, 1, 2, 3)
+        want = jax.grad(single, argnums)(x, hidden, kernel, b)
+        with jax.set_mesh(mesh):
+            got = jax.jit(jax.grad(sharded, argnums))(x, hidden, kernel, b)
+        for name, g, w in zip(("x", "hidden", "kernel", "bias"), got, want):
+            g, w = jnp.where(jnp.isnan(w), 0, g), jnp.where(jnp.isnan(w), 0, w)  # hidden's padding rows
+            assert max_err(g, w) <= TOL and bool(jnp.all(jnp.isfinite(g))), name
+    with pytest.raises(ValueError, match=r"s.hidden has 79 edges but the partitioned graph has 80"):
+        e3j.convolution_sharded(conv, x, y, e3j.FactoredWeights(hidden[:79], kernel), pg, mesh, "d")
+    with pytest.raises(ValueError, match=r"s: FactoredWeights.kernel must be \[H=5, num_weights=15\]"):
+        e3j.convolution_sharded(conv, x, y, e3j.FactoredWeights(hidden, kernel[:, :4]), pg, mesh, "d")
+
+
 @pytest.mark.parametrize("explicit", [False, True], ids=["auto", "explicit"])
 def test_edge_operands_given_as_device_blocks(conv, explicit):
     """edge_layout="blocks": y and s already in the devices' blocks, sharded over the axis; the
@@ -358,6 +404,22 @@ def test_errors(mesh, conv):
     for bad in (y[:2], jnp.zeros((4, 4)), jnp.zeros(())):
         with pytest.raises(ValueError, match=r"edge_blocks: a must have one row per edge .*\[3, \.\.\.\], got shape"):
             pg.edge_blocks(bad)
+
+
+def test_abstract_mesh_runs_in_its_context_only(mesh, conv):
+    # outside a mesh context an AbstractMesh names no devices: XLA failed ("No registered
+    # implementation for untyped custom call to xla.sdy.GlobalToLocalShape")
+    senders, receivers, mask, x, y, s = random_problem(conv, seed=13)
+    graph = e3j.Graph.from_edges(senders, receivers, 23, edge_mask=mask)
+    pg = e3j.partition_graph(senders, receivers, 23, NDEV, edge_mask=mask)
+    with jax.set_mesh(mesh):
+        out = e3j.convolution_sharded(conv, x, y, s, pg, mesh.abstract_mesh, "d")
+    assert max_err(out, conv(x, y, s, graph)) <= TOL
+    with pytest.raises(ValueError, match=r"mesh: an AbstractMesh \{'d': 4\} runs on .* and that is none; pass"):
+        e3j.convolution_sharded(conv, x, y, s, pg, mesh.abstract_mesh, "d")
+    other = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("d",))
+    with jax.set_mesh(other), pytest.raises(ValueError, match=r"and that is \{'d': 2\}"):
+        e3j.convolution_sharded(conv, x, y, s, pg, mesh.abstract_mesh, "d")
 
 
 def test_no_nodes(mesh, conv):

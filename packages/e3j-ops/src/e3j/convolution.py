@@ -94,12 +94,17 @@ class Convolution(CooOp):
         if y.ndim == 3 and y.shape[2] != x.shape[2]:
             raise ValueError(f"x has {x.shape[2]} channels but y has {y.shape[2]}")
 
-    def _factored(self, x, y, w: FactoredWeights, graph: Graph, backend: str | None) -> jax.Array:
+    def _check_factored(self, x, y, w: FactoredWeights, n: int, e: int) -> None:
+        """:meth:`_check_operands` for weights given as :class:`FactoredWeights`."""
         coo, channels = self.coo, x.shape[2]
-        check_weights("s", w, graph.num_edges, coo.num_paths * channels, f"num_paths={coo.num_paths} × C={channels}")
+        check_weights("s", w, e, coo.num_paths * channels, f"num_paths={coo.num_paths} × C={channels}")
         parts = {"s.hidden": w.hidden, "s.kernel": w.kernel, "s.bias": w.bias}
         check_same_dtype(x=x, y=y, **{k: v for k, v in parts.items() if v is not None})
-        self._check_xy(x, y, graph.num_nodes, graph.num_edges)
+        self._check_xy(x, y, n, e)
+
+    def _factored(self, x, y, w: FactoredWeights, graph: Graph, backend: str | None) -> jax.Array:
+        coo, channels = self.coo, x.shape[2]
+        self._check_factored(x, y, w, graph.num_nodes, graph.num_edges)
         leaves, tree = jax.tree.flatten(graph)
         request = current_backend_request(backend)
 

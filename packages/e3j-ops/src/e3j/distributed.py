@@ -142,6 +142,8 @@ def partition_graph(
         edge_mask: optional ``bool [E]``; False marks padding edges, which are dropped.
         edge_capacity: edges per device, at least 1 (default: the largest block's count, or 1); pass a
             fixed value to keep shapes, hence compilations, stable across graphs. Must fit every block.
+            The caller's edge count ``E`` is static too (it sizes ``edge_blocks``' input): pad the
+            edge list to one length across graphs as well (``edge_mask``).
         halo_capacity: remote senders per device (default: the largest halo); likewise.
 
     Raises ``ValueError`` for out-of-range non-padding edges or too-small capacities, and
@@ -219,7 +221,7 @@ def convolution_sharded(
     conv: Convolution,
     x: jax.Array,
     y: jax.Array,
-    s: jax.Array,
+    s: jax.Array | FactoredWeights,
     partitioned: PartitionedGraph,
     mesh: Mesh,
     axis_name: str,
@@ -231,8 +233,10 @@ def convolution_sharded(
 
     Args:
         conv: the :class:`e3j.Convolution`.
-        x: ``[N, Dx, C]`` node features; y: ``[E, Dy]`` or ``[E, Dy, C]``; s: ``[E, P, C]``, in
-            the caller's node and edge order (the order given to :func:`partition_graph`).
+        x: ``[N, Dx, C]`` node features; y: ``[E, Dy]`` or ``[E, Dy, C]``; s: ``[E, P, C]``, or
+            :class:`e3j.FactoredWeights` of ``[E, P·C]`` (each device its rows of ``hidden``, the
+            kernel and bias whole), in the caller's node and edge order (the order given to
+            :func:`partition_graph`).
         partitioned: :func:`partition_graph` of the graph, with ``num_devices`` equal to the size of
             the mesh axis.
         mesh, axis_name: the device mesh and the axis to shard receivers over (other mesh axes, if
@@ -261,6 +265,16 @@ def convolution_sharded(
             f"mesh must be a jax.sharding.Mesh (or, inside shard_map, jax.sharding.get_abstract_mesh()), "
             f"got {type(mesh).__name__}"
         )
+    if isinstance(mesh, AbstractMesh):
+        # an abstract mesh names no devices: the program runs on the context's (set_mesh, shard_map,
+        # use_abstract_mesh); outside one it failed in XLA ("No registered implementation ...")
+        current = jax.sharding.get_abstract_mesh()
+        if current.empty or dict(current.shape) != dict(mesh.shape):
+            context = "none" if current.empty else dict(current.shape)
+            raise ValueError(
+                f"mesh: an AbstractMesh {dict(mesh.shape)} runs on the devices of the mesh in context (jax.set_mesh, "
+                f"shard_map), and that is {context}; pass the jax.sharding.Mesh, or call inside its context"
+            )
     if not isinstance(axis_name, str) or axis_name not in mesh.shape:
         raise ValueError(f"axis_name must name one axis of the mesh, {tuple(mesh.shape)}; got {axis_name!r}")
     if mesh.shape[axis_name] != pg.num_devices:
@@ -270,27 +284,26 @@ def convolution_sharded(
         )
     check_rank("x", x, (3,), f"[N, Dx={conv.coo.dim_x}, C]")
     check_rank("y", y, (2, 3), f"[E, Dy={conv.coo.dim_y}] or [E, Dy, C]")
-    if isinstance(s, FactoredWeights):
-        raise TypeError(
-            "s: convolution_sharded takes an array [E, num_paths, C], not FactoredWeights; pass "
-            "s.materialize().reshape(E, num_paths, C)"
-        )
-    check_rank("s", s, (3,), f"[E, num_paths={conv.num_paths}, C]")
+    factored = isinstance(s, FactoredWeights)
+    if not factored:
+        check_rank("s", s, (3,), f"[E, num_paths={conv.num_paths}, C]")
     if x.shape[0] != pg.num_nodes:
         raise ValueError(f"x has {x.shape[0]} nodes but the graph was partitioned with num_nodes={pg.num_nodes}")
     if edge_layout not in ("caller", "blocks"):
         raise ValueError(f'edge_layout must be "caller" or "blocks", got {edge_layout!r}')
     blocks = edge_layout == "blocks"
     num_edges = pg.num_devices * pg.edge_capacity if blocks else pg.num_edges
-    for name, a in (("y", y), ("s", s)):
-        if a.shape[0] != num_edges:
+    for name, a in (("y", y), ("s.hidden" if factored else "s", s.hidden if factored else s)):
+        rows = jnp.shape(a)[0] if jnp.ndim(a) else None
+        if rows != num_edges:
             if blocks:
-                raise ValueError(
-                    f"{name} has {a.shape[0]} rows but edge_layout='blocks' takes D·edge_capacity = {num_edges}"
-                )
-            raise ValueError(f"{name} has {a.shape[0]} edges but the partitioned graph has {num_edges}")
+                raise ValueError(f"{name} has {rows} rows but edge_layout='blocks' takes D·edge_capacity = {num_edges}")
+            raise ValueError(f"{name} has {rows} edges but the partitioned graph has {num_edges}")
     # the caller's shapes, here: inside the sharded function conv would name each device's blocks
-    conv._check_operands(x, y, s, pg.num_nodes, num_edges)
+    if factored:
+        conv._check_factored(x, y, s, pg.num_nodes, num_edges)
+    else:
+        conv._check_operands(x, y, s, pg.num_nodes, num_edges)
     if pg.num_nodes == 0:  # nothing to gather (XLA refuses a zero-length all_gather)
         current_backend_request(backend)  # a bad name is an error here too
         return jnp.zeros((0, conv.coo.dim_out, x.shape[2]), x.dtype)
@@ -304,6 +317,13 @@ def convolution_sharded(
         return program(x, y, s, pg)
 
 
+def _edge_blocks(pg: PartitionedGraph, s):
+    """:meth:`PartitionedGraph.edge_blocks` of the weights: of ``hidden`` for factored ones."""
+    if isinstance(s, FactoredWeights):
+        return FactoredWeights(pg.edge_blocks(s.hidden), s.kernel, s.bias)
+    return pg.edge_blocks(s)
+
+
 @programs_per_request(maxsize=64)
 def _sharded(conv: Convolution, mesh, axis_name: str, backend: str | None, blocks: bool):
     """:func:`convolution_sharded`'s program after its checks, jitted (one per setting and value of
@@ -313,12 +333,13 @@ def _sharded(conv: Convolution, mesh, axis_name: str, backend: str | None, block
     def program(x, y, s, pg):
         n, n_pad = pg.nodes_per_device, pg.num_nodes_padded
         explicit = mesh.axis_types[mesh.axis_names.index(axis_name)] == AxisType.Explicit
+        factored = isinstance(s, FactoredWeights)
         if explicit and not blocks:
             # on an Explicit axis (jax.make_mesh's default) the gathers into device blocks need their
             # operands' layout resolved: edge operands sharded in the caller's order are gathered whole
-            y, s = (jax.sharding.reshard(a, NamedSharding(mesh, PartitionSpec())) for a in (y, s))
+            y, s = jax.tree.map(lambda a: jax.sharding.reshard(a, NamedSharding(mesh, PartitionSpec())), (y, s))
         x_pad = jnp.pad(x, ((0, n_pad - pg.num_nodes), (0, 0), (0, 0)))
-        y_blocks, s_blocks = (y, s) if blocks else (pg.edge_blocks(y), pg.edge_blocks(s))
+        y_blocks, s_blocks = (y, s) if blocks else (pg.edge_blocks(y), _edge_blocks(pg, s))
 
         def local(x_block, y_block, s_block, graph_block, node_ids_block):
             x_all = jax.lax.all_gather(x_block, axis_name, tiled=True)  # [N_pad, Dx, C]
@@ -328,17 +349,22 @@ def _sharded(conv: Convolution, mesh, axis_name: str, backend: str | None, block
             return m[:n]
 
         spec = PartitionSpec(axis_name)
+        # factored weights: each device its block of hidden, the kernel and bias whole (their
+        # cotangents summed over the devices)
+        whole = PartitionSpec()
+        s_spec = FactoredWeights(spec, whole, None if s.bias is None else whole) if factored else spec
+        specs = (spec, spec, s_spec, spec, spec)
         operands = (x_pad, y_blocks, s_blocks, pg.graph, pg.node_ids)
         if explicit:
             # and shard_map takes its inputs only as laid out as its in_specs say; the padded and
             # gathered blocks come out replicated
-            operands = jax.tree.map(lambda a: jax.sharding.reshard(a, NamedSharding(mesh, spec)), operands)
-        m = shard_map(
-            local,
-            mesh=mesh,
-            in_specs=(spec, spec, spec, spec, spec),
-            out_specs=spec,
-        )(*operands)
+            operands = jax.tree.map(
+                lambda p, a: jax.tree.map(lambda a: jax.sharding.reshard(a, NamedSharding(mesh, p)), a),
+                specs,
+                operands,
+                is_leaf=lambda p: isinstance(p, PartitionSpec),
+            )
+        m = shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec)(*operands)
         if n_pad == pg.num_nodes:
             return m
         if explicit:  # N rows do not split evenly over the axis: an Explicit layout must say so
