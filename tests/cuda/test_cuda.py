@@ -358,6 +358,10 @@ def test_launches_past_cudas_grid_limit_are_refused():
             jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",))
         fits = [jax.ShapeDtypeStruct((big - 1, *a.shape[1:]), a.dtype) for a in args]
         assert "custom_call @e3j_tp_" in jax.jit(fn).trace(*fits).lower(lowering_platforms=("cuda",)).as_text()
+        (b,) = jax.export.symbolic_shape("B")  # a symbolic batch still exports (nothing to compare)
+        symbolic = [jax.ShapeDtypeStruct((b, *a.shape[1:]), a.dtype) for a in args]
+        checks = [jax.export.DisabledSafetyCheck.custom_call(f"e3j_tp_{kind}") for kind in ("fwd", "bwd")]
+        jax.export.export(jax.jit(fn), platforms=("cuda",), disabled_checks=checks)(*symbolic)
     coo, graph, x, y, s, dm = conv_operands(case)
     conv_bwd = functools.partial(kernels.convolution_bwd, coo, outs=("x",), y_channels=False)
     nodes = big - 1000  # the backward's up to 1,024 clearing blocks take it past the limit

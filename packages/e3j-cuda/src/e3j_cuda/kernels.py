@@ -65,8 +65,9 @@ MAX_GRID_X, MAX_CLEARING_BLOCKS = 2**31 - 1, 1024
 
 
 def _check_grid(blocks: int, what: str) -> None:
-    # the handlers cast the count to the grid's unsigned int: past 2**32 it would wrap, silently
-    if blocks > MAX_GRID_X:
+    # the handlers cast the count to the grid's unsigned int: past 2**32 it would wrap, silently. A
+    # symbolic batch (jax.export) is checked by no one before the call: the handler sees its value
+    if isinstance(blocks, (int, np.integer)) and blocks > MAX_GRID_X:
         raise ValueError(
             f"e3j_cuda: {what} need {blocks} thread blocks, over CUDA's grid limit of 2**31 - 1 = "
             f"{MAX_GRID_X}; split the batch, or run it on another backend (e.g. backend='pallas_gpu')"
