@@ -131,6 +131,9 @@ def test_spherical_harmonics_of_no_irreps_is_empty_like_e3nn(irreps_out):
     assert e3j.spherical_harmonics(irreps_out, v, True).shape == ref.shape
     assert e3j.spherical_harmonics(irreps_out, v, True).dtype == v.dtype
     assert interop.spherical_harmonics(irreps_out, e3nn.IrrepsArray("1o", v), True).array.shape == ref.shape
+    if not isinstance(irreps_out, list):  # irreps, not degrees: a plain vector array is taken too
+        # e3nn-jax's empty Irreps, a tuple of no MulIrrep, was read as an empty list of degrees
+        assert interop.spherical_harmonics(irreps_out, v, True).array.shape == ref.shape
     grad = jax.grad(lambda a: e3j.spherical_harmonics(irreps_out, a, True).sum())(v)
     np.testing.assert_array_equal(grad, np.zeros_like(VECTORS))
 
@@ -354,6 +357,52 @@ def test_drop_in_result_dtypes_follow_e3nn_arithmetic():
             assert got.dtype == want.dtype, (fname, wname, got.dtype, want.dtype)
             tol = 1e-2 if want.dtype == jnp.float16 else 1e-5
             np.testing.assert_allclose(got.array, want.array, rtol=tol, atol=tol, err_msg=f"{fname}, {wname}")
+    # one copy: e3nn reads [E, 1], [1] and [1, 1] per copy (its elementwise product drops a weak type)
+    one = interop.MessagePassing("1o", y.irreps, "1o")
+    assert one.num_weights == 1
+    x1 = e3nn.IrrepsArray("1o", jnp.asarray(data[:, :3], jnp.float32))
+    for weight in (jnp.full((e, 1), 0.5), jnp.full((1,), 0.5), jnp.full((1, 1), 0.5), 0.5):
+        m = e3nn.tensor_product(x1[senders], y, filter_ir_out="1o") * weight
+        want = e3nn.scatter_sum(m, dst=receivers, output_size=n)
+        assert one(x1, y, weight, senders, receivers).dtype == want.dtype, jnp.shape(weight)
+
+
+def test_functional_drop_in_result_dtypes_follow_e3nn_legacy_arithmetic():
+    """e3nn's legacy FunctionalTensorProduct promotes weights, x and y at once (its left_right):
+    int32 features and edge attributes with float32 weights stay float32 under x64."""
+    from e3nn_jax.legacy import FunctionalTensorProduct
+
+    from e3j import interop
+
+    rng = np.random.default_rng(9)
+    n, e = 3, 5
+    senders, receivers = rng.integers(0, n, e), rng.integers(0, n, e)
+    instructions = [(0, 0, 0, "uvu", True), (1, 1, 0, "uvu", True), (0, 1, 1, "uvu", True)]
+    tp = FunctionalTensorProduct("2x0e + 2x1o", "0e + 1o", "2x0e + 2x1o", instructions)
+    fmp = interop.FunctionalMessagePassing(tp)
+    data = rng.integers(-2, 3, (n, 8))
+    features = {"int32": jnp.asarray(data, jnp.int32), "float32": jnp.asarray(data, jnp.float32),
+                "weak float64": jnp.full((n, 8), 1.5)}  # fmt: skip
+    edges = {"int32": jnp.asarray(rng.integers(-1, 2, (e, 4)), jnp.int32),
+             "float16": jnp.asarray(rng.normal(size=(e, 4)), jnp.float16)}  # fmt: skip
+    weights = {"float16": jnp.full((e, fmp.num_weights), 0.5, jnp.float16),
+               "float32": jnp.full((e, fmp.num_weights), 0.5, jnp.float32),
+               "weak float64": jnp.full((e, fmp.num_weights), 0.5)}  # fmt: skip
+    compared = 0
+    for fname, f in features.items():
+        for yname, a in edges.items():
+            for wname, w in weights.items():
+                x, y = e3nn.IrrepsArray("2x0e + 2x1o", f), e3nn.IrrepsArray("0e + 1o", a)
+                try:
+                    want = jax.vmap(tp.left_right)(w, x[senders], y)
+                except TypeError:  # e3nn-jax's einsum refuses float16 weights on two integer inputs
+                    assert (fname, yname, wname) == ("int32", "int32", "float16")
+                    continue
+                want = e3nn.scatter_sum(want, dst=receivers, output_size=n)
+                got = fmp(x, y, w, senders, receivers)
+                assert got.dtype == want.dtype, (fname, yname, wname, got.dtype, want.dtype)
+                compared += 1
+    assert compared == 17
 
 
 def test_message_passing_keeps_float32_with_weakly_typed_weights():

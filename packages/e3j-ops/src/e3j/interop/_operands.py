@@ -63,6 +63,7 @@ def message_passing_operands(
     *,
     simplify: bool = False,
     broadcast: bool = False,
+    one_step: bool = False,
 ) -> tuple[jax.Array, jax.Array, jax.Array | FactoredWeights, Graph]:
     """``(x [N, irreps_node.dim], y [E, irreps_edge.dim], w [E, num_weights], graph)`` in one dtype.
 
@@ -73,6 +74,8 @@ def message_passing_operands(
     ``graph`` or built from ``senders``/``receivers``.
     ``simplify``: compare irreps after merging equal neighbouring blocks (as ``rechunk`` allows).
     ``broadcast``: take the plain arrays e3nn's ``m * w`` broadcasts (:func:`broadcast_weights`).
+    ``one_step``: promote the three dtypes at once, as e3nn's legacy ``FunctionalTensorProduct``
+    (its ``left_right``), not the tensor product's inputs first and then the weights.
     """
 
     def same(a, b) -> bool:
@@ -105,8 +108,8 @@ def message_passing_operands(
     # the weights as given, for the dtype: broadcast forms are built in its dtype, which would lose
     # the weak type of a Python number (float64 under x64, where e3nn's m * 2.0 stays float32)
     given = weights if isinstance(weights, (jax.Array, np.ndarray, int, float, np.number)) else _dtype(weights)
-    if hasattr(given, "shape") and given.ndim >= 1 and given.shape[-1] == num_weights != 1:
-        given = given.dtype  # e3nn's per-copy product drops a weak type (its scalar or [E, 1] keep it)
+    if one_step or per_copy(given, num_weights):
+        given = _dtype(given)  # e3nn's per-copy product drops a weak type (a plain multiply keeps it)
     if broadcast:
         weights = broadcast_weights(weights, num_edges, num_weights)
     # arrays only (a list is check_weights' TypeError); the edge count is edge_attrs'
@@ -117,9 +120,13 @@ def message_passing_operands(
     check_weights("weights", weights, num_edges, num_weights, weights_layout)
     # each operand's dtype checked under its own name, then promoted as e3nn-jax's arithmetic does:
     # the tensor product first (its inputs' weak types dropped: integers give the default float),
-    # then the product with the weights
-    messages = promoted_real_dtype({"node_feats": node_feats.array.dtype, "edge_attrs": _dtype(edge_attrs)}, REAL)
-    dtype = promoted_real_dtype({"node_feats ⊗ edge_attrs": messages, "weights": given}, REAL)
+    # then the product with the weights; or, as its legacy FunctionalTensorProduct, all at once
+    inputs = {"node_feats": node_feats.array.dtype, "edge_attrs": _dtype(edge_attrs)}
+    if one_step:
+        dtype = promoted_real_dtype({**inputs, "weights": given}, REAL)
+    else:
+        messages = promoted_real_dtype(inputs, REAL)
+        dtype = promoted_real_dtype({"node_feats ⊗ edge_attrs": messages, "weights": given}, REAL)
     if graph is not None and not isinstance(graph, Graph):
         raise TypeError(
             "graph must be an e3j.Graph (e3j.Graph.from_edges(senders, receivers, num_nodes)), "
@@ -135,6 +142,15 @@ def message_passing_operands(
         raise ValueError(f"graph has {graph.num_nodes} nodes and {graph.num_edges} edges, node_feats and "
                          f"edge_attrs have {num_nodes} and {num_edges}")  # fmt: skip
     return marks_zeroed(node_feats).astype(dtype), edge_attrs.astype(dtype), weights.astype(dtype), graph
+
+
+def per_copy(weights, num_weights: int) -> bool:
+    """Whether e3nn's ``messages * weights`` multiplies per irrep copy (an elementwise tensor product:
+    an ``IrrepsArray`` or :class:`e3j.FactoredWeights`, or an array whose last axis has one weight
+    per copy, so with one copy ``[E, 1]`` and ``[1]`` too) rather than broadcasting a plain multiply."""
+    if isinstance(weights, (e3nn.IrrepsArray, FactoredWeights)):
+        return True
+    return jnp.ndim(weights) > 0 and jnp.shape(weights)[-1] == num_weights
 
 
 def _dtype(a):
@@ -163,7 +179,7 @@ def broadcast_weights(w, num_edges: int, num_weights: int):
     if len(shape) == 2 and shape[0] not in (1, num_edges):
         return w
     dtype = w.dtype
-    if len(shape) >= 1 and shape[-1] == num_weights and (len(shape) == 1 or shape[0] == 1):
+    if per_copy(w, num_weights) and (len(shape) == 1 or shape[0] == 1):
         return FactoredWeights(jnp.ones((num_edges, 1), dtype), jnp.reshape(w, (1, num_weights)))
     if len(shape) == 0 or shape[-1] == 1:
         per_edge = jnp.broadcast_to(jnp.reshape(w, (-1, 1)), (num_edges, 1))

@@ -181,6 +181,7 @@ class FunctionalMessagePassing:
         x, y, w, graph = message_passing_operands(
             node_feats, tp.irreps_in1, edge_attrs, tp.irreps_in2, weights, self.num_weights,
             "e3nn's flat layout: instruction order, mul_in1 each", senders, receivers, graph, simplify=True,
+            one_step=True,
         )  # fmt: skip
         num_nodes, dtype = x.shape[0], x.dtype
         zero_x = block_marks(node_feats, tp.irreps_in1)

@@ -44,7 +44,7 @@ from .._mul_ir_pruning import pruned
 from ..factored import FactoredWeights
 from ..graph import Graph
 from ..mul_ir import MulIrConvolution
-from ._operands import block_marks, check_irrep_normalization, message_passing_operands
+from ._operands import block_marks, check_irrep_normalization, message_passing_operands, per_copy
 from .layout import to_e3nn_irreps
 
 __all__ = ["MessagePassing", "message_passing"]
@@ -134,11 +134,7 @@ class MessagePassing:
     ) -> e3nn.IrrepsArray:
         # e3nn's ``m * w`` splits the messages' blocks where an IrrepsArray of weights has its own
         w_blocks = weights.irreps if isinstance(weights, e3nn.IrrepsArray) and len(weights.irreps) > 1 else None
-        # e3nn's ``m * w`` is an elementwise tensor product for an IrrepsArray, or an array whose last
-        # axis has one weight per copy (with one copy, [E, 1] and [1] too); else a plain multiply
-        elementwise = isinstance(weights, (e3nn.IrrepsArray, FactoredWeights)) or (
-            jnp.ndim(weights) > 0 and jnp.shape(weights)[-1] == self.num_weights
-        )
+        elementwise = per_copy(weights, self.num_weights)
         x, y, w, graph = message_passing_operands(
             node_feats, self.irreps_node, edge_attrs, self.irreps_edge, weights, self.num_weights,
             f"one per irrep copy of {self.irreps_out}, e3nn's order", senders, receivers, graph, simplify=True,
