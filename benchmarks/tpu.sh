@@ -54,9 +54,9 @@ pack
 
 if [ -n "$REHEARSAL" ]; then
   # the interpreter evaluates each kernel op by op (~25 s per MD step of 32 atoms here): the smallest sizes
-  E3J_E2E_BACKENDS=${E3J_E2E_BACKENDS:-pallas_tpu_interpret} run_e2e
+  E3J_E2E_BACKENDS=${E3J_E2E_BACKENDS:-pallas_tpu_interpret} run_e2e || exit 1
 else
-  run_e2e
+  run_e2e || exit 1
 fi
 pack
 log "done"

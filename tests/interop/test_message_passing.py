@@ -77,6 +77,8 @@ def test_an_empty_self_connection_is_none(empty):
     np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
     conv = e3j.MulIrConvolution("2x0e + 1o", "0e + 1o", "0e", self_connection=empty)
     assert not conv.plan.constant_row
+    # one plan: equal ops, so a static jit argument built either way compiles once
+    assert conv == e3j.MulIrConvolution("2x0e + 1o", "0e + 1o", "0e")
     with pytest.raises(ValueError, match=r"filter 3e leaves no path in 2x0e\+1x1o ⊗ 1x0e\+1x1o "):
         e3j.MulIrConvolution("2x0e + 1o", "0e + 1o", "3e", self_connection=empty)
 

@@ -348,6 +348,13 @@ def test_reference_named_runs_what_the_fallback_runs():
         np.testing.assert_array_equal(got, want)
 
 
+def test_op_request_channels_must_be_an_int():
+    assert OpRequest("convolution", "cpu", "float32", np.int64(8), 1).channels == 8
+    for bad in (None, 8.0, "8", True):
+        with pytest.raises(TypeError, match=r"the channel axis C of an operand must be an int, got"):
+            OpRequest("convolution", "cpu", "float32", bad, 1)
+
+
 def test_what_the_reference_refuses_by_name_the_fallback_refuses_too():
     # float8 ran on the default selection's fallback while backend="reference" refused it
     x, y = tp_args(fresh())

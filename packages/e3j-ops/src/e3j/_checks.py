@@ -144,6 +144,8 @@ def check_index_count(name: str, count: int, what: str) -> None:
 def static_size(size, what: str, per: str = "padded size (e.g. a padding bucket)") -> int:
     """An axis length as an int; a symbolic one (``jax.export`` shape polymorphism) refused, naming
     ``what`` and what to export one function per, where JAX's error would name neither."""
+    if isinstance(size, (bool, np.bool_, float, str, bytes, np.ndarray, type(None))):
+        raise TypeError(f"{what} must be an int, got {size!r}")
     if not isinstance(size, (int, np.integer)):
         raise ValueError(
             f"{what} has the symbolic size {size}: e3j's kernels and sweeps need static node, edge and "

@@ -348,7 +348,6 @@ def split_channels(irreps: Irreps, channels: int) -> Irreps:
     return Irreps([(mul // channels, ir) for mul, ir in irreps])
 
 
-@cache
 def plan(
     irreps_x: Irreps,
     irreps_y: Irreps,
@@ -369,7 +368,13 @@ def plan(
     """
     if grouping not in GROUPINGS:
         raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
+    # before the cache: an empty self connection gives the same (identical) plan as none
     keep, regroup_output = _no_empty_self_connection(keep, regroup_output)
+    return _plan(irreps_x, irreps_y, filter_out, keep, normalization, regroup_output, grouping)
+
+
+@cache
+def _plan(irreps_x, irreps_y, filter_out, keep, normalization: str, regroup_output: bool, grouping: str) -> Plan:
     with_self = keep is not None
     rescale_self = with_self and normalization == "none"
     irreps_y_op = Irreps("0e") + irreps_y if with_self else irreps_y
