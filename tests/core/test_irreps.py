@@ -102,6 +102,17 @@ def test_irrep_is_a_pair_not_a_tuple_otherwise():
         ir.anything = 1  # type: ignore[attr-defined]
 
 
+def test_mul_irreps_order_like_e3nn():
+    # a NamedTuple compares its multiplicity first; e3nn-jax orders by irrep, then multiplicity
+    for text in ("2x1o + 1x0e + 3x0e", "1x2e + 4x1e + 2x1o + 2x0o + 5x0e + 1x1o"):
+        ours, ref = list(Irreps(text)), list(e3nn.Irreps(text))
+        assert [str(m) for m in sorted(ours)] == [str(m) for m in sorted(ref)]
+        assert str(max(ours)) == str(max(ref)) and str(min(ours)) == str(min(ref))
+    a, b = MulIrrep(3, Irrep("0e")), MulIrrep(2, Irrep("1o"))
+    assert a < b and a <= b and b > a and b >= a and not b < a
+    assert hash(a) == hash((3, Irrep("0e"))) and a == (3, Irrep("0e"))
+
+
 def test_filter_like_e3nn():
     ours, ref = Irreps("1e + 2e + 0e + 3x1o"), e3nn.Irreps("1e + 2e + 0e + 3x1o")
     for kwargs in [
@@ -117,6 +128,9 @@ def test_filter_like_e3nn():
         {"keep": [e3nn.Irrep("0e"), e3nn.Irrep("2e")]},
     ]:
         assert str(ours.filter(**kwargs)) == str(ref.filter(**kwargs))
+    for name in ("keep", "drop"):  # a string's parse error names the argument too
+        with pytest.raises(ValueError, match=rf"{name}: cannot interpret '2z' as a set of irreps"):
+            ours.filter(**{name: "2z"})
     with pytest.raises(ValueError, match="keep and drop"):
         ours.filter(keep="0e", drop="1e")
     with pytest.raises(ValueError, match="lmax"):

@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._checks import is_int
+from ._checks import check_bool, is_int
 from .clebsch_gordan import clebsch_gordan
 from .irreps import IntoIrreps, Irrep, Irreps, _is_irrep_like, _is_mul_irrep_like, as_irreps
 
@@ -536,8 +536,7 @@ def tensor_product_coo(
     irreps_x, irreps_y = as_irreps(irreps_x, "irreps_x"), as_irreps(irreps_y, "irreps_y")
     if normalization not in TP_NORMALIZATIONS:
         raise ValueError(f"normalization must be one of {TP_NORMALIZATIONS}, got {normalization!r}")
-    if not isinstance(regroup_output, bool):
-        raise ValueError(f"regroup_output must be a bool, got {regroup_output!r}")
+    regroup_output = check_bool("regroup_output", regroup_output)
     return _build(irreps_x, irreps_y, normalize_filter(filter), normalization, regroup_output)
 
 

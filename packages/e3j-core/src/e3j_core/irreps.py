@@ -203,7 +203,12 @@ def _parse_irrep(text: str) -> tuple[int, int]:
 
 
 class MulIrrep(NamedTuple):
-    """An irrep with a multiplicity, written ``"3x1o"``."""
+    """An irrep with a multiplicity, written ``"3x1o"``; ordered by irrep, then multiplicity (as
+    e3nn-jax orders its ``MulIrrep``).
+
+    >>> sorted([MulIrrep(2, Irrep("1o")), MulIrrep(3, Irrep("0e")), MulIrrep(1, Irrep("0e"))])
+    [1x0e, 3x0e, 2x1o]
+    """
 
     mul: int
     ir: Irrep
@@ -212,6 +217,22 @@ class MulIrrep(NamedTuple):
     def dim(self) -> int:
         """``mul * (2l + 1)``."""
         return self.mul * self.ir.dim
+
+    def _key(self) -> tuple:
+        return (self.ir._key(), self.mul)
+
+    # a NamedTuple compares its fields in order (multiplicity first)
+    def __lt__(self, other: MulIrrep) -> bool:
+        return self._key() < MulIrrep(*other)._key()
+
+    def __le__(self, other: MulIrrep) -> bool:
+        return self._key() <= MulIrrep(*other)._key()
+
+    def __gt__(self, other: MulIrrep) -> bool:
+        return self._key() > MulIrrep(*other)._key()
+
+    def __ge__(self, other: MulIrrep) -> bool:
+        return self._key() >= MulIrrep(*other)._key()
 
     def __repr__(self) -> str:
         return f"{self.mul}x{self.ir}"
@@ -508,6 +529,12 @@ def _is_mul_irrep_like(obj: object) -> bool:
     return not isinstance(obj, (str, Irreps)) and hasattr(obj, "mul") and hasattr(obj, "ir")
 
 
+def _is_irreps_like(obj: object) -> bool:
+    """A direct sum of irreps from another library (e3nn-jax's ``Irreps``, a tuple of ``MulIrrep``,
+    possibly empty): attributes ``num_irreps`` and ``ls``."""
+    return not isinstance(obj, (str, Irreps)) and hasattr(obj, "num_irreps") and hasattr(obj, "ls")
+
+
 def _mul_irrep(mul: object, ir: object, where: object) -> MulIrrep:
     if not is_int(mul) or mul < 0:
         raise ValueError(f"invalid multiplicity in {where!r}: must be an int >= 0, got {mul!r}")
@@ -561,14 +588,14 @@ def _parse_irreps(text: str) -> list[MulIrrep]:
 
 
 def _irrep_set(irreps: object, name: str) -> set[Irrep]:
-    # e3nn-jax's Irrep and MulIrrep are tuples: read whole, never iterated as (l, p) or (mul, ir)
-    if isinstance(irreps, (str, MulIrrep)) or _is_mul_irrep_like(irreps):
-        irreps = Irreps(irreps)
-    elif _is_irrep_like(irreps):
-        irreps = Irrep(irreps)
-    if isinstance(irreps, Irrep):
-        return {irreps}
     try:
+        # e3nn-jax's Irrep and MulIrrep are tuples: read whole, never iterated as (l, p) or (mul, ir)
+        if isinstance(irreps, (str, MulIrrep)) or _is_mul_irrep_like(irreps):
+            irreps = Irreps(irreps)
+        elif _is_irrep_like(irreps):
+            irreps = Irrep(irreps)
+        if isinstance(irreps, Irrep):
+            return {irreps}
         return {Irrep(ir) for ir in irreps}  # type: ignore[union-attr]
     except (TypeError, ValueError) as err:
         raise ValueError(f"{name}: cannot interpret {irreps!r} as a set of irreps ({err})") from None

@@ -35,7 +35,7 @@ import numpy as np
 
 from . import _polynomials as poly
 from ._checks import check_bool, check_degree
-from .irreps import Irrep, Irreps, _is_irrep_like, _is_mul_irrep_like
+from .irreps import Irrep, Irreps, _is_irrep_like, _is_irreps_like, _is_mul_irrep_like
 
 __all__ = [
     "NORMALIZATIONS",
@@ -308,7 +308,7 @@ def spherical_harmonic_recurrence(
 
 def _names_irreps(ls: object) -> bool:
     """Whether ``ls`` is, on its face, irreps: a string, an ``Irreps`` or an irrep (e3j's or e3nn-jax's)."""
-    return isinstance(ls, (str, Irreps, Irrep)) or _is_irrep_like(ls) or _is_mul_irrep_like(ls)
+    return isinstance(ls, (str, Irreps, Irrep)) or _is_irrep_like(ls) or _is_mul_irrep_like(ls) or _is_irreps_like(ls)
 
 
 def is_degrees(ls: object) -> bool:
