@@ -157,12 +157,14 @@ def test_factored_weights_match_single_device(conv, explicit, layout):
         return loss(conv(x, y, e3j.FactoredWeights(h, k, b), graph))
 
     def sharded(x, h, k, b):
+        w = e3j.FactoredWeights(h, k, b)
         if layout == "blocks":
-            h = jax.device_put(pg.edge_blocks(h), NamedSharding(mesh, P("d")))
+            w = pg.edge_blocks(w)  # the blocks of hidden; the kernel and bias as they are
+            assert w.kernel is k and w.bias is b
+            w = e3j.FactoredWeights(jax.device_put(w.hidden, NamedSharding(mesh, P("d"))), w.kernel, w.bias)
             y_ = jax.device_put(pg.edge_blocks(y), NamedSharding(mesh, P("d")))
         else:
             y_ = y
-        w = e3j.FactoredWeights(h, k, b)
         return loss(e3j.convolution_sharded(conv, x, y_, w, pg, mesh, "d", edge_layout=layout))
 
     for b in (None, bias):

@@ -89,12 +89,16 @@ class PartitionedGraph:
     def num_local_nodes(self) -> int:
         return self.nodes_per_device + self.halo_capacity
 
-    def edge_blocks(self, a) -> jax.Array:
+    def edge_blocks(self, a):
         """``[E, ...]`` in the caller's edge order -> ``[D·edge_capacity, ...]`` device blocks (the
         layout :func:`convolution_sharded` takes with ``edge_layout="blocks"``), padding rows zero.
+        For :class:`e3j.FactoredWeights`, the blocks of ``hidden`` (the kernel and bias are per layer,
+        not per edge).
 
         A gather of the whole ``a``: to keep per-device memory at one block, compute edge features
         in the blocks' order instead, from ``edge_ids`` (each local edge's caller id)."""
+        if isinstance(a, FactoredWeights):
+            return FactoredWeights(self.edge_blocks(a.hidden), a.kernel, a.bias)
         a = jnp.asarray(a)  # a numpy operand indexed by traced ids (the graph a jit argument)
         if a.ndim == 0 or a.shape[0] != self.num_edges:
             # the gather clamps out-of-range ids: a short array would repeat its rows, silently
@@ -317,13 +321,6 @@ def convolution_sharded(
         return program(x, y, s, pg)
 
 
-def _edge_blocks(pg: PartitionedGraph, s):
-    """:meth:`PartitionedGraph.edge_blocks` of the weights: of ``hidden`` for factored ones."""
-    if isinstance(s, FactoredWeights):
-        return FactoredWeights(pg.edge_blocks(s.hidden), s.kernel, s.bias)
-    return pg.edge_blocks(s)
-
-
 @programs_per_request(maxsize=64)
 def _sharded(conv: Convolution, mesh, axis_name: str, backend: str | None, blocks: bool):
     """:func:`convolution_sharded`'s program after its checks, jitted (one per setting and value of
@@ -339,7 +336,7 @@ def _sharded(conv: Convolution, mesh, axis_name: str, backend: str | None, block
             # operands' layout resolved: edge operands sharded in the caller's order are gathered whole
             y, s = jax.tree.map(lambda a: jax.sharding.reshard(a, NamedSharding(mesh, PartitionSpec())), (y, s))
         x_pad = jnp.pad(x, ((0, n_pad - pg.num_nodes), (0, 0), (0, 0)))
-        y_blocks, s_blocks = (y, s) if blocks else (pg.edge_blocks(y), _edge_blocks(pg, s))
+        y_blocks, s_blocks = (y, s) if blocks else (pg.edge_blocks(y), pg.edge_blocks(s))
 
         def local(x_block, y_block, s_block, graph_block, node_ids_block):
             x_all = jax.lax.all_gather(x_block, axis_name, tiled=True)  # [N_pad, Dx, C]
