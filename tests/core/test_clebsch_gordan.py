@@ -36,6 +36,86 @@ def test_textbook_values():
     np.testing.assert_array_equal(su2_clebsch_gordan(1, 1, 3), 0.0)
 
 
+def _exact(value) -> float:
+    """A sympy number rounded to float64 once (from 40 digits)."""
+    return float(value.evalf(40))
+
+
+@pytest.mark.parametrize("l1, l2, l3", [(1, 1, 1), (3, 2, 2), (3, 3, 2), (6, 5, 4), (7, 7, 14), (25, 25, 50)])
+def test_su2_correctly_rounded_with_exact_zeros(l1, l2, l3):
+    """Every complex coefficient is sympy's exact value rounded once; the ones that vanish
+    (``m1 + m2 = m3`` but a zero of Racah's sum, e.g. ``<3 -2, 2 1 | 2 -1>``) are exactly 0.0. The
+    recurrence with lowering operators left ~1e-60 there."""
+    from sympy.physics.wigner import clebsch_gordan as exact_cg
+
+    C = su2_clebsch_gordan(l1, l2, l3)
+    for m1 in range(-l1, l1 + 1):
+        for m2 in range(-l2, l2 + 1):
+            if abs(m1 + m2) <= l3:
+                want = _exact(exact_cg(l1, l2, l3, m1, m2, m1 + m2))
+                assert C[l1 + m1, l2 + m2, l3 + m1 + m2] == want, (m1, m2)
+    assert np.count_nonzero(C) == np.count_nonzero(np.abs(C) > 1e-300)  # no denormal residues either
+    if (l1, l2, l3) == (3, 2, 2):
+        assert C[3 - 2, 2 + 1, 2 - 1] == 0.0
+
+
+def _real_columns_exact(l1, l2, l3, columns):
+    """Columns ``C[:, :, n]`` of the real coefficients in 50 digits: sympy's exact complex
+    coefficients through e3nn's change of basis (written out here, in mpmath), over ``√(2l3+1)``."""
+    import mpmath
+    from sympy.physics.wigner import clebsch_gordan as exact_cg
+
+    mp = mpmath.mp.clone()
+    mp.dps = 50
+    s = 1 / mp.sqrt(2)
+
+    def q(l):  # e3nn's change_basis_real_to_complex: [complex l + m, real index]
+        Q = {}
+        for m in range(-l, 0):
+            Q[l + m, l + abs(m)], Q[l + m, l - abs(m)] = s, -1j * s
+        Q[l, l] = mp.mpf(1)
+        for m in range(1, l + 1):
+            Q[l + m, l + m], Q[l + m, l - m] = (-1) ** m * s, 1j * (-1) ** m * s
+        return {k: (-1j) ** l * v for k, v in Q.items()}
+
+    Q1, Q2, Q3 = q(l1), q(l2), q(l3)
+    out = {n: np.zeros((2 * l1 + 1, 2 * l2 + 1)) for n in columns}
+    for n in columns:
+        acc = {}
+        for (c3, r3), q3 in Q3.items():
+            if r3 != n:
+                continue
+            M = c3 - l3
+            for m1 in range(max(-l1, M - l2), min(l1, M + l2) + 1):
+                c = exact_cg(l1, l2, l3, m1, M - m1, M)
+                if c == 0:
+                    continue
+                cv = mp.mpf(str(c.evalf(60)))
+                for (c1, r1), q1 in Q1.items():
+                    if c1 != l1 + m1:
+                        continue
+                    for (c2, r2), q2 in Q2.items():
+                        if c2 == l2 + M - m1:
+                            acc[r1, r2] = acc.get((r1, r2), 0) + q1 * q2 * mp.conj(q3) * cv
+        for (j, k), v in acc.items():
+            assert abs(mp.mpc(v).imag) < mp.mpf(10) ** -40
+            if abs(mp.mpc(v).real) > mp.mpf(10) ** -40:  # else a zero, left by 50-digit cancellation
+                out[n][j, k] = float(mp.mpc(v).real / mp.sqrt(2 * l3 + 1))
+    return out
+
+
+@pytest.mark.parametrize("l1, l2, l3", [(3, 3, 2), (5, 4, 3), (20, 13, 25), (25, 25, 50)])
+def test_real_correctly_rounded_at_any_degree(l1, l2, l3):
+    """Real coefficients equal their exact values rounded once, zeros exactly: at (25, 25, 50) the
+    corners hold true coefficients of ~3e-16, which a 1e-14 threshold on rounded values dropped."""
+    C = clebsch_gordan(l1, l2, l3)
+    columns = sorted({0, 1, l3, 2 * l3 - 1, 2 * l3})
+    for n, want in _real_columns_exact(l1, l2, l3, columns).items():
+        np.testing.assert_array_equal(C[:, :, n], want, err_msg=f"column {n}")
+    if (l1, l2, l3) == (25, 25, 50):
+        assert 0 < np.abs(C[C != 0]).min() < 1e-15
+
+
 @pytest.mark.parametrize("l1, l2, l3", [t for t in TRIPLES if max(t) <= 5])
 def test_orthonormal_and_equivariant(l1, l2, l3):
     C = clebsch_gordan(l1, l2, l3)

@@ -4,11 +4,14 @@
 norm such that ``z_k = Σ_ij C_ijk x_i y_j`` is equivariant: ``C(D1 x, D2 y) = D3 C(x, y)`` with the
 real-basis Wigner D matrices of :mod:`e3j_core.wigner`. It equals ``e3nn_jax.clebsch_gordan``.
 
-Construction: in the complex ``|l m⟩`` basis the top state ``|L L⟩`` of ``l1 ⊗ l2`` solves the
-eigenvalue equation ``J²|L L⟩ = L(L+1)|L L⟩`` restricted to ``m1 + m2 = L``: a triangular
-(three-term) recurrence in ``m1`` (paper Eq. 25). Its sign is the Condon–Shortley one
-(``⟨l1 l1, l2 L−l1 | L L⟩ > 0``). The other states come from the lowering operator
-``J₋ ⊗ 1 + 1 ⊗ J₋``. The result is moved to the real basis with e3nn's change of basis.
+Construction, exact: in the complex ``|l m⟩`` basis (Condon–Shortley phase) each coefficient is
+``Z √(n/d)`` with integers ``Z, n, d`` (Racah's formula, its sum of binomials an integer ``Z``). The
+real basis, e3nn's change of basis, takes each real coefficient from the complex ones of the same
+``|m|``: a Gaussian-integer combination of ``Z``'s over one radicand, so a real coefficient is zero
+exactly when its combination is, whatever the degree. Each nonzero is rounded to float64 once, from
+40 digits. (The paper's top-state recurrence and lowering operators, Eq. 25, give the same values,
+but their cancellations leave rounding residues where coefficients vanish and swamp true ones below
+~1e-14 of the largest; at l ≈ 25 true coefficients are that small.)
 
 >>> import numpy as np
 >>> C = clebsch_gordan(1, 1, 0)
@@ -40,59 +43,50 @@ def _check(where: str, l1: object, l2: object, l3: object) -> tuple[int, int, in
         raise ValueError(f"{where}: {err}") from None
 
 
-_PRECISION = 60  # decimal digits for the su(2) solve; the result is then rounded to float64
+_DIGITS = 40  # each nonzero coefficient is rounded to float64 once, from this many digits
 
 
-def _raise(l: int, m: int) -> Decimal:
-    """``⟨l, m+1| J₊ |l, m⟩``."""
-    return Decimal(l * (l + 1) - m * (m + 1)).sqrt()
+@cache
+def _factorial(n: int) -> int:
+    return math.factorial(n)
 
 
-def _lower(l: int, m: int) -> Decimal:
-    """``⟨l, m−1| J₋ |l, m⟩``."""
-    return Decimal(l * (l + 1) - m * (m - 1)).sqrt()
+def _racah(l1: int, l2: int, L: int, m1: int, m2: int) -> tuple[int, int, int]:
+    """``(Z, n, d)`` with ``⟨l1 m1, l2 m2 | L m1+m2⟩ = Z √(n/d)``, all integers (Racah's formula, its
+    sum over ``k`` written with binomials: ``Σ_k (−1)^k C(a, k) C(b, l1−m1−k) C(c, l2+m2−k)``)."""
+    M = m1 + m2
+    a, b, c = l1 + l2 - L, l1 - l2 + L, l2 - l1 + L
+    Z = 0
+    for k in range(max(0, l1 - m1 - b, l2 + m2 - c), min(a, l1 - m1, l2 + m2) + 1):
+        term = math.comb(a, k) * math.comb(b, l1 - m1 - k) * math.comb(c, l2 + m2 - k)
+        Z += -term if k & 1 else term
+    f = _factorial
+    n = (2 * L + 1) * f(L + M) * f(L - M) * f(l1 - m1) * f(l1 + m1) * f(l2 - m2) * f(l2 + m2)
+    d = f(l1 + l2 + L + 1) * f(a) * f(b) * f(c)
+    return Z, n, d
 
 
-def _normalized(values: dict) -> dict:
-    norm = sum(v * v for v in values.values()).sqrt()
-    return {k: v / norm for k, v in values.items()}
+def _rounded(*terms: tuple[int, int, int]) -> float:
+    """``Σ Z √(n/d)`` over the ``(Z, n, d)`` terms, rounded to float64 once."""
+    if all(Z == 0 for Z, _, _ in terms):
+        return 0.0
+    with localcontext(prec=_DIGITS):
+        value = sum(Decimal(Z) * (Decimal(n) / Decimal(d)).sqrt() for Z, n, d in terms)
+    return float(value)
+
+
+def _pairs(l1: int, l2: int, L: int):
+    """Every ``(m1, m2)`` with ``|m1 + m2| <= L``: the coefficients the selection rule allows."""
+    for m1 in range(-l1, l1 + 1):
+        yield from ((m1, m2) for m2 in range(max(-l2, -L - m1), min(l2, L - m1) + 1))
 
 
 @cache
 def _su2(l1: int, l2: int, L: int) -> np.ndarray:
-    # Both the three-term recurrence and the 2L lowering steps lose digits in float64 (about 1e-12
-    # by l = 8); 60-digit decimals keep every float64 coefficient correctly rounded.
-    with localcontext(prec=_PRECISION):
-        zero = Decimal(0)
-        # top state: V[m1] for m1 + m2 = L, m1 in [m1_min, l1]  (paper Eq. 25)
-        m1_min = max(-l1, L - l2)
-        V = {m1_min - 1: zero, m1_min: Decimal(1)}
-        target = L * (L + 1)
-        for m1 in range(m1_min, l1):
-            m2 = L - m1
-            diagonal = l1 * (l1 + 1) + l2 * (l2 + 1) + 2 * m1 * m2
-            from_below = _raise(l1, m1 - 1) * _lower(l2, m2 + 1) if m1 - 1 >= m1_min else zero
-            from_above = _lower(l1, m1 + 1) * _raise(l2, m2 - 1)
-            V[m1 + 1] = ((target - diagonal) * V[m1] - from_below * V[m1 - 1]) / from_above
-        state = _normalized({(m1, L - m1): V[m1] for m1 in range(m1_min, l1 + 1)})
-        if state[(l1, L - l1)] < 0:  # Condon–Shortley: <l1 l1, l2 L-l1 | L L> > 0
-            state = {k: -v for k, v in state.items()}
-        lower1 = {m: _lower(l1, m) for m in range(-l1, l1 + 1)}
-        lower2 = {m: _lower(l2, m) for m in range(-l2, l2 + 1)}
-
-        C = np.zeros((2 * l1 + 1, 2 * l2 + 1, 2 * L + 1))
-        for M in range(L, -L - 1, -1):
-            for (m1, m2), v in state.items():
-                C[l1 + m1, l2 + m2, L + M] = float(v)
-            if M == -L:
-                break
-            nxt: dict = {}
-            for (m1, m2), v in state.items():
-                if m1 > -l1:
-                    nxt[(m1 - 1, m2)] = nxt.get((m1 - 1, m2), zero) + lower1[m1] * v
-                if m2 > -l2:
-                    nxt[(m1, m2 - 1)] = nxt.get((m1, m2 - 1), zero) + lower2[m2] * v
-            state = _normalized(nxt)
+    C = np.zeros((2 * l1 + 1, 2 * l2 + 1, 2 * L + 1))
+    for m1, m2 in _pairs(l1, l2, L):
+        C[l1 + m1, l2 + m2, L + m1 + m2] = _rounded(_racah(l1, l2, L, m1, m2))
+    C.setflags(write=False)
     return C
 
 
@@ -105,19 +99,41 @@ def su2_clebsch_gordan(l1: int, l2: int, l3: int) -> np.ndarray:
     return _su2(l1, l2, l3).copy()
 
 
+# (-i)^l, the global phase that makes the real-basis coefficients real, as a Gaussian integer
+_PHASES = ((1, 0), (0, -1), (-1, 0), (0, 1))
+
+
+def _times(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    return a[0] * b[0] - a[1] * b[1], a[0] * b[1] + a[1] * b[0]
+
+
+@cache
+def _exact_change_basis(l: int) -> tuple[tuple[tuple[int, tuple[int, int], int], ...], ...]:
+    """e3nn's change of basis exactly: for each complex index ``l + m``, its nonzero entries
+    ``(real index, Gaussian integer g, h)``, the entry being ``g · 2^(−h/2)``."""
+    phase = _PHASES[l % 4]
+    rows = []
+    for m in range(-l, l + 1):
+        if m == 0:
+            rows.append(((l, phase, 0),))
+            continue
+        sign = (-1) ** m if m > 0 else 1
+        # m < 0: (1, -i)/√2 on real indices l + |m|, l - |m|; m > 0: (-1)^m (1, i)/√2
+        rows.append(
+            (
+                (l + abs(m), _times(phase, (sign, 0)), 1),
+                (l - abs(m), _times(phase, (0, sign if m > 0 else -1)), 1),
+            )
+        )
+    return tuple(rows)
+
+
 @cache
 def _change_basis(l: int) -> np.ndarray:
     q = np.zeros((2 * l + 1, 2 * l + 1), dtype=np.complex128)
-    s = 1 / math.sqrt(2)
-    for m in range(-l, 0):
-        q[l + m, l + abs(m)] = s
-        q[l + m, l - abs(m)] = -1j * s
-    q[l, l] = 1
-    for m in range(1, l + 1):
-        q[l + m, l + abs(m)] = (-1) ** m * s
-        q[l + m, l - abs(m)] = 1j * (-1) ** m * s
-    # The global phase (-i)^l makes the real-basis Clebsch–Gordan coefficients real.
-    q = (-1j) ** l * q
+    for i, row in enumerate(_exact_change_basis(l)):
+        for j, (re, im), h in row:
+            q[i, j] = complex(re, im) / math.sqrt(2) ** h
     q.setflags(write=False)
     return q
 
@@ -129,16 +145,46 @@ def change_basis_real_to_complex(l: int) -> np.ndarray:
 
 
 @cache
-def _real(l1: int, l2: int, l3: int) -> np.ndarray:
-    Q1, Q2, Q3 = _change_basis(l1), _change_basis(l2), _change_basis(l3)
-    C = np.einsum("ij,kl,mn,ikn->jlm", Q1, Q2, np.conj(Q3.T), _su2(l1, l2, l3), optimize=True)
-    if np.abs(C.imag).max(initial=0.0) > 1e-10:
-        raise AssertionError(f"clebsch_gordan({l1}, {l2}, {l3}) is not real")
-    C = np.ascontiguousarray(C.real)
-    C[np.abs(C) < 1e-14] = 0.0  # exact zeros, not rounding noise, so sparsity is structural
-    C /= np.linalg.norm(C)
+def _real(l1: int, l2: int, L: int) -> np.ndarray:
+    # C_real[j, k, n] = Σ Q1[i, j] Q2[i', k] conj(Q3[n', n]) ⟨i, i' | n'⟩ / √(2L + 1) (the complex
+    # tensor's Frobenius norm: its 2L + 1 columns have unit norm). Each term is a Gaussian integer
+    # times √(radicand); terms are summed exactly per radicand (a real coefficient meets one: the
+    # complex coefficients of equal |m|'s share theirs), so cancellation leaves an exact zero.
+    Q1, Q2, Q3 = _exact_change_basis(l1), _exact_change_basis(l2), _exact_change_basis(L)
+    sums: dict[tuple[int, int, int], dict[tuple[int, int], list[int]]] = {}
+    for m1, m2 in _pairs(l1, l2, L):
+        Z, n, d = _racah(l1, l2, L, m1, m2)
+        if Z == 0:
+            continue
+        for j, g1, h1 in Q1[l1 + m1]:
+            for k, g2, h2 in Q2[l2 + m2]:
+                for i, g3, h3 in Q3[L + m1 + m2]:
+                    re, im = _times(_times(g1, g2), (g3[0], -g3[1]))
+                    radicand = (n, d * (2 * L + 1) << (h1 + h2 + h3))
+                    total = sums.setdefault((j, k, i), {}).setdefault(radicand, [0, 0])
+                    total[0] += Z * re
+                    total[1] += Z * im
+    C = np.zeros((2 * l1 + 1, 2 * l2 + 1, 2 * L + 1))
+    for index, by_radicand in sums.items():
+        terms = _merged(by_radicand)
+        if any(im != 0 for _, im in terms.values()):
+            raise AssertionError(f"clebsch_gordan({l1}, {l2}, {L}) is not real at {index}")
+        C[index] = _rounded(*((re, n, d) for (n, d), (re, _) in terms.items()))
     C.setflags(write=False)
     return C
+
+
+def _merged(by_radicand: dict) -> dict:
+    """The sums keyed by the radicand's reduced fraction (equal radicands may come unreduced)."""
+    if len(by_radicand) == 1:
+        return by_radicand
+    merged: dict = {}
+    for (n, d), (re, im) in by_radicand.items():
+        g = math.gcd(n, d)
+        total = merged.setdefault((n // g, d // g), [0, 0])
+        total[0] += re
+        total[1] += im
+    return merged
 
 
 def clebsch_gordan(l1: int, l2: int, l3: int) -> np.ndarray:
