@@ -66,13 +66,12 @@ def _racah(l1: int, l2: int, L: int, m1: int, m2: int) -> tuple[int, int, int]:
     return Z, n, d
 
 
-def _rounded(*terms: tuple[int, int, int]) -> float:
-    """``Σ Z √(n/d)`` over the ``(Z, n, d)`` terms, rounded to float64 once."""
-    if all(Z == 0 for Z, _, _ in terms):
+def _rounded(Z: int, n: int, d: int) -> float:
+    """``Z √(n/d)`` rounded to float64 once."""
+    if Z == 0:
         return 0.0
     with localcontext(prec=_DIGITS):
-        value = sum(Decimal(Z) * (Decimal(n) / Decimal(d)).sqrt() for Z, n, d in terms)
-    return float(value)
+        return float(Z * (Decimal(n) / Decimal(d)).sqrt())
 
 
 def _pairs(l1: int, l2: int, L: int):
@@ -85,7 +84,7 @@ def _pairs(l1: int, l2: int, L: int):
 def _su2(l1: int, l2: int, L: int) -> np.ndarray:
     C = np.zeros((2 * l1 + 1, 2 * l2 + 1, 2 * L + 1))
     for m1, m2 in _pairs(l1, l2, L):
-        C[l1 + m1, l2 + m2, L + m1 + m2] = _rounded(_racah(l1, l2, L, m1, m2))
+        C[l1 + m1, l2 + m2, L + m1 + m2] = _rounded(*_racah(l1, l2, L, m1, m2))
     C.setflags(write=False)
     return C
 
@@ -148,43 +147,40 @@ def change_basis_real_to_complex(l: int) -> np.ndarray:
 def _real(l1: int, l2: int, L: int) -> np.ndarray:
     # C_real[j, k, n] = Σ Q1[i, j] Q2[i', k] conj(Q3[n', n]) ⟨i, i' | n'⟩ / √(2L + 1) (the complex
     # tensor's Frobenius norm: its 2L + 1 columns have unit norm). Each term is a Gaussian integer
-    # times √(radicand); terms are summed exactly per radicand (a real coefficient meets one: the
-    # complex coefficients of equal |m|'s share theirs), so cancellation leaves an exact zero.
+    # times √(radicand), the Q's 2^(-1/2) factors and the norm in the radicand. A real coefficient
+    # reads the complex coefficients of one set of |m|'s, which share their radicand (Racah's n is
+    # symmetric in m -> -m), so its terms are summed exactly and a cancellation is an exact zero.
     Q1, Q2, Q3 = _exact_change_basis(l1), _exact_change_basis(l2), _exact_change_basis(L)
-    sums: dict[tuple[int, int, int], dict[tuple[int, int], list[int]]] = {}
+    norm = 2 * L + 1
+    sums: dict[tuple[int, int, int], list] = {}  # [re, im, radicand]
     for m1, m2 in _pairs(l1, l2, L):
         Z, n, d = _racah(l1, l2, L, m1, m2)
         if Z == 0:
             continue
-        for j, g1, h1 in Q1[l1 + m1]:
-            for k, g2, h2 in Q2[l2 + m2]:
-                for i, g3, h3 in Q3[L + m1 + m2]:
-                    re, im = _times(_times(g1, g2), (g3[0], -g3[1]))
-                    radicand = (n, d * (2 * L + 1) << (h1 + h2 + h3))
-                    total = sums.setdefault((j, k, i), {}).setdefault(radicand, [0, 0])
-                    total[0] += Z * re
-                    total[1] += Z * im
+        M = m1 + m2
+        radicand = (n, d * norm << ((m1 != 0) + (m2 != 0) + (M != 0)))
+        for j, g1, _ in Q1[l1 + m1]:
+            for k, g2, _ in Q2[l2 + m2]:
+                g12 = _times(g1, g2)
+                for i, (re3, im3), _ in Q3[L + M]:
+                    re, im = _times(g12, (re3, -im3))
+                    entry = sums.setdefault((j, k, i), [0, 0, radicand])
+                    if entry[2] != radicand:
+                        raise AssertionError(f"clebsch_gordan({l1}, {l2}, {L}): two radicands at {(j, k, i)}")
+                    entry[0] += Z * re
+                    entry[1] += Z * im
     C = np.zeros((2 * l1 + 1, 2 * l2 + 1, 2 * L + 1))
-    for index, by_radicand in sums.items():
-        terms = _merged(by_radicand)
-        if any(im != 0 for _, im in terms.values()):
-            raise AssertionError(f"clebsch_gordan({l1}, {l2}, {L}) is not real at {index}")
-        C[index] = _rounded(*((re, n, d) for (n, d), (re, _) in terms.items()))
+    roots: dict[tuple[int, int], Decimal] = {}
+    with localcontext(prec=_DIGITS):
+        for index, (re, im, (n, d)) in sums.items():
+            if im != 0:
+                raise AssertionError(f"clebsch_gordan({l1}, {l2}, {L}) is not real at {index}")
+            if re != 0:
+                if (n, d) not in roots:
+                    roots[n, d] = (Decimal(n) / Decimal(d)).sqrt()
+                C[index] = float(re * roots[n, d])
     C.setflags(write=False)
     return C
-
-
-def _merged(by_radicand: dict) -> dict:
-    """The sums keyed by the radicand's reduced fraction (equal radicands may come unreduced)."""
-    if len(by_radicand) == 1:
-        return by_radicand
-    merged: dict = {}
-    for (n, d), (re, im) in by_radicand.items():
-        g = math.gcd(n, d)
-        total = merged.setdefault((n // g, d // g), [0, 0])
-        total[0] += re
-        total[1] += im
-    return merged
 
 
 def clebsch_gordan(l1: int, l2: int, l3: int) -> np.ndarray:
