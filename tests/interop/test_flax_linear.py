@@ -231,8 +231,15 @@ def test_bad_calls_are_named():
         Linear("0e", channels_out=2, irreps_in="0e", biases="yes").init(jax.random.key(0), jnp.ones((3, 1, 2)))
     with pytest.raises(TypeError, match="channel_axis must be a bool"):
         Linear("0e", 2, "0e", channel_axis=1).init(jax.random.key(0), jnp.ones((3, 1, 2)))
-    with pytest.raises(TypeError, match=r"got an IrrepsArray \(e3j's layout: .*x.array\[..., None\]"):
+    with pytest.raises(TypeError, match=r"got an IrrepsArray of 1x0e\+1x1o \(e3j's layout: here x.array\[..., None\]"):
         Linear("0e", 2, "0e + 1o").init(jax.random.key(0), e3nn.IrrepsArray("0e + 1o", jnp.ones((3, 4))))
+    # 16 channels: the hint names the conversion with its count, and it is the right one
+    x16 = e3nn.normal("16x0e + 16x1o", jax.random.key(1), (3,))
+    with pytest.raises(TypeError, match=r"here e3j\.from_mul_ir\(x\.array, '1x0e\+1x1o', 16\), 16 channels"):
+        Linear("0e", 2, "0e + 1o").init(jax.random.key(0), x16)
+    np.testing.assert_array_equal(e3j.to_mul_ir(e3j.from_mul_ir(x16.array, "0e+1o", 16), "0e+1o"), x16.array)
+    with pytest.raises(TypeError, match=r"x's irreps are not 1x0e\+1x1o times a channel count"):
+        Linear("0e", 2, "0e + 1o").init(jax.random.key(0), e3nn.normal("2x0e + 1x1o", jax.random.key(1), (3,)))
     with pytest.raises(ValueError, match=r"got \(3, 4\) \(e3j's layout"):
         Linear("0e", 2, "0e + 1o").init(jax.random.key(0), jnp.ones((3, 4)))
     x = jnp.ones((3, 1, 2))

@@ -138,7 +138,10 @@ class Linear(nn.Module):
 
         hint = " (e3j's layout: an e3nn IrrepsArray [..., irreps] is x.array[..., None], or e3j.from_mul_ir)"
         if is_irreps_array(x):
-            raise TypeError(f"x must be an array [..., D_in={irreps_in.dim}, C_in], got an IrrepsArray{hint}")
+            raise TypeError(
+                f"x must be an array [..., D_in={irreps_in.dim}, C_in], got an IrrepsArray of {x.irreps}"
+                f"{_irreps_array_hint(x, irreps_in)}"
+            )
         check_rank("x", x, tuple(range(2, 10)), f"[..., D_in={irreps_in.dim}, C_in]")
         dtype = float_dtype("x", x)
         if x.shape[-2] != irreps_in.dim:
@@ -384,3 +387,17 @@ def _blocks(irreps: Irreps, *, regroup: bool):
         else:
             out.append((ir, rows))
     return out
+
+
+def _irreps_array_hint(x, irreps_in: Irreps) -> str:
+    """How an e3nn ``IrrepsArray`` given as ``x`` becomes e3j's ``[..., D_in, C_in]``."""
+    given = as_irreps(x.irreps, "x.irreps")
+    if given == irreps_in:
+        return " (e3j's layout: here x.array[..., None], one channel)"
+    channels = given.dim // irreps_in.dim if irreps_in.dim and given.dim % irreps_in.dim == 0 else 0
+    if channels and irreps_in * channels == given:
+        return f" (e3j's layout: here e3j.from_mul_ir(x.array, {str(irreps_in)!r}, {channels}), {channels} channels)"
+    return (
+        f" (e3j's layout: C copies of irreps_in; x's irreps are not {irreps_in} times a channel count: "
+        "e3j.from_mul_ir(x.array, irreps_in, C) reads e3nn's array of C x irreps_in)"
+    )
