@@ -237,7 +237,12 @@ def test_bad_calls_are_named():
     x16 = e3nn.normal("16x0e + 16x1o", jax.random.key(1), (3,))
     with pytest.raises(TypeError, match=r"here e3j\.from_mul_ir\(x\.array, '1x0e\+1x1o', 16\), 16 channels"):
         Linear("0e", 2, "0e + 1o").init(jax.random.key(0), x16)
-    np.testing.assert_array_equal(e3j.to_mul_ir(e3j.from_mul_ir(x16.array, "0e+1o", 16), "0e+1o"), x16.array)
+    Linear("0e", 2, "0e + 1o").init(jax.random.key(0), e3j.from_mul_ir(x16.array, "1x0e+1x1o", 16))  # as said
+    # layouts equal up to merged blocks: the one-channel hint, and it is taken
+    x2 = e3nn.IrrepsArray("2x0e", jnp.ones((3, 2)))
+    with pytest.raises(TypeError, match=r"here x.array\[..., None\], one channel"):
+        Linear("0e", 2, "0e + 0e").init(jax.random.key(0), x2)
+    Linear("0e", 2, "0e + 0e").init(jax.random.key(0), x2.array[..., None])
     with pytest.raises(TypeError, match=r"x's irreps are not 1x0e\+1x1o times a channel count"):
         Linear("0e", 2, "0e + 1o").init(jax.random.key(0), e3nn.normal("2x0e + 1x1o", jax.random.key(1), (3,)))
     with pytest.raises(ValueError, match=r"got \(3, 4\) \(e3j's layout"):

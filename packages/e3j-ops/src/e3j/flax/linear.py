@@ -391,7 +391,7 @@ def _blocks(irreps: Irreps, *, regroup: bool):
 
 def _irreps_array_hint(x, irreps_in: Irreps) -> str:
     """How an e3nn ``IrrepsArray`` given as ``x`` becomes e3j's ``[..., D_in, C_in]``."""
-    given = as_irreps(x.irreps, "x.irreps")
+    given, irreps_in = as_irreps(x.irreps, "x.irreps").simplify(), irreps_in.simplify()  # the same layouts
     if given == irreps_in:
         return " (e3j's layout: here x.array[..., None], one channel)"
     channels = given.dim // irreps_in.dim if irreps_in.dim and given.dim % irreps_in.dim == 0 else 0
