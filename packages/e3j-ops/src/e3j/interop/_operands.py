@@ -150,7 +150,8 @@ def per_copy(weights, num_weights: int) -> bool:
     per copy, so with one copy ``[E, 1]`` and ``[1]`` too) rather than broadcasting a plain multiply."""
     if isinstance(weights, (e3nn.IrrepsArray, FactoredWeights)):
         return True
-    return jnp.ndim(weights) > 0 and jnp.shape(weights)[-1] == num_weights
+    # numpy's: JAX's warns for a list (an error to come), which the weights check then names
+    return np.ndim(weights) > 0 and np.shape(weights)[-1] == num_weights
 
 
 def _dtype(a):
