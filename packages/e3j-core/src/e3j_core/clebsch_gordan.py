@@ -116,17 +116,14 @@ def _exact_change_basis(l: int) -> tuple[tuple[tuple[int, tuple[int, int], int],
     phase = _PHASES[l % 4]
     rows = []
     for m in range(-l, l + 1):
-        if m == 0:
-            rows.append(((l, phase, 0),))
-            continue
-        sign = (-1) ** m if m > 0 else 1
-        # m < 0: (1, -i)/√2 on real indices l + |m|, l - |m|; m > 0: (-1)^m (1, i)/√2
-        rows.append(
-            (
-                (l + abs(m), _times(phase, (sign, 0)), 1),
-                (l - abs(m), _times(phase, (0, sign if m > 0 else -1)), 1),
-            )
-        )
+        if m < 0:  # (1, -i)/√2 on real indices l + |m|, l - |m|
+            entries = ((l - m, (1, 0)), (l + m, (0, -1)))
+        elif m == 0:
+            entries = ((l, (1, 0)),)
+        else:  # (-1)^m (1, i)/√2 on real indices l + m, l - m
+            sign = (-1) ** m
+            entries = ((l + m, (sign, 0)), (l - m, (0, sign)))
+        rows.append(tuple((j, _times(phase, g), int(m != 0)) for j, g in entries))
     return tuple(rows)
 
 
@@ -160,12 +157,12 @@ def _real(l1: int, l2: int, L: int) -> np.ndarray:
         Z, n, d = _racah(l1, l2, L, m1, m2)
         if Z == 0:
             continue
-        M = m1 + m2
-        radicand = (n, d * norm << ((m1 != 0) + (m2 != 0) + (M != 0)))
-        for j, g1, _ in Q1[l1 + m1]:
-            for k, g2, _ in Q2[l2 + m2]:
+        rows = Q1[l1 + m1], Q2[l2 + m2], Q3[L + m1 + m2]
+        radicand = (n, d * norm << sum(row[0][2] for row in rows))  # each row's entries share h
+        for j, g1, _ in rows[0]:
+            for k, g2, _ in rows[1]:
                 g12 = _times(g1, g2)
-                for i, (re3, im3), _ in Q3[L + M]:
+                for i, (re3, im3), _ in rows[2]:
                     re, im = _times(g12, (re3, -im3))
                     entry = sums.setdefault((j, k, i), [0, 0, radicand])
                     if entry[2] != radicand:
