@@ -11,10 +11,12 @@ and for lowering.
 import functools
 import importlib
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -140,6 +142,44 @@ def test_int32_records(host, dtype, y_channels):
 
 def test_bitwise_deterministic(host):
     check_deterministic(host, Case(3, 64, 10, False))
+
+
+_HOST_BITS = """
+import sys
+sys.path.insert(0, {tests!r})
+import jax, numpy as np
+from kernel_cases import Case, conv_operands, tp_operands
+from e3j.backends import get_backend, kernels_of
+k = kernels_of(get_backend("cuda_host"))
+out = {{}}
+for yc in (False, True):
+    coo, graph, x, y, s, dm = conv_operands(Case(2, 16, 300, yc), seed=4)
+    out[f"m{{yc}}"] = jax.jit(lambda x, y, s, g: k.convolution(coo, x, y, s, g, y_channels=yc))(x, y, s, graph)
+    bwd = jax.jit(lambda *a: k.convolution_bwd(coo, *a, outs=("x", "y", "s"), y_channels=yc))(x, y, s, dm, graph)
+    out.update({{f"d{{o}}{{yc}}": v for o, v in bwd.items()}})
+    coo, x, y, dz = tp_operands(Case(2, 16, 300, yc), seed=5)
+    out[f"z{{yc}}"] = jax.jit(lambda x, y: k.tensor_product(coo, x, y, y_channels=yc))(x, y)
+    tbwd = jax.jit(lambda *a: k.tensor_product_bwd(coo, *a, outs=("x", "y"), y_channels=yc))(x, y, dz)
+    out.update({{f"t{{o}}{{yc}}": v for o, v in tbwd.items()}})
+np.savez({path!r}, **{{n: np.asarray(v) for n, v in out.items()}})
+"""
+
+
+def test_host_results_do_not_depend_on_its_threads(tmp_path):
+    """The host target splits its units into blocks over XLA's CPU thread pool (about four per thread):
+    with a pool of one thread (one block) and of four, the same bits (each output element has one
+    owner, each sum a fixed order). ``PJRT_NPROC`` sets the pool's size in XLA's CPU client, unless
+    several host devices are forced (conftest's ``XLA_FLAGS``): with four, the pool had four threads."""
+    runs = {}
+    for threads in (1, 4):
+        path = tmp_path / f"{threads}.npz"
+        script = _HOST_BITS.format(tests=str(Path(__file__).parents[1]), path=str(path))
+        env = {**os.environ, "PJRT_NPROC": str(threads), "XLA_FLAGS": ""}
+        subprocess.run([sys.executable, "-c", script], check=True, timeout=600, env=env)
+        runs[threads] = np.load(path)
+    assert len(runs[1].files) == 14
+    for name in runs[1].files:
+        np.testing.assert_array_equal(runs[1][name], runs[4][name], err_msg=name)
 
 
 @pytest.mark.parametrize("name", [HOST, SIMT])

@@ -1,6 +1,6 @@
 // The FFI signatures of e3j's four handlers, written once for the host and the CUDA targets.
 // Each target defines the implementations TpFwd, TpBwd, ConvFwd, ConvBwd (the CUDA ones take the
-// stream first) and expands E3J_DEFINE_HANDLERS() once.
+// stream first, the host ones XLA's CPU thread pool) and expands E3J_DEFINE_HANDLERS() once.
 #pragma once
 
 #include "xla/ffi/api/ffi.h"
@@ -8,6 +8,9 @@
 #ifdef E3J_WITH_CUDA
 #include <cuda_runtime.h>
 #define E3J_BIND() ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::PlatformStream<cudaStream_t>>()
+#elif defined(E3J_HOST_THREAD_POOL)
+// the host target runs its loops on XLA's CPU thread pool (intra-op threads), handed in per call
+#define E3J_BIND() ::xla::ffi::Ffi::Bind().Ctx<::xla::ffi::ThreadPool>()
 #else
 #define E3J_BIND() ::xla::ffi::Ffi::Bind()
 #endif

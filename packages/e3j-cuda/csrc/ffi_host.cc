@@ -1,9 +1,17 @@
 // Host (CPU) XLA FFI handlers: the per-thread algorithm of algorithm.cuh / ops.cuh run by loops,
-// one "thread" per (unit, channel group), in the order a GPU would assign them. Deterministic: every
-// reduction visits its terms in a fixed order.
+// one "thread" per (unit, channel group). The units (batch rows; a convolution's receivers, or its
+// backward's senders) are split into blocks that run on XLA's CPU thread pool and the calling
+// thread. Deterministic: every output element is written by the one unit that owns it (a receiver's
+// rows, a sender's dx rows and the dy / ds rows of its edges), and every reduction visits its terms
+// in a fixed order, so the result does not depend on which thread ran which block.
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
-#include <vector>
+#include <memory>
+#include <mutex>
 
+#define E3J_HOST_THREAD_POOL 1
 #include "bindings.h"
 #include "dispatch.h"
 #include "handlers.h"
@@ -11,6 +19,39 @@
 
 namespace e3j {
 namespace {
+
+// body(lo, hi) over [0, n) in blocks (about four per thread of `pool`), on the pool and the calling
+// thread. The caller takes blocks too and waits only for blocks already taken: XLA may run scheduled
+// tasks late, on the caller's thread or on a pool of one, so nothing waits for a task to start. A
+// task that starts after every block was taken touches only the shared counters, never `body`.
+template <typename Body>
+void parallel_for(ffi::ThreadPool& pool, int64_t n, const Body& body) {
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  const int64_t blocks = std::min<int64_t>(n, 4 * threads);
+  if (threads == 1 || blocks <= 1) {
+    if (n > 0) body(int64_t{0}, n);
+    return;
+  }
+  struct State {
+    std::atomic<int64_t> next{0}, done{0};
+    std::mutex mu;
+    std::condition_variable finished;
+  };
+  auto state = std::make_shared<State>();
+  auto work = [state, n, blocks, &body] {
+    for (int64_t k = state->next.fetch_add(1); k < blocks; k = state->next.fetch_add(1)) {
+      body(k * n / blocks, (k + 1) * n / blocks);
+      if (state->done.fetch_add(1) + 1 == blocks) {
+        std::lock_guard<std::mutex> lock(state->mu);
+        state->finished.notify_all();
+      }
+    }
+  };
+  for (int64_t t = 1; t < std::min(threads, blocks); ++t) pool.Schedule(decltype(work)(work));  // (a copy: Schedule owns it)
+  work();
+  std::unique_lock<std::mutex> lock(state->mu);
+  state->finished.wait(lock, [&] { return state->done.load() == blocks; });
+}
 
 template <typename T>
 const T* data(const ffi::AnyBuffer& b) {
@@ -21,7 +62,7 @@ T* data(ffi::Result<ffi::AnyBuffer>& b) {
   return static_cast<T*>(b->untyped_data());
 }
 
-ffi::Error TpFwd(ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr, ffi::AnyBuffer x, ffi::AnyBuffer y,
+ffi::Error TpFwd(ffi::ThreadPool pool, ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr, ffi::AnyBuffer x, ffi::AnyBuffer y,
                  ffi::Result<ffi::AnyBuffer> z, int64_t index_bytes, bool y_channels) {
   const int64_t B = dim(x, 0), Dx = dim(x, 1), C = dim(x, 2), Dy = dim(y, 1), Dz = dim(*z, 1);
   return dispatch(x.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
@@ -29,15 +70,17 @@ ffi::Error TpFwd(ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr, ffi::AnyB
     using Rec = Record<typename decltype(i)::type, T>;
     constexpr int V = decltype(w)::value;
     const Rec* rec = static_cast<const Rec*>(records.untyped_data());
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t c0 = 0; c0 < C; c0 += V)
-        store_contraction<V, T>(rec, rowptr.typed_data(), 0, Dz, channel_rows(data<T>(x), b, Dx, C, c0),
-                                y_rows(data<T>(y), b, Dy, C, c0, y_channels), data<T>(z) + (b * Dz * C + c0), C);
+    parallel_for(pool, B, [&](int64_t lo, int64_t hi) {
+      for (int64_t b = lo; b < hi; ++b)
+        for (int64_t c0 = 0; c0 < C; c0 += V)
+          store_contraction<V, T>(rec, rowptr.typed_data(), 0, Dz, channel_rows(data<T>(x), b, Dx, C, c0),
+                                  y_rows(data<T>(y), b, Dy, C, c0, y_channels), data<T>(z) + (b * Dz * C + c0), C);
+    });
     return ffi::Error::Success();
   });
 }
 
-ffi::Error TpBwd(ffi::AnyBuffer rec_x, ffi::Buffer<ffi::S32> rowptr_x, ffi::AnyBuffer rec_y,
+ffi::Error TpBwd(ffi::ThreadPool pool, ffi::AnyBuffer rec_x, ffi::Buffer<ffi::S32> rowptr_x, ffi::AnyBuffer rec_y,
                  ffi::Buffer<ffi::S32> rowptr_y, ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer dz,
                  ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dy, int64_t index_bytes, bool y_channels,
                  bool want_x, bool want_y) {
@@ -50,25 +93,27 @@ ffi::Error TpBwd(ffi::AnyBuffer rec_x, ffi::Buffer<ffi::S32> rowptr_x, ffi::AnyB
     const Rec* rx = static_cast<const Rec*>(rec_x.untyped_data());
     const Rec* ry = static_cast<const Rec*>(rec_y.untyped_data());
     if (want_y && !y_channels) std::memset(dy->untyped_data(), 0, dy->size_bytes());
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t c0 = 0; c0 < C; c0 += V) {
-        const Rows<T> dzr = channel_rows(data<T>(dz), b, Dz, C, c0);
-        if (want_x)
-          store_contraction<V, T>(rx, rowptr_x.typed_data(), 0, Dx, y_rows(data<T>(y), b, Dy, C, c0, y_channels), dzr,
-                                  data<T>(dx) + (b * Dx * C + c0), C);
-        if (want_y) {
-          const Rows<T> xr = channel_rows(data<T>(x), b, Dx, C, c0);
-          if (y_channels)
-            store_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xr, dzr, data<T>(dy) + (b * Dy * C + c0), C);
-          else
-            channel_sum_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xr, dzr, data<T>(dy) + b * Dy);
+    parallel_for(pool, B, [&](int64_t lo, int64_t hi) {
+      for (int64_t b = lo; b < hi; ++b)
+        for (int64_t c0 = 0; c0 < C; c0 += V) {
+          const Rows<T> dzr = channel_rows(data<T>(dz), b, Dz, C, c0);
+          if (want_x)
+            store_contraction<V, T>(rx, rowptr_x.typed_data(), 0, Dx, y_rows(data<T>(y), b, Dy, C, c0, y_channels),
+                                    dzr, data<T>(dx) + (b * Dx * C + c0), C);
+          if (want_y) {
+            const Rows<T> xr = channel_rows(data<T>(x), b, Dx, C, c0);
+            if (y_channels)
+              store_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xr, dzr, data<T>(dy) + (b * Dy * C + c0), C);
+            else
+              channel_sum_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xr, dzr, data<T>(dy) + b * Dy);
+          }
         }
-      }
+    });
     return ffi::Error::Success();
   });
 }
 
-ffi::Error ConvFwd(ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr, ffi::Buffer<ffi::S32> i3,
+ffi::Error ConvFwd(ffi::ThreadPool pool, ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr, ffi::Buffer<ffi::S32> i3,
                    ffi::Buffer<ffi::S32> s_cols, ffi::Buffer<ffi::S32> offsets, ffi::Buffer<ffi::S32> order,
                    ffi::Buffer<ffi::S32> senders, ffi::AnyBuffer x, ffi::AnyBuffer y, ffi::AnyBuffer s,
                    ffi::Result<ffi::AnyBuffer> m, int64_t index_bytes, bool y_channels) {
@@ -78,21 +123,23 @@ ffi::Error ConvFwd(ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr, ffi::Bu
     using Rec = Record<typename decltype(i)::type, T>;
     constexpr int V = decltype(w)::value;
     const Rec* rec = static_cast<const Rec*>(records.untyped_data());
-    std::memset(m->untyped_data(), 0, m->size_bytes());
-    for (int64_t b = 0; b < N; ++b)
-      for (int64_t k = offsets.typed_data()[b]; k < offsets.typed_data()[b + 1]; ++k) {
-        const int64_t e = order.typed_data()[k], a = senders.typed_data()[e];
-        for (int64_t c0 = 0; c0 < C; c0 += V)
-          accumulate_message<V, T>(rec, rowptr.typed_data(), 0, Dz, channel_rows(data<T>(x), a, Dx, C, c0),
-                                   y_rows(data<T>(y), e, Dy, C, c0, y_channels),
-                                   ColumnRows<T>{data<T>(s) + e * Ws + c0, s_cols.typed_data()}, i3.typed_data(),
-                                   data<T>(m) + (b * Dz * C + c0), C);
-      }
+    parallel_for(pool, N, [&](int64_t lo, int64_t hi) {  // receivers lo..hi own their rows of m
+      std::memset(data<T>(m) + lo * Dz * C, 0, (hi - lo) * Dz * C * sizeof(T));
+      for (int64_t b = lo; b < hi; ++b)
+        for (int64_t k = offsets.typed_data()[b]; k < offsets.typed_data()[b + 1]; ++k) {
+          const int64_t e = order.typed_data()[k], a = senders.typed_data()[e];
+          for (int64_t c0 = 0; c0 < C; c0 += V)
+            accumulate_message<V, T>(rec, rowptr.typed_data(), 0, Dz, channel_rows(data<T>(x), a, Dx, C, c0),
+                                     y_rows(data<T>(y), e, Dy, C, c0, y_channels),
+                                     ColumnRows<T>{data<T>(s) + e * Ws + c0, s_cols.typed_data()}, i3.typed_data(),
+                                     data<T>(m) + (b * Dz * C + c0), C);
+        }
+    });
     return ffi::Error::Success();
   });
 }
 
-ffi::Error ConvBwd(ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::AnyBuffer rec_x,
+ffi::Error ConvBwd(ffi::ThreadPool pool, ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::AnyBuffer rec_x,
                    ffi::Buffer<ffi::S32> rowptr_x, ffi::AnyBuffer rec_y, ffi::Buffer<ffi::S32> rowptr_y,
                    ffi::Buffer<ffi::S32> i3, ffi::Buffer<ffi::S32> s_cols, ffi::Buffer<ffi::S32> offsets,
                    ffi::Buffer<ffi::S32> order, ffi::Buffer<ffi::S32> receivers, ffi::Buffer<ffi::S32> num_valid,
@@ -116,34 +163,37 @@ ffi::Error ConvBwd(ffi::AnyBuffer rec_t, ffi::Buffer<ffi::S32> rowptr_t, ffi::An
       for (int64_t k = num_valid.typed_data()[0]; k < E; ++k)
         for (int64_t p = 0; p < P; ++p)
           std::memset(data<T>(ds) + order.typed_data()[k] * Wds + cols[p], 0, C * sizeof(T));
-    for (int64_t a = 0; a < N; ++a)
-      for (int64_t k = offsets.typed_data()[a]; k < offsets.typed_data()[a + 1]; ++k) {
-        const int64_t e = order.typed_data()[k], b = receivers.typed_data()[e];
-        for (int64_t c0 = 0; c0 < C; c0 += V) {
-          const Rows<T> dmb = channel_rows(data<T>(dm), b, Dz, C, c0);
-          if (want_x || want_y) {
-            const ScaledRows<T, ColumnRows<T>> g{dmb, ColumnRows<T>{data<T>(s) + e * Ws + c0, cols}, map};
-            if (want_x)
-              contract<V, T>(rx, rowptr_x.typed_data(), 0, Dx, y_rows(data<T>(y), e, Dy, C, c0, y_channels), g,
-                             [&](int r, const T* acc) {
-                               T* out = data<T>(dx) + (a * Dx + r) * C + c0;
-                               for (int v = 0; v < V; ++v) out[v] += acc[v];
-                             });
-            if (want_y) {
-              const Rows<T> xa = channel_rows(data<T>(x), a, Dx, C, c0);
-              if (y_channels)
-                store_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xa, g, data<T>(dy) + (e * Dy * C + c0), C);
-              else
-                channel_sum_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xa, g, data<T>(dy) + e * Dy);
+    // senders lo..hi own their rows of dx and their edges' rows of dy and ds
+    parallel_for(pool, N, [&](int64_t lo, int64_t hi) {
+      for (int64_t a = lo; a < hi; ++a)
+        for (int64_t k = offsets.typed_data()[a]; k < offsets.typed_data()[a + 1]; ++k) {
+          const int64_t e = order.typed_data()[k], b = receivers.typed_data()[e];
+          for (int64_t c0 = 0; c0 < C; c0 += V) {
+            const Rows<T> dmb = channel_rows(data<T>(dm), b, Dz, C, c0);
+            if (want_x || want_y) {
+              const ScaledRows<T, ColumnRows<T>> g{dmb, ColumnRows<T>{data<T>(s) + e * Ws + c0, cols}, map};
+              if (want_x)
+                contract<V, T>(rx, rowptr_x.typed_data(), 0, Dx, y_rows(data<T>(y), e, Dy, C, c0, y_channels), g,
+                               [&](int r, const T* acc) {
+                                 T* out = data<T>(dx) + (a * Dx + r) * C + c0;
+                                 for (int v = 0; v < V; ++v) out[v] += acc[v];
+                               });
+              if (want_y) {
+                const Rows<T> xa = channel_rows(data<T>(x), a, Dx, C, c0);
+                if (y_channels)
+                  store_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xa, g, data<T>(dy) + (e * Dy * C + c0), C);
+                else
+                  channel_sum_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xa, g, data<T>(dy) + e * Dy);
+              }
             }
+            if (want_s)
+              edge_scalar_cotangent<V, T>(rt, rowptr_t.typed_data(), 0, static_cast<int>(Dz),
+                                          channel_rows(data<T>(x), a, Dx, C, c0),
+                                          y_rows(data<T>(y), e, Dy, C, c0, y_channels), dmb, map,
+                                          data<T>(ds) + (e * Wds + c0), cols);
           }
-          if (want_s)
-            edge_scalar_cotangent<V, T>(rt, rowptr_t.typed_data(), 0, static_cast<int>(Dz),
-                                        channel_rows(data<T>(x), a, Dx, C, c0),
-                                        y_rows(data<T>(y), e, Dy, C, c0, y_channels), dmb, map,
-                                        data<T>(ds) + (e * Wds + c0), cols);
         }
-      }
+    });
     return ffi::Error::Success();
   });
 }
