@@ -145,10 +145,10 @@ def test_bitwise_deterministic(host):
 
 
 _HOST_BITS = """
-import sys
+import pathlib, sys
 sys.path.insert(0, {tests!r})
 import jax, numpy as np
-from kernel_cases import Case, conv_operands, tp_operands
+from kernel_cases import Case, conv_operands, grouped_operands, tp_operands
 from e3j.backends import get_backend, kernels_of
 k = kernels_of(get_backend("cuda_host"))
 out = {{}}
@@ -161,24 +161,36 @@ for yc in (False, True):
     out[f"z{{yc}}"] = jax.jit(lambda x, y: k.tensor_product(coo, x, y, y_channels=yc))(x, y)
     tbwd = jax.jit(lambda *a: k.tensor_product_bwd(coo, *a, outs=("x", "y"), y_channels=yc))(x, y, dz)
     out.update({{f"t{{o}}{{yc}}": v for o, v in tbwd.items()}})
+# mixed multiplicities: one launch per group, each writing its columns of one aliased ds
+plan, graph, x, y, s, dm = grouped_operands("float32", seed=6, num_nodes=300)
+out["gm"] = jax.jit(lambda *a: k.grouped_convolution(plan, *a))(x, y, s, graph)
+gbwd = jax.jit(lambda *a: k.grouped_convolution_bwd(plan, *a, outs=("x", "y", "s")))(x, y, s, dm, graph)
+out.update({{f"gd{{o}}": v for o, v in gbwd.items()}})
+# the threads of XLA's CPU pool (named XLAEigen) that the handlers were given
+names = [p.read_text().strip() for p in pathlib.Path("/proc/self/task").glob("*/comm")]
+out["pool_threads"] = np.int64(sum("XLAEigen" in n for n in names))
 np.savez({path!r}, **{{n: np.asarray(v) for n, v in out.items()}})
 """
 
 
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts XLA's pool threads in /proc (Linux)")
 def test_host_results_do_not_depend_on_its_threads(tmp_path):
     """The host target splits its units into blocks over XLA's CPU thread pool (about four per thread):
     with a pool of one thread (one block) and of four, the same bits (each output element has one
     owner, each sum a fixed order). ``PJRT_NPROC`` sets the pool's size in XLA's CPU client, unless
-    several host devices are forced (conftest's ``XLA_FLAGS``): with four, the pool had four threads."""
+    several host devices are asked for (conftest's ``XLA_FLAGS``, ``JAX_NUM_CPU_DEVICES``): with four,
+    the pool had four threads. Each run counts its pool's threads, so the test cannot pass vacuously."""
     runs = {}
     for threads in (1, 4):
         path = tmp_path / f"{threads}.npz"
         script = _HOST_BITS.format(tests=str(Path(__file__).parents[1]), path=str(path))
-        env = {**os.environ, "PJRT_NPROC": str(threads), "XLA_FLAGS": ""}
+        env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+        env.update(PJRT_NPROC=str(threads), XLA_FLAGS="")
         subprocess.run([sys.executable, "-c", script], check=True, timeout=600, env=env)
-        runs[threads] = np.load(path)
-    assert len(runs[1].files) == 14
-    for name in runs[1].files:
+        runs[threads] = dict(np.load(path))
+        assert runs[threads].pop("pool_threads") == threads
+    assert len(runs[1]) == 18
+    for name in runs[1]:
         np.testing.assert_array_equal(runs[1][name], runs[4][name], err_msg=name)
 
 

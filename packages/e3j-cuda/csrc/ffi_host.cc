@@ -24,8 +24,10 @@ namespace {
 // thread. The caller takes blocks too and waits only for blocks already taken: XLA may run scheduled
 // tasks late, on the caller's thread or on a pool of one, so nothing waits for a task to start. A
 // task that starts after every block was taken touches only the shared counters, never `body`.
+// noexcept: a throw after the first Schedule would leave tasks running `body` on an unwound stack;
+// terminating is the defined alternative (the bodies are arithmetic: nothing in them throws).
 template <typename Body>
-void parallel_for(ffi::ThreadPool& pool, int64_t n, const Body& body) {
+void parallel_for(ffi::ThreadPool& pool, int64_t n, const Body& body) noexcept {
   const int64_t threads = std::max<int64_t>(1, pool.num_threads());
   const int64_t blocks = std::min<int64_t>(n, 4 * threads);
   if (threads == 1 || blocks <= 1) {
@@ -38,7 +40,7 @@ void parallel_for(ffi::ThreadPool& pool, int64_t n, const Body& body) {
     std::condition_variable finished;
   };
   auto state = std::make_shared<State>();
-  auto work = [state, n, blocks, &body] {
+  auto work = [state, n, blocks, &body]() noexcept {
     for (int64_t k = state->next.fetch_add(1); k < blocks; k = state->next.fetch_add(1)) {
       body(k * n / blocks, (k + 1) * n / blocks);
       if (state->done.fetch_add(1) + 1 == blocks) {
@@ -163,7 +165,8 @@ ffi::Error ConvBwd(ffi::ThreadPool pool, ffi::AnyBuffer rec_t, ffi::Buffer<ffi::
       for (int64_t k = num_valid.typed_data()[0]; k < E; ++k)
         for (int64_t p = 0; p < P; ++p)
           std::memset(data<T>(ds) + order.typed_data()[k] * Wds + cols[p], 0, C * sizeof(T));
-    // senders lo..hi own their rows of dx and their edges' rows of dy and ds
+    // senders lo..hi own their rows of dx and their edges' rows of dy and ds: each valid edge is in
+    // exactly one sender's range of the sender order (e3j.Graph's CSR; padding edges in none)
     parallel_for(pool, N, [&](int64_t lo, int64_t hi) {
       for (int64_t a = lo; a < hi; ++a)
         for (int64_t k = offsets.typed_data()[a]; k < offsets.typed_data()[a + 1]; ++k) {
