@@ -49,7 +49,8 @@ void parallel_for(ffi::ThreadPool& pool, int64_t n, const Body& body) noexcept {
       }
     }
   };
-  for (int64_t t = 1; t < std::min(threads, blocks); ++t) pool.Schedule(decltype(work)(work));  // (a copy: Schedule owns it)
+  // each task a copy of `work` (Schedule takes ownership)
+  for (int64_t t = 1; t < std::min(threads, blocks); ++t) pool.Schedule(decltype(work)(work));
   work();
   std::unique_lock<std::mutex> lock(state->mu);
   state->finished.wait(lock, [&] { return state->done.load() == blocks; });
@@ -64,8 +65,8 @@ T* data(ffi::Result<ffi::AnyBuffer>& b) {
   return static_cast<T*>(b->untyped_data());
 }
 
-ffi::Error TpFwd(ffi::ThreadPool pool, ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr, ffi::AnyBuffer x, ffi::AnyBuffer y,
-                 ffi::Result<ffi::AnyBuffer> z, int64_t index_bytes, bool y_channels) {
+ffi::Error TpFwd(ffi::ThreadPool pool, ffi::AnyBuffer records, ffi::Buffer<ffi::S32> rowptr, ffi::AnyBuffer x,
+                 ffi::AnyBuffer y, ffi::Result<ffi::AnyBuffer> z, int64_t index_bytes, bool y_channels) {
   const int64_t B = dim(x, 0), Dx = dim(x, 1), C = dim(x, 2), Dy = dim(y, 1), Dz = dim(*z, 1);
   return dispatch(x.element_type(), index_bytes, C, [&](auto t, auto i, auto w) {
     using T = typename decltype(t)::type;
