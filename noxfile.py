@@ -70,9 +70,15 @@ def _version_of(python: str) -> tuple[int, int] | None:
 
 def _find_python() -> str:
     """An interpreter >= 3.12: $E3J_PYTHON, this one, python3.1x on PATH, or a pyenv version."""
+    chosen = os.environ.get("E3J_PYTHON", "")
+    if chosen:  # asked for: that one, or an error (a fallback would run the tests on another Python)
+        version = _version_of(chosen)
+        if version is None or version < (3, 12):
+            found = "does not run" if version is None else f"is Python {version[0]}.{version[1]}"
+            raise RuntimeError(f"E3J_PYTHON={chosen!r} {found}: give the path of a Python >= 3.12")
+        return chosen
     # 3.12 first: it is the GPU machine image's Python, so CPU runs match device runs
-    candidates = [os.environ.get("E3J_PYTHON", "")]
-    candidates.append(sys.executable)
+    candidates = [sys.executable]
     candidates += [shutil.which(f"python3.{minor}") or "" for minor in (12, 13, 14)]
     pyenv = shutil.which("pyenv")
     if pyenv:
