@@ -56,6 +56,17 @@ void parallel_for(ffi::ThreadPool& pool, int64_t n, const Body& body) noexcept {
   state->finished.wait(lock, [&] { return state->done.load() == blocks; });
 }
 
+// dy of one unit (a batch row, or an edge) for the thread's channels c0 .. c0 + V - 1: its rows per
+// channel, or, for a y broadcast over channels, those channels' sums added to its rows
+template <int V, typename T, typename Rec, typename G>
+void y_cotangent(const Rec* rec, const int32_t* rowptr, int64_t Dy, const Rows<T>& x_unit, const G& g, T* dy,
+                 int64_t unit, int64_t C, int64_t c0, bool y_channels) {
+  if (y_channels)
+    store_contraction<V, T>(rec, rowptr, 0, Dy, x_unit, g, dy + (unit * Dy * C + c0), C);
+  else
+    channel_sum_contraction<V, T>(rec, rowptr, 0, Dy, x_unit, g, dy + unit * Dy);
+}
+
 template <typename T>
 const T* data(const ffi::AnyBuffer& b) {
   return static_cast<const T*>(b.untyped_data());
@@ -103,13 +114,9 @@ ffi::Error TpBwd(ffi::ThreadPool pool, ffi::AnyBuffer rec_x, ffi::Buffer<ffi::S3
           if (want_x)
             store_contraction<V, T>(rx, rowptr_x.typed_data(), 0, Dx, y_rows(data<T>(y), b, Dy, C, c0, y_channels),
                                     dzr, data<T>(dx) + (b * Dx * C + c0), C);
-          if (want_y) {
-            const Rows<T> xr = channel_rows(data<T>(x), b, Dx, C, c0);
-            if (y_channels)
-              store_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xr, dzr, data<T>(dy) + (b * Dy * C + c0), C);
-            else
-              channel_sum_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xr, dzr, data<T>(dy) + b * Dy);
-          }
+          if (want_y)
+            y_cotangent<V, T>(ry, rowptr_y.typed_data(), Dy, channel_rows(data<T>(x), b, Dx, C, c0), dzr, data<T>(dy),
+                              b, C, c0, y_channels);
         }
     });
     return ffi::Error::Success();
@@ -182,13 +189,9 @@ ffi::Error ConvBwd(ffi::ThreadPool pool, ffi::AnyBuffer rec_t, ffi::Buffer<ffi::
                                  T* out = data<T>(dx) + (a * Dx + r) * C + c0;
                                  for (int v = 0; v < V; ++v) out[v] += acc[v];
                                });
-              if (want_y) {
-                const Rows<T> xa = channel_rows(data<T>(x), a, Dx, C, c0);
-                if (y_channels)
-                  store_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xa, g, data<T>(dy) + (e * Dy * C + c0), C);
-                else
-                  channel_sum_contraction<V, T>(ry, rowptr_y.typed_data(), 0, Dy, xa, g, data<T>(dy) + e * Dy);
-              }
+              if (want_y)
+                y_cotangent<V, T>(ry, rowptr_y.typed_data(), Dy, channel_rows(data<T>(x), a, Dx, C, c0), g,
+                                  data<T>(dy), e, C, c0, y_channels);
             }
             if (want_s)
               edge_scalar_cotangent<V, T>(rt, rowptr_t.typed_data(), 0, static_cast<int>(Dz),
