@@ -4,6 +4,8 @@ The oracle is the single-device ``conv(x, y, s, graph)``: values and gradients m
 in float64, with a node count not divisible by the device count, padding edges, and jit.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -280,6 +282,91 @@ def test_other_mesh_axes_replicate(conv):
     assert max_err(out, conv(x, y, s, graph)) <= TOL
 
 
+NESTED_CASES = [
+    ("reference", "auto", "abstract", "array", "caller"),
+    ("reference", "explicit", "concrete", "factored", "blocks"),
+    ("test", "auto", "concrete", "array", "blocks"),
+    ("cuda_host", "explicit", "abstract", "factored", "caller"),
+]
+
+
+@pytest.mark.parametrize(("backend", "axes", "mesh_as", "weights", "layout"), NESTED_CASES)
+def test_inside_a_shard_map_over_another_axis(conv, backend, axes, mesh_as, weights, layout):
+    """A caller's ``shard_map`` over axis ``r`` (one graph per index) around ``convolution_sharded``
+    over ``d``: values and gradients equal each graph's single-device convolution. The gradient
+    failed to lower (JAX passed the nested ``shard_map``'s residuals out with shardings Shardy
+    refused); the concrete ``Mesh`` was refused inside the ``shard_map``. The Pallas interpreters
+    are not run here: behind their host callbacks, two collective groups at once hung XLA's CPU
+    rendezvous (the interpreters are CPU stand-ins; the compiled kernels run no callback)."""
+    require_backend(backend)
+    from jax.sharding import AxisType, NamedSharding
+
+    kind = AxisType.Explicit if axes == "explicit" else AxisType.Auto
+    mesh = jax.make_mesh((2, 2), ("r", "d"), axis_types=(kind, kind), devices=jax.devices()[:NDEV])
+    factored = weights == "factored"
+    n, e, c = 9, 30, 4
+    rng = np.random.default_rng(21)
+    edges = [(rng.integers(0, n, e), rng.integers(0, n, e)) for _ in range(2)]
+    graphs = [e3j.Graph.from_edges(snd, rcv, n) for snd, rcv in edges]
+    # one partition per graph, stacked along r: equal capacities give equal shapes
+    pgs = [e3j.partition_graph(snd, rcv, n, 2, edge_capacity=e, halo_capacity=n) for snd, rcv in edges]
+    pg = jax.tree.map(lambda *a: jnp.stack(a), *pgs)
+    x = jnp.asarray(rng.normal(size=(2, n, conv.coo.dim_x, c)))
+    y = jnp.asarray(rng.normal(size=(2, e, conv.coo.dim_y)))
+    w = jnp.asarray(rng.normal(size=(2, e, 3 if factored else conv.num_paths * c)))
+    kernel = jnp.asarray(rng.normal(size=(3, conv.num_paths * c)))
+
+    def weights_of(w, kernel):
+        return e3j.FactoredWeights(w, kernel) if factored else w.reshape(w.shape[0], conv.num_paths, c)
+
+    def body(x, y, w, kernel, pg):
+        pg = jax.tree.map(lambda a: a[0], pg)
+        s = weights_of(w[0], kernel)
+        y = y[0]
+        if layout == "blocks":  # within the r block: d is not mapped here
+            y, s = pg.edge_blocks(y), pg.edge_blocks(s)
+        where = mesh if mesh_as == "concrete" else jax.sharding.get_abstract_mesh()
+        m = e3j.convolution_sharded(conv, x[0], y, s, pg, where, "d", backend=backend, edge_layout=layout)
+        return jax.lax.psum(loss(m), "r")
+
+    mapped = jax.shard_map(
+        body, mesh=mesh, in_specs=(P("r"), P("r"), P("r"), P(), P("r")), out_specs=P(), axis_names={"r"}
+    )
+    operands = [jax.device_put(a, NamedSharding(mesh, P("r"))) for a in (x, y, w)]
+    with jax.set_mesh(mesh):
+        got = jax.jit(jax.value_and_grad(mapped, argnums=(0, 1, 2, 3)))(*operands, kernel, pg)
+
+    def single(x, y, w, kernel):
+        return sum(loss(conv(x[i], y[i], weights_of(w[i], kernel), graphs[i], backend="reference")) for i in range(2))
+
+    want = jax.value_and_grad(single, argnums=(0, 1, 2, 3))(x, y, w, kernel)
+    for name, a, b in zip(("value", "x", "y", "w", "kernel"), jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert float(jnp.max(jnp.abs(b))) > 0.01 or (name == "kernel" and not factored), name
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=TOL, err_msg=name)
+
+
+def test_axis_mapped_by_the_enclosing_shard_map_is_refused(conv):
+    mesh = jax.make_mesh((2, 2), ("r", "d"), axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:NDEV])
+    senders, receivers, _, x, y, s = random_problem(conv, num_nodes=9, num_edges=30, seed=4)
+    pg = e3j.partition_graph(senders % 9, receivers, 9, 2)
+
+    def body(x, axis):
+        return e3j.convolution_sharded(conv, x, y, s, pg, jax.sharding.get_abstract_mesh(), axis)
+
+    for mapped, axis in (({"d"}, "d"), ({"r", "d"}, "r")):
+        f = jax.shard_map(functools.partial(body, axis=axis), mesh=mesh, in_specs=P(), out_specs=P(), axis_names=mapped)
+        with pytest.raises(ValueError, match=rf"axis_name '{axis}' is already mapped by the shard_map this call is in"):
+            f(x)
+    other = jax.make_mesh(
+        (2, 2), ("a", "b"), axis_types=(jax.sharding.AxisType.Auto,) * 2, devices=jax.devices()[:NDEV]
+    )
+    with pytest.raises(ValueError, match=r"mesh \{'a': 2, 'b': 2\} is not the mesh of the shard_map this call is in"):
+        jax.shard_map(
+            lambda x: e3j.convolution_sharded(conv, x, y, s, pg, other, "b"),
+            mesh=mesh, in_specs=P(), out_specs=P(), axis_names={"r"},
+        )(x)  # fmt: skip
+
+
 def test_partition_structure():
     rng = np.random.default_rng(3)
     n_nodes, n_edges = 11, 50
@@ -546,6 +633,34 @@ def test_compiled_pallas_kernels_lower_under_shard_map(conv, backend, platform, 
 
     f = jax.value_and_grad(jax.shard_map(body, mesh=mesh, in_specs=(P("d"),) * 3, out_specs=P()), argnums=(0, 1, 2))
     shapes = [jax.ShapeDtypeStruct((2, *a.shape), jnp.float32, sharding=NamedSharding(mesh, P("d"))) for a in (x, y, s)]
+    with jax.sharding.use_abstract_mesh(mesh):
+        text = jax.jit(f).trace(*shapes).lower(lowering_platforms=(platform,)).as_text()
+    call = "__gpu$xla.gpu.triton" if platform == "cuda" else "tpu_custom_call"
+    assert text.count(call) >= 2, f"expected the forward and backward kernels, found {text.count(call)} {call}"
+
+
+@pytest.mark.parametrize(
+    ("backend", "platform", "kind"), [("pallas_gpu", "cuda", "NVIDIA H200"), ("pallas_tpu", "tpu", "TPU v5 lite")]
+)
+def test_compiled_pallas_kernels_lower_inside_a_shard_map_over_another_axis(conv, backend, platform, kind):
+    """``convolution_sharded`` over ``d`` inside a caller's ``shard_map`` over ``r``, value and
+    gradient, lowers for the compiled kernels' platforms (the nested backward's own ``shard_map``)."""
+    require_backend(backend)
+    from jax.sharding import AbstractDevice, AbstractMesh, AxisType, NamedSharding
+
+    cores = None if platform == "cuda" else 1
+    device = AbstractDevice(device_kind=kind, num_cores=cores, platform=platform)
+    mesh = AbstractMesh((2, 2), ("r", "d"), axis_types=(AxisType.Auto,) * 2, abstract_device=device)
+    senders, receivers, _, x, y, s = random_problem(conv, num_nodes=6, num_edges=10, channels=8)
+    pg = e3j.partition_graph(senders % 6, receivers, 6, 2)
+
+    def body(x, y, s):
+        m = e3j.convolution_sharded(conv, x[0], y[0], s[0], pg, jax.sharding.get_abstract_mesh(), "d", backend=backend)
+        return jax.lax.psum(loss(m), "r")
+
+    mapped = jax.shard_map(body, mesh=mesh, in_specs=(P("r"),) * 3, out_specs=P(), axis_names={"r"})
+    f = jax.value_and_grad(mapped, argnums=(0, 1, 2))
+    shapes = [jax.ShapeDtypeStruct((2, *a.shape), jnp.float32, sharding=NamedSharding(mesh, P("r"))) for a in (x, y, s)]
     with jax.sharding.use_abstract_mesh(mesh):
         text = jax.jit(f).trace(*shapes).lower(lowering_platforms=(platform,)).as_text()
     call = "__gpu$xla.gpu.triton" if platform == "cuda" else "tpu_custom_call"

@@ -244,7 +244,10 @@ def convolution_sharded(
         partitioned: :func:`partition_graph` of the graph, with ``num_devices`` equal to the size of
             the mesh axis.
         mesh, axis_name: the device mesh and the axis to shard receivers over (other mesh axes, if
-            any, replicate the computation).
+            any, replicate the computation). Inside a ``jax.shard_map`` of the caller's over other
+            axes of the mesh (one graph per index of those axes, say), ``mesh`` may be the
+            ``jax.sharding.Mesh`` or ``jax.sharding.get_abstract_mesh()``; ``axis_name`` must not be
+            one of the axes that ``shard_map`` maps.
         edge_layout: ``"caller"``: ``y`` and ``s`` in the caller's edge order, gathered into device
             blocks here (a gather of the whole arrays: on an Explicit axis each device holds them
             whole, and so their cotangents); ``"blocks"``: already in the device blocks,
@@ -281,6 +284,17 @@ def convolution_sharded(
             )
     if not isinstance(axis_name, str) or axis_name not in mesh.shape:
         raise ValueError(f"axis_name must name one axis of the mesh, {tuple(mesh.shape)}; got {axis_name!r}")
+    context = jax.sharding.get_abstract_mesh()
+    if context.manual_axes:  # inside a shard_map of the caller's
+        if axis_name in context.manual_axes:
+            raise ValueError(
+                f"axis_name {axis_name!r} is already mapped by the shard_map this call is inside (its axes "
+                f"{tuple(context.manual_axes)}): call convolution_sharded outside it, or shard over another axis"
+            )
+        if dict(context.shape) != dict(mesh.shape):
+            raise ValueError(f"mesh {dict(mesh.shape)} is not the mesh of the shard_map this call is inside, "
+                             f"{dict(context.shape)}")  # fmt: skip
+        mesh = context  # shard_map inside shard_map takes the context's mesh, whose mapped axes are Manual
     if mesh.shape[axis_name] != pg.num_devices:
         raise ValueError(
             f"the graph was partitioned for {pg.num_devices} devices but mesh axis {axis_name!r} "
@@ -361,7 +375,10 @@ def _sharded(conv: Convolution, mesh, axis_name: str, backend: str | None, block
                 operands,
                 is_leaf=lambda p: isinstance(p, PartitionSpec),
             )
-        m = shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec)(*operands)
+        if mesh.manual_axes:  # inside a shard_map of the caller's (see _local_backward)
+            m = _local_backward(local, mesh, specs, spec)(*operands)
+        else:
+            m = shard_map(local, mesh=mesh, in_specs=specs, out_specs=spec)(*operands)
         if n_pad == pg.num_nodes:
             return m
         if explicit:  # N rows do not split evenly over the axis: an Explicit layout must say so
@@ -369,3 +386,37 @@ def _sharded(conv: Convolution, mesh, axis_name: str, backend: str | None, block
         return m[: pg.num_nodes]
 
     return program
+
+
+def _local_backward(local, mesh, in_specs, out_spec):
+    """``shard_map(local, ...)`` whose derivative is a second ``shard_map`` that differentiates
+    ``local`` on each device: no residual crosses the mapped body's boundary.
+
+    Inside a ``shard_map`` over other mesh axes, JAX 0.11 lowered the residuals that its
+    linearization of a nested ``shard_map`` passes out with shardings Shardy refuses (a manual axis
+    after a free one; or, with the axes in the other order, local shapes that do not match). The
+    backward gathers the node features again; the forward convolution inside it, whose value the
+    pullback does not read, is dead code there. Integer operands (the graph) get no cotangent.
+    """
+    forward = shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_spec)
+
+    def pullback(operands, cotangent):  # on each device
+        leaves, tree = jax.tree.flatten(operands)
+        inexact = [jnp.issubdtype(a.dtype, jnp.inexact) for a in leaves]
+
+        def of_inexact(*values):
+            it = iter(values)
+            return local(*jax.tree.unflatten(tree, [next(it) if f else a for a, f in zip(leaves, inexact)]))
+
+        _, vjp = jax.vjp(of_inexact, *(a for a, f in zip(leaves, inexact) if f))
+        grads = iter(vjp(cotangent))
+        return jax.tree.unflatten(tree, [next(grads) if f else None for f in inexact])
+
+    backward = shard_map(pullback, mesh=mesh, in_specs=(in_specs, out_spec), out_specs=in_specs)
+
+    @jax.custom_vjp
+    def mapped(*operands):
+        return forward(*operands)
+
+    mapped.defvjp(lambda *operands: (forward(*operands), operands), lambda res, ct: tuple(backward(res, ct)))
+    return mapped
