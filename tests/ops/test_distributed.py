@@ -282,6 +282,94 @@ def test_other_mesh_axes_replicate(conv):
     assert max_err(out, conv(x, y, s, graph)) <= TOL
 
 
+@pytest.mark.parametrize(
+    ("backend", "weights", "layout"),
+    [("reference", "array", "caller"), ("reference", "factored", "blocks"), ("cuda_host", "array", "blocks"),
+     ("test", "factored", "caller")],
+)  # fmt: skip
+def test_mixed_multiplicities_match_single_device(mesh, backend, weights, layout):
+    """An ``e3j.MulIrConvolution`` (flat features, mixed multiplicities, a self connection, e3nn's
+    weight layout) sharded: values and gradients equal its single-device call, padding edges
+    included (their rows of ``w`` or ``hidden`` get zero cotangents)."""
+    require_backend(backend)
+    op = e3j.MulIrConvolution("4x0e + 2x1o + 1x2e", "0e + 1o + 2e", "0e + 1o", self_connection="0e")
+    rng = np.random.default_rng(31)
+    n, e = 23, 80
+    senders, receivers = rng.integers(0, n, e), rng.integers(0, n, e)
+    mask = rng.random(e) > 0.2
+    graph = e3j.Graph.from_edges(senders, receivers, n, edge_mask=mask)
+    pg = e3j.partition_graph(senders, receivers, n, NDEV, edge_mask=mask)
+    factored = weights == "factored"
+    x = jnp.asarray(rng.normal(size=(n, op.irreps_x.dim)))
+    y = jnp.asarray(rng.normal(size=(e, op.irreps_y.dim)))
+    h = jnp.asarray(rng.normal(size=(e, 5 if factored else op.num_weights)))
+    k = jnp.asarray(rng.normal(size=(5, op.num_weights)))
+
+    def single(x, y, h, k):
+        w = e3j.FactoredWeights(h, k) if factored else h
+        return loss(op(x, y, w, graph))
+
+    def sharded(x, y, h, k):
+        w = e3j.FactoredWeights(h, k) if factored else h
+        if layout == "blocks":
+            y, w = pg.edge_blocks(y), pg.edge_blocks(w)
+        return loss(e3j.convolution_sharded(op, x, y, w, pg, mesh, "d", backend=backend, edge_layout=layout))
+
+    argnums = (0, 1, 2, 3) if factored else (0, 1, 2)
+    want = jax.value_and_grad(single, argnums)(x, y, h, k)
+    got = jax.jit(jax.value_and_grad(sharded, argnums))(x, y, h, k)
+    for name, a, b in zip(("value", "x", "y", "w", "kernel"), jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert float(jnp.max(jnp.abs(b))) > 0.01, name
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=TOL, err_msg=name)
+    assert float(jnp.max(jnp.abs(got[1][2][~mask]))) == 0.0  # padding edges' rows
+    m = e3j.convolution_sharded(op, x, y, h if not factored else e3j.FactoredWeights(h, k), pg, mesh, "d")
+    assert m.shape == (n, op.irreps_out.dim)
+
+
+def test_interop_message_passing_sharded_through_its_convolution(mesh):
+    """``e3j.interop.MessagePassing``'s ``.convolution`` sharded, on the drop-in's arrays, gives the
+    drop-in's output (the usage docs' route for a ported model)."""
+    e3nn = pytest.importorskip("e3nn_jax")
+    from e3j.interop import MessagePassing
+
+    mp = MessagePassing("8x0e + 4x1o", "0e + 1o + 2e", "0e + 1o + 2e", self_connection="0e + 1o")
+    rng = np.random.default_rng(41)
+    n, e = 15, 60
+    senders, receivers = rng.integers(0, n, e), rng.integers(0, n, e)
+    x = e3nn.IrrepsArray("8x0e + 4x1o", jnp.asarray(rng.normal(size=(n, 20))))
+    y = e3nn.spherical_harmonics("0e + 1o + 2e", jnp.asarray(rng.normal(size=(e, 3))), normalize=True)
+    w = jnp.asarray(rng.normal(size=(e, mp.num_weights)))
+    want = mp(x, y, w, senders, receivers)
+    pg = e3j.partition_graph(senders, receivers, n, NDEV)
+    got = e3j.convolution_sharded(mp.convolution, x.array, y.array, w, pg, mesh, "d")
+    assert float(jnp.max(jnp.abs(want.array))) > 0.1
+    np.testing.assert_allclose(got, want.array, rtol=1e-11, atol=TOL)
+
+
+def test_mixed_multiplicities_errors(mesh):
+    op = e3j.MulIrConvolution("4x0e + 2x1o", "0e + 1o", "0e + 1o")
+    pg = e3j.partition_graph(np.array([0, 1, 2]), np.array([1, 2, 0]), 3, NDEV)
+    x, y, w = jnp.zeros((3, op.irreps_x.dim)), jnp.zeros((3, op.irreps_y.dim)), jnp.zeros((3, op.num_weights))
+    with pytest.raises(ValueError, match=r"x must have shape \[N, 10\] for 4x0e\+2x1o, got shape \(3, 10, 1\)"):
+        e3j.convolution_sharded(op, x[..., None], y, w, pg, mesh, "d")
+    with pytest.raises(
+        ValueError,
+        match=rf"s must have shape \[E, num_weights={op.num_weights}\], got shape \(3, {op.num_weights}, 1\)",
+    ):
+        e3j.convolution_sharded(op, x, y, w[..., None], pg, mesh, "d")
+    with pytest.raises(ValueError, match=r"s has 2 edges but the partitioned graph has 3"):
+        e3j.convolution_sharded(op, x, y, w[:2], pg, mesh, "d")
+    with pytest.raises(ValueError, match=r"x must be \[N=3, 10\] for 4x0e\+2x1o and this graph, got \(3, 9\)"):
+        e3j.convolution_sharded(op, x[:, :9], y, w, pg, mesh, "d")
+    with pytest.raises(ValueError, match=r"^s must be"):
+        e3j.convolution_sharded(op, x, y, w[:, :3], pg, mesh, "d")
+    with pytest.raises(TypeError, match=r"conv must be an e3j.Convolution or e3j.MulIrConvolution, got TensorProduct"):
+        e3j.convolution_sharded(e3j.TensorProduct("0e", "0e"), x, y, w, pg, mesh, "d")
+    empty = e3j.partition_graph(np.zeros(0, int), np.zeros(0, int), 0, NDEV)
+    m = e3j.convolution_sharded(op, x[:0], y[:0], w[:0], empty, mesh, "d")
+    assert m.shape == (0, op.irreps_out.dim) and m.dtype == x.dtype
+
+
 NESTED_CASES = [
     ("reference", "auto", "abstract", "array", "caller"),
     ("reference", "explicit", "concrete", "factored", "blocks"),

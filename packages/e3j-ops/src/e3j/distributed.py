@@ -1,4 +1,5 @@
-"""Running :class:`e3j.Convolution` on several devices with ``jax.shard_map``.
+"""Running :class:`e3j.Convolution` (or :class:`e3j.MulIrConvolution`) on several devices with
+``jax.shard_map``.
 
 Receivers are partitioned: device ``d`` of ``D`` owns the contiguous node block
 ``[d·n, (d+1)·n)`` with ``n = ceil(N / D)`` (the last block is padded with nodes that have no edges)
@@ -51,6 +52,7 @@ from .backends import current_backend_request, programs_per_request
 from .convolution import Convolution
 from .factored import FactoredWeights
 from .graph import Graph
+from .mul_ir import MulIrConvolution
 
 __all__ = ["PartitionedGraph", "convolution_sharded", "partition_graph"]
 
@@ -222,7 +224,7 @@ def partition_graph(
 
 
 def convolution_sharded(
-    conv: Convolution,
+    conv: Convolution | MulIrConvolution,
     x: jax.Array,
     y: jax.Array,
     s: jax.Array | FactoredWeights,
@@ -236,11 +238,13 @@ def convolution_sharded(
     """``conv(x, y, s, graph)`` computed with receivers sharded over ``mesh`` axis ``axis_name``.
 
     Args:
-        conv: the :class:`e3j.Convolution`.
+        conv: an :class:`e3j.Convolution`, or an :class:`e3j.MulIrConvolution` (mixed
+            multiplicities, flat features; an ``e3j.interop.MessagePassing``'s ``.convolution``).
         x: ``[N, Dx, C]`` node features; y: ``[E, Dy]`` or ``[E, Dy, C]``; s: ``[E, P, C]``, or
             :class:`e3j.FactoredWeights` of ``[E, P·C]`` (each device its rows of ``hidden``, the
             kernel and bias whole), in the caller's node and edge order (the order given to
-            :func:`partition_graph`).
+            :func:`partition_graph`). For a ``MulIrConvolution``, its operands: ``x [N,
+            irreps_x.dim]``, ``y [E, irreps_y.dim]``, ``s [E, num_weights]`` or factored weights.
         partitioned: :func:`partition_graph` of the graph, with ``num_devices`` equal to the size of
             the mesh axis.
         mesh, axis_name: the device mesh and the axis to shard receivers over (other mesh axes, if
@@ -255,16 +259,18 @@ def convolution_sharded(
             computed in that order from ``partitioned.edge_ids``), sharded over ``axis_name``:
             each device then holds one block of edge operands and cotangents, which scales.
 
-    Returns ``[N, Dout, C]``, sharded by node blocks over ``axis_name`` (before slicing off the
-    padding nodes; on an Explicit axis, replicated when ``N`` does not split evenly), equal to the
-    single-device convolution up to summation order. Meshes of Auto and Explicit axes (as
-    ``jax.make_mesh`` makes them) both work. The call is compiled as one program, called eagerly
+    Returns ``[N, Dout, C]`` (``[N, irreps_out.dim]`` for a ``MulIrConvolution``), sharded by
+    node blocks over ``axis_name`` (before slicing off the padding nodes; on an Explicit axis,
+    replicated when ``N`` does not split evenly), equal to the single-device convolution up to
+    summation order. Meshes of Auto and Explicit axes (as ``jax.make_mesh`` makes them) both
+    work. The call is compiled as one program, called eagerly
     too; an eager ``jax.grad`` through it on an Explicit axis runs inside ``jax.set_mesh(mesh)``,
     as JAX requires of eager computations on arrays of an Explicit mesh.
     """
     pg = partitioned
-    if not isinstance(conv, Convolution):
-        raise TypeError(f"conv must be an e3j.Convolution, got {type(conv).__name__}")
+    if not isinstance(conv, (Convolution, MulIrConvolution)):
+        raise TypeError(f"conv must be an e3j.Convolution or e3j.MulIrConvolution, got {type(conv).__name__}")
+    mul_ir = isinstance(conv, MulIrConvolution)
     if not isinstance(pg, PartitionedGraph):
         raise TypeError(f"partitioned must come from e3j.partition_graph, got {type(pg).__name__}")
     if not isinstance(mesh, (Mesh, AbstractMesh)):
@@ -300,11 +306,17 @@ def convolution_sharded(
             f"the graph was partitioned for {pg.num_devices} devices but mesh axis {axis_name!r} "
             f"has {mesh.shape[axis_name]}"
         )
-    check_rank("x", x, (3,), f"[N, Dx={conv.coo.dim_x}, C]")
-    check_rank("y", y, (2, 3), f"[E, Dy={conv.coo.dim_y}] or [E, Dy, C]")
     factored = isinstance(s, FactoredWeights)
-    if not factored:
-        check_rank("s", s, (3,), f"[E, num_paths={conv.num_paths}, C]")
+    if mul_ir:
+        check_rank("x", x, (2,), f"[N, {conv.irreps_x.dim}] for {conv.irreps_x}")
+        check_rank("y", y, (2,), f"[E, {conv.irreps_y.dim}] for {conv.irreps_y}")
+        if not factored:
+            check_rank("s", s, (2,), f"[E, num_weights={conv.num_weights}]")
+    else:
+        check_rank("x", x, (3,), f"[N, Dx={conv.coo.dim_x}, C]")
+        check_rank("y", y, (2, 3), f"[E, Dy={conv.coo.dim_y}] or [E, Dy, C]")
+        if not factored:
+            check_rank("s", s, (3,), f"[E, num_paths={conv.num_paths}, C]")
     if x.shape[0] != pg.num_nodes:
         raise ValueError(f"x has {x.shape[0]} nodes but the graph was partitioned with num_nodes={pg.num_nodes}")
     if edge_layout not in ("caller", "blocks"):
@@ -318,13 +330,16 @@ def convolution_sharded(
                 raise ValueError(f"{name} has {rows} rows but edge_layout='blocks' takes D·edge_capacity = {num_edges}")
             raise ValueError(f"{name} has {rows} edges but the partitioned graph has {num_edges}")
     # the caller's shapes, here: inside the sharded function conv would name each device's blocks
-    if factored:
+    if mul_ir:
+        conv._check_operands(x, y, s, pg.num_nodes, num_edges, w_name="s")
+    elif factored:
         conv._check_factored(x, y, s, pg.num_nodes, num_edges)
     else:
         conv._check_operands(x, y, s, pg.num_nodes, num_edges)
     if pg.num_nodes == 0:  # nothing to gather (XLA refuses a zero-length all_gather)
         current_backend_request(backend)  # a bad name is an error here too
-        return jnp.zeros((0, conv.coo.dim_out, x.shape[2]), x.dtype)
+        out = (0, conv.irreps_out.dim) if mul_ir else (0, conv.coo.dim_out, x.shape[2])
+        return jnp.zeros(out, x.dtype)
 
     # compiled as one program, eager calls too: eager jax.grad on an Explicit axis ran the
     # transposes of the reshards and of the padding one by one, and JAX refused the slice of a
@@ -336,7 +351,7 @@ def convolution_sharded(
 
 
 @programs_per_request(maxsize=64)
-def _sharded(conv: Convolution, mesh, axis_name: str, backend: str | None, blocks: bool):
+def _sharded(conv: Convolution | MulIrConvolution, mesh, axis_name: str, backend: str | None, blocks: bool):
     """:func:`convolution_sharded`'s program after its checks, jitted (one per setting and value of
     ``E3J_BACKEND``)."""
 
@@ -349,11 +364,11 @@ def _sharded(conv: Convolution, mesh, axis_name: str, backend: str | None, block
             # on an Explicit axis (jax.make_mesh's default) the gathers into device blocks need their
             # operands' layout resolved: edge operands sharded in the caller's order are gathered whole
             y, s = jax.tree.map(lambda a: jax.sharding.reshard(a, NamedSharding(mesh, PartitionSpec())), (y, s))
-        x_pad = jnp.pad(x, ((0, n_pad - pg.num_nodes), (0, 0), (0, 0)))
+        x_pad = jnp.pad(x, ((0, n_pad - pg.num_nodes),) + ((0, 0),) * (x.ndim - 1))
         y_blocks, s_blocks = (y, s) if blocks else (pg.edge_blocks(y), pg.edge_blocks(s))
 
         def local(x_block, y_block, s_block, graph_block, node_ids_block):
-            x_all = jax.lax.all_gather(x_block, axis_name, tiled=True)  # [N_pad, Dx, C]
+            x_all = jax.lax.all_gather(x_block, axis_name, tiled=True)  # [N_pad, Dx, C] or [N_pad, Dx]
             x_local = x_all[node_ids_block[0]]  # own nodes, then halo
             graph = jax.tree.map(lambda a: a[0], graph_block)
             m = conv(x_local, y_block, s_block, graph, backend=backend)

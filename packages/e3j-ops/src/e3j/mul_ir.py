@@ -156,21 +156,8 @@ class MulIrConvolution:
         p = self.plan
         if not isinstance(graph, Graph):
             raise TypeError(f"graph must be an e3j.Graph (see Graph.from_edges), got {type(graph).__name__}")
-        check_rank("x", x, (2,), f"[N, {p.irreps_x.dim}] for {p.irreps_x}")
-        check_rank("y", y, (2,), f"[E, {self.irreps_y.dim}] for {self.irreps_y}")
         n, e = graph.num_nodes, graph.num_edges
-        check_weights("w", w, e, p.num_weights, "one per output copy")
-        if isinstance(w, FactoredWeights):
-            parts = {"w.hidden": w.hidden, "w.kernel": w.kernel, "w.bias": w.bias}
-            check_same_dtype(x=x, y=y, **{k: v for k, v in parts.items() if v is not None})
-        else:
-            check_same_dtype(x=x, y=y, w=w)
-        if x.shape != (n, p.irreps_x.dim):
-            raise ValueError(f"x must be [N={n}, {p.irreps_x.dim}] for {p.irreps_x} and this graph, got {x.shape}")
-        if y.shape != (e, self.irreps_y.dim):
-            raise ValueError(
-                f"y must be [E={e}, {self.irreps_y.dim}] for {self.irreps_y} and this graph, got {y.shape}"
-            )
+        self._check_operands(x, y, w, n, e)
         if not p.in_place:
             if isinstance(w, FactoredWeights):  # split_weights multiplies them out: every row is read
                 w = w.masked(graph.edge_mask)
@@ -199,6 +186,25 @@ class MulIrConvolution:
         else:
             out = GROUPED_CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": w}, leaves, ("m",), request)["m"]
         return out if p.self_scale is None else out * jnp.asarray(p.self_scale, out.dtype)
+
+    def _check_operands(self, x, y, w, n: int, e: int, w_name: str = "w") -> None:
+        """Ranks, dtypes and shapes of the operands for a graph of ``n`` nodes and ``e`` edges (the
+        weights named ``w_name``)."""
+        p = self.plan
+        check_rank("x", x, (2,), f"[N, {p.irreps_x.dim}] for {p.irreps_x}")
+        check_rank("y", y, (2,), f"[E, {self.irreps_y.dim}] for {self.irreps_y}")
+        check_weights(w_name, w, e, p.num_weights, "one per output copy")
+        if isinstance(w, FactoredWeights):
+            parts = {f"{w_name}.hidden": w.hidden, f"{w_name}.kernel": w.kernel, f"{w_name}.bias": w.bias}
+            check_same_dtype(x=x, y=y, **{k: v for k, v in parts.items() if v is not None})
+        else:
+            check_same_dtype(x=x, y=y, **{w_name: w})
+        if x.shape != (n, p.irreps_x.dim):
+            raise ValueError(f"x must be [N={n}, {p.irreps_x.dim}] for {p.irreps_x} and this graph, got {x.shape}")
+        if y.shape != (e, self.irreps_y.dim):
+            raise ValueError(
+                f"y must be [E={e}, {self.irreps_y.dim}] for {self.irreps_y} and this graph, got {y.shape}"
+            )
 
     def split_x(self, x: jax.Array) -> list[jax.Array]:
         """Flat node features ``[.., irreps_x.dim]`` → one ``[.., D_g, C_g]`` per group."""
