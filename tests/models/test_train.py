@@ -12,10 +12,17 @@ pytest.importorskip("optax")
 
 from ase.calculators.emt import EMT
 
-from e3j_models import load, nequip
+from e3j_models import Potential, load, nequip
 from e3j_models.__main__ import main
 from e3j_models.data import emt_structures, read_dataset, write_dataset
-from e3j_models.train import check_training_data, epoch_losses, fit, prepare_config
+from e3j_models.train import (
+    check_training_data,
+    epoch_losses,
+    evaluate_structures,
+    fit,
+    isolated_atom_energies,
+    prepare_config,
+)
 
 TINY = dict(num_layers=1, num_channels=4, node_irreps="0e + 1o", l_max=1, cutoff=3.0, radial_mlp=(8,))
 
@@ -165,7 +172,6 @@ def _isolated(symbol: str):
 def test_isolated_atoms_give_the_reference_energies(tmp_path, monkeypatch):
     # mace-torch's datasets carry IsolatedAtom frames for the E0s; they were trained on as data
     import e3j_models.train as train_module
-    from e3j_models.train import isolated_atom_energies
 
     ni, cu = _isolated("Ni"), _isolated("Cu")
     structures = emt_structures(4)
@@ -642,6 +648,18 @@ def test_fit_names_what_it_refuses_before_training(tmp_path):
         (lambda: fit(cfg, structures, structures, checkpoint=tmp_path, **kw), ValueError, r"is a folder"),
     ]:
         with pytest.raises(exc, match=match):
+            call()
+    # the dicts batching takes carry no labels: an AttributeError named no argument
+    unlabelled = {"positions": one.positions, "numbers": one.numbers, "cell": one.cell[:], "pbc": one.pbc}
+    atoms = r"must be an ase.Atoms with its labels in atoms.calc.results .* got dict"
+    for call, name in [
+        (lambda: fit(cfg, [*structures, unlabelled], structures, **kw), r"train\[2\]"),
+        (lambda: fit(cfg, structures, [unlabelled], **kw), r"valid\[0\]"),
+        (lambda: prepare_config(cfg, [unlabelled]), r"structures\[0\]"),
+        (lambda: isolated_atom_energies([unlabelled]), r"structures\[0\]"),
+        (lambda: evaluate_structures(Potential(cfg), {}, [unlabelled]), r"structures\[0\]"),
+    ]:
+        with pytest.raises(TypeError, match=name + " " + atoms):
             call()
 
 

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._batching import _batches
-from ._checks import check_int, check_model_dtype, check_structure_list
-from ._training_data import _check_training_data
+from ._checks import check_int, check_model_dtype
+from ._training_data import _check_training_data, check_labelled_structures
 from .batch import GraphBatch, Labels
 from .potential import Potential
 
@@ -125,7 +125,7 @@ def evaluate_structures(
 
     from .calculator import _energy_forces_stress  # keyed by the backend request too; needs ASE, as the data does
 
-    check_structure_list("structures", structures)
+    check_labelled_structures("structures", structures)
     if not structures:
         raise ValueError("structures is empty: give at least one structure")
     batch_size = check_int("batch_size", batch_size, 1)

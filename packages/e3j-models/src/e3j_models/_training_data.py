@@ -27,6 +27,22 @@ def _results(atoms) -> Mapping[str, Any]:
     return atoms.calc.results if atoms.calc is not None else {}
 
 
+def check_labelled_structures(name: str, structures) -> None:
+    """:func:`check_structure_list`, then a ``TypeError`` naming ``name[k]`` for a structure that
+    is not an ``ase.Atoms``: training, its checks and its metrics read the labels in
+    ``atoms.calc.results`` and the per-structure weights in ``atoms.info``, which the dicts of
+    positions and numbers that batching takes do not carry (they failed with an ``AttributeError``
+    naming no argument)."""
+    check_structure_list(name, structures)
+    for k, atoms in enumerate(structures):
+        if not all(hasattr(atoms, a) for a in ("calc", "info", "numbers", "pbc")):
+            raise TypeError(
+                f"{name}[{k}] must be an ase.Atoms with its labels in atoms.calc.results (e.g. atoms.calc = "
+                f"SinglePointCalculator(atoms, energy=..., forces=...)), got {type(atoms).__name__}: a dict of "
+                "positions and numbers carries no labels (batch_structures and Potential.batch take those)"
+            )
+
+
 def _label_weights(
     atoms, results, config_weights: bool = True, type_weights: Mapping[str, float] | None = None
 ) -> tuple[float, float, float]:
@@ -106,7 +122,7 @@ def isolated_atom_energies(structures: Sequence) -> tuple[dict[int, float], list
     >>> isolated_atom_energies([h])
     ({1: -13.6}, [])
     """
-    check_structure_list("structures", structures)
+    check_labelled_structures("structures", structures)
     energies: dict[int, float] = {}
     others = []
     for k, atoms in enumerate(structures):
@@ -134,6 +150,7 @@ def prepare_config(config: MACEConfig | NequIPConfig, structures: Sequence) -> M
     without an energy label do not enter the fit (none with one: the energies are 0). A config that
     has ``atomic_energies`` already (isolated atoms' energies from the reference method, or an
     earlier fit's) keeps them."""
+    check_labelled_structures("structures", structures)
     return _fitted_config(config, structures, [len(_neighbours(atoms, config.cutoff)[0]) for atoms in structures])
 
 
@@ -233,8 +250,8 @@ def _check_training_data(
     the caller reads the stress labels (default: when ``weights[2] > 0``; metrics read them all);
     ``config_weights``: whether it reads the per-structure weights (metrics do not)."""
     check_config(config)
-    check_structure_list("train", train)
-    check_structure_list("valid", valid)
+    check_labelled_structures(parts[0], train)
+    check_labelled_structures(parts[1] or "valid", valid)
     type_weights = _check_type_weights(type_weights, [*train, *valid], type_weights_name)
     found = {"train": [], "valid": []}
     label_weights = []  # the training structures' (energy, forces, stress) weights
