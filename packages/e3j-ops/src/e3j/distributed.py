@@ -263,9 +263,9 @@ def convolution_sharded(
     node blocks over ``axis_name`` (before slicing off the padding nodes; on an Explicit axis,
     replicated when ``N`` does not split evenly), equal to the single-device convolution up to
     summation order. Meshes of Auto and Explicit axes (as ``jax.make_mesh`` makes them) both
-    work. The call is compiled as one program, called eagerly
-    too; an eager ``jax.grad`` through it on an Explicit axis runs inside ``jax.set_mesh(mesh)``,
-    as JAX requires of eager computations on arrays of an Explicit mesh.
+    work. The call is compiled as one program, called eagerly too; an eager ``jax.grad`` through
+    it on an Explicit axis runs inside ``jax.set_mesh(mesh)``, as JAX requires of eager
+    computations on arrays of an Explicit mesh.
     """
     pg = partitioned
     if not isinstance(conv, (Convolution, MulIrConvolution)):
@@ -411,7 +411,8 @@ def _local_backward(local, mesh, in_specs, out_spec):
     linearization of a nested ``shard_map`` passes out with shardings Shardy refuses (a manual axis
     after a free one; or, with the axes in the other order, local shapes that do not match). The
     backward gathers the node features again; the forward convolution inside it, whose value the
-    pullback does not read, is dead code there. Integer operands (the graph) get no cotangent.
+    pullback does not read, is dead code there (the compiled gradient with the host kernels holds
+    one forward kernel call). Integer operands (the graph) get no cotangent.
     """
     forward = shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=out_spec)
 
