@@ -369,7 +369,8 @@ def test_drop_in_result_dtypes_follow_e3nn_arithmetic():
 
 def test_functional_drop_in_result_dtypes_follow_e3nn_legacy_arithmetic():
     """e3nn's legacy FunctionalTensorProduct promotes weights, x and y at once (its left_right):
-    int32 features and edge attributes with float32 weights stay float32 under x64."""
+    int32 features and edge attributes with float32 weights stay float32 under x64, and all-int32
+    operands compute in float32 (it maps an integer dtype to float32; the drop-in gave float64)."""
     from e3nn_jax.legacy import FunctionalTensorProduct
 
     from e3j import interop
@@ -387,7 +388,8 @@ def test_functional_drop_in_result_dtypes_follow_e3nn_legacy_arithmetic():
              "float16": jnp.asarray(rng.normal(size=(e, 4)), jnp.float16)}  # fmt: skip
     weights = {"float16": jnp.full((e, fmp.num_weights), 0.5, jnp.float16),
                "float32": jnp.full((e, fmp.num_weights), 0.5, jnp.float32),
-               "weak float64": jnp.full((e, fmp.num_weights), 0.5)}  # fmt: skip
+               "weak float64": jnp.full((e, fmp.num_weights), 0.5),
+               "int32": jnp.full((e, fmp.num_weights), 2, jnp.int32)}  # fmt: skip
     compared = 0
     for fname, f in features.items():
         for yname, a in edges.items():
@@ -395,14 +397,16 @@ def test_functional_drop_in_result_dtypes_follow_e3nn_legacy_arithmetic():
                 x, y = e3nn.IrrepsArray("2x0e + 2x1o", f), e3nn.IrrepsArray("0e + 1o", a)
                 try:
                     want = jax.vmap(tp.left_right)(w, x[senders], y)
-                except TypeError:  # e3nn-jax's einsum refuses float16 weights on two integer inputs
-                    assert (fname, yname, wname) == ("int32", "int32", "float16")
+                except TypeError:  # e3nn-jax's einsum refuses float16 with two integer operands
+                    assert (fname, yname, wname) in {("int32", "int32", "float16"), ("int32", "float16", "int32")}
                     continue
+                if (fname, yname, wname) == ("int32", "int32", "int32"):
+                    assert want.dtype == jnp.float32
                 want = e3nn.scatter_sum(want, dst=receivers, output_size=n)
                 got = fmp(x, y, w, senders, receivers)
                 assert got.dtype == want.dtype, (fname, yname, wname, got.dtype, want.dtype)
                 compared += 1
-    assert compared == 17
+    assert compared == 22
 
 
 def test_message_passing_keeps_float32_with_weakly_typed_weights():

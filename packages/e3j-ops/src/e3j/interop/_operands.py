@@ -124,6 +124,8 @@ def message_passing_operands(
     inputs = {"node_feats": node_feats.array.dtype, "edge_attrs": _dtype(edge_attrs)}
     if one_step:
         dtype = promoted_real_dtype({**inputs, "weights": given}, REAL)
+        if jnp.result_type(*inputs.values(), given).kind == "i":  # its left_right: float32, even under x64
+            dtype = jnp.dtype(jnp.float32)
     else:
         messages = promoted_real_dtype(inputs, REAL)
         dtype = promoted_real_dtype({"node_feats ⊗ edge_attrs": messages, "weights": given}, REAL)
