@@ -247,6 +247,45 @@ def test_edge_attribute_block_no_instruction_reads():
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+def test_zero_multiplicity_read_by_an_instruction():
+    """A ``0x`` block of ``irreps_in1`` that instructions read: e3nn-jax's ``left_right`` crashes on it
+    (a reshape of a ``(2, 1)`` weight block into ``(0, 3)``); the drop-in computes the product, equal
+    to e3nn-jax's on the same product without the empty blocks (they add nothing to the fan-ins)."""
+    out = "0x1o + 2x0e + 3x1e + 0x2e"
+    tp = FunctionalTensorProduct(
+        "0x0e + 2x1o + 3x1e + 0x1o",
+        "0e + 1o",
+        out,
+        [(0, 1, 0, "uvu", True), (1, 1, 1, "uvu", True), (2, 0, 2, "uvu", True), (3, 1, 3, "uvu", True)],
+    )
+    same = FunctionalTensorProduct("2x1o + 3x1e", "0e + 1o", out, [(0, 1, 1, "uvu", True), (1, 0, 2, "uvu", True)])
+    fmp = interop.FunctionalMessagePassing(tp)
+    assert fmp.num_weights == 5
+    x, y, w = operands(tp, fmp.num_weights, seed=4)
+    with pytest.raises(TypeError, match="reshape"):
+        e3nn_pattern(tp, x, y, w)
+    cot = jax.random.normal(jax.random.key(5), (N, tp.irreps_out.dim), jnp.float64)
+
+    def ours(a, b, c):
+        return jnp.sum(
+            fmp(e3nn.IrrepsArray(tp.irreps_in1, a), e3nn.IrrepsArray(y.irreps, b), c, SENDERS, RECEIVERS).array * cot
+        )
+
+    def theirs(a, b, c):
+        return jnp.sum(
+            e3nn_pattern(same, e3nn.IrrepsArray(same.irreps_in1, a), e3nn.IrrepsArray(y.irreps, b), c).array * cot
+        )
+
+    got = fmp(x, y, w, SENDERS, RECEIVERS)
+    assert got.irreps == tp.irreps_out
+    np.testing.assert_allclose(
+        got.array, e3nn_pattern(same, e3nn.IrrepsArray(same.irreps_in1, x.array), y, w).array, rtol=1e-12, atol=1e-12
+    )
+    for g, r in zip(jax.grad(ours, (0, 1, 2))(x.array, y.array, w), jax.grad(theirs, (0, 1, 2))(x.array, y.array, w)):
+        assert float(jnp.abs(r).max()) > 0.1
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
+
+
 def test_marks_on_differently_chunked_node_features():
     """Node features whose irreps split a block of ``tp.irreps_in1`` (as ``rechunk`` allows): the
     block is skipped only where all of its parts are marked, as e3nn's ``rechunk`` merges the marks."""
