@@ -83,6 +83,47 @@ def test_an_empty_self_connection_is_none(empty):
         e3j.MulIrConvolution("2x0e + 1o", "0e + 1o", "3e", self_connection=empty)
 
 
+@pytest.mark.parametrize(
+    "keep, kept",
+    [
+        (lambda mul_ir: mul_ir.ir.l < 2, "0e + 1o"),
+        (lambda mul_ir: mul_ir.ir.p == -1, "1o"),
+        (lambda mul_ir: mul_ir.ir == e3nn.Irrep("3o"), ""),  # no block: tp regrouped, as for []
+    ],
+)
+def test_self_connection_as_a_callable(keep, kept):
+    """e3nn's ``m.filter(keep)`` takes a ``MulIrrep -> bool``; so does the drop-in, as the irreps it keeps."""
+    irreps_x, irreps_y, filter_ = "4x0e + 2x1o + 2x0e + 2x2e", "0e + 1o + 2e", "0e + 1o + 2e"
+    mp = interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=keep)
+    assert mp.plan == interop.MessagePassing(irreps_x, irreps_y, filter_, self_connection=kept).plan
+    x, y, w = operands(irreps_x, irreps_y, mp.num_weights, seed=8)
+    ref = e3nn_pattern(x, y, w, filter_, keep)
+    out = mp(x, y, w, SENDERS, RECEIVERS)
+    assert out.irreps == ref.irreps
+    np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
+    out = interop.message_passing(x, y, w, SENDERS, RECEIVERS, filter_ir_out=filter_, self_connection=keep)
+    np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-12)
+
+
+def test_self_connection_callable_that_splits_an_irrep_is_refused():
+    def keep(mul_ir):
+        return mul_ir.mul > 3
+
+    with pytest.raises(ValueError, match=r"self_connection \(a callable\) keeps some blocks of 0e in irreps_node"):
+        interop.MessagePassing("4x0e + 2x1o + 2x0e", "0e + 1o", "0e + 1o", self_connection=keep)
+    # asked about the call's blocks too, which e3nn's filter reads: 6x0e is kept, 2x0e + 4x0e splits,
+    # 3x0e + 3x0e is dropped
+    mp = interop.MessagePassing("6x0e + 2x1o", "0e + 1o", "0e + 1o", self_connection=keep)
+    x, y, w = operands("6x0e + 2x1o", "0e + 1o", mp.num_weights)
+    with pytest.raises(ValueError, match=r"keeps some blocks of 0e"):
+        mp(e3nn.IrrepsArray("2x0e + 4x0e + 2x1o", x.array), y, w, SENDERS, RECEIVERS)
+    with pytest.raises(ValueError, match=r"keeps other irreps of node_feats' blocks 3x0e\+3x0e\+2x1o than of"):
+        mp(e3nn.IrrepsArray("3x0e + 3x0e + 2x1o", x.array), y, w, SENDERS, RECEIVERS)
+    np.testing.assert_allclose(
+        mp(x, y, w, SENDERS, RECEIVERS).array, e3nn_pattern(x, y, w, "0e + 1o", keep).array, rtol=1e-12, atol=1e-12
+    )
+
+
 def test_irreps_array_weights_as_e3nn_multiplies_them():
     """``e3nn.flax.MultiLayerPerceptron`` returns ``IrrepsArray("Wx0e")`` for an IrrepsArray input, and
     e3nn's ``m * w`` takes it; the drop-in takes it too, values and gradients equal."""

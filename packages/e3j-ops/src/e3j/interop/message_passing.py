@@ -61,6 +61,9 @@ class MessagePassing:
     what e3nn's ``m * w`` broadcasts: ``[num_weights]`` (the same for every edge), ``[E, 1]`` or a
     scalar (the same for every copy), taken as factored weights, with no per-edge copy.
     Returns ``IrrepsArray [N, mp.irreps_out]``.
+    ``self_connection`` takes what e3nn's ``IrrepsArray.filter`` keeps: irreps, a list of irreps, or
+    a callable ``MulIrrep -> bool`` asked about each block of ``irreps_node`` (it must keep or drop
+    all blocks of an irrep together).
     Mixed multiplicities run natively (one convolution per multiplicity, ``mp.groups``);
     ``grouping="gcd"`` runs them as gcd copies instead (see :class:`e3j.MulIrConvolution`).
     As e3nn's ``m * w``, the call reads ``e3nn.config("irrep_normalization")``: under ``"none"``
@@ -96,10 +99,11 @@ class MessagePassing:
         irrep_normalization = check_irrep_normalization(irrep_normalization)
         self.irreps_node = as_irreps(irreps_node, "irreps_node")
         self.irreps_edge = as_irreps(irreps_edge, "irreps_edge")
+        self._keep_blocks = self_connection if _is_block_test(self_connection) else None
         # the product's static arguments, as MulIrConvolution takes them (errors name e3nn's arguments)
         self._args = (
             normalize_filter(filter_ir_out, "filter_ir_out"),
-            normalize_filter(self_connection, "self_connection"),
+            _self_connection(self_connection, self.irreps_node),
             irrep_normalization,
             grouping,
         )
@@ -140,6 +144,11 @@ class MessagePassing:
             f"one per irrep copy of {self.irreps_out}, e3nn's order", senders, receivers, graph, simplify=True,
             broadcast=True,
         )  # fmt: skip
+        if self._keep_blocks is not None and _self_connection(self._keep_blocks, node_feats.irreps) != self._args[1]:
+            raise ValueError(
+                f"self_connection (a callable) keeps other irreps of node_feats' blocks {node_feats.irreps} than of "
+                f"irreps_node's {to_e3nn_irreps(self.irreps_node)}: build MessagePassing with node_feats.irreps"
+            )
         args, convolution = self._args, self.convolution
         normalization = check_irrep_normalization(self._irrep_normalization)
         if normalization != args[2]:  # e3nn.config changed since construction
@@ -167,6 +176,32 @@ class MessagePassing:
             out = out * jnp.asarray(_none_normalization_rows(self.plan.irreps_out), out.dtype)
         irreps = self.irreps_out if w_blocks is None else e3nn.elementwise_tensor_product(self.irreps_out, w_blocks)
         return e3nn.IrrepsArray(irreps, out)
+
+
+def _is_block_test(self_connection) -> bool:
+    """A callable as e3nn's ``IrrepsArray.filter`` takes one (``MulIrrep -> bool``), not irreps."""
+    return callable(self_connection) and not isinstance(self_connection, type)
+
+
+def _self_connection(self_connection, irreps_node) -> tuple | None:
+    """The irreps ``m.filter(self_connection)`` keeps, as :class:`e3j.MulIrConvolution` takes them.
+
+    A callable is asked about each block of ``irreps_node`` (an ``e3nn.MulIrrep``, as e3nn's
+    ``filter`` asks it); the convolution keeps or drops all blocks of an irrep together, so a
+    callable that keeps some blocks of an irrep and drops others is refused."""
+    if not _is_block_test(self_connection):
+        return normalize_filter(self_connection, "self_connection")
+    answers: dict = {}
+    for mul_ir in to_e3nn_irreps(as_irreps(irreps_node, "irreps_node")):
+        answers.setdefault(mul_ir.ir, set()).add(bool(self_connection(mul_ir)))
+    split = [str(ir) for ir, kept in answers.items() if len(kept) > 1]
+    if split:
+        raise ValueError(
+            f"self_connection (a callable) keeps some blocks of {', '.join(split)} in irreps_node "
+            f"{to_e3nn_irreps(as_irreps(irreps_node, 'irreps_node'))} and drops others: the fused self "
+            "connection keeps an irrep's blocks together; keep them all, or none"
+        )
+    return normalize_filter([ir for ir, kept in answers.items() if True in kept], "self_connection")
 
 
 @lru_cache(maxsize=256)
