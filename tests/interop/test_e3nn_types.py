@@ -143,7 +143,7 @@ def test_spherical_harmonics_bad_irreps_named():
         e3j.spherical_harmonics("1o", e3nn.IrrepsArray("1e", jnp.ones(3)), True)
     with pytest.raises(ValueError, match=r"input must be a single vector \(1x1o or 1x1e\), got 2x1o"):
         e3j.spherical_harmonics(2, e3nn.IrrepsArray("2x1o", jnp.ones(6)), True)
-    with pytest.raises(ValueError, match="mix parities"):
+    with pytest.raises(ValueError, match="odd degrees of both parities"):
         e3j.spherical_harmonics(e3nn.Irreps("1o + 1e"), jnp.ones(3), True)
     with pytest.raises(ValueError, match="expected an int, a list of ints or Irreps"):
         e3j.spherical_harmonics(["0e", "bad"], jnp.ones(3), True)

@@ -255,8 +255,13 @@ def test_bad_inputs_raise():
         e3j.spherical_harmonics([0, -2], v, True)
     with pytest.raises(ValueError, match="degree l must be >= 0"):
         e3j.spherical_harmonics("-1e", v, True)
-    for irreps in ("1o + 1e", "0o", "2o", "0e + 1o + 3e"):
-        with pytest.raises(ValueError, match="mix parities"):
+    for irreps, what in [
+        ("1o + 1e", "odd degrees of both parities"),
+        ("0o", r"an even degree with odd parity \(0o\)"),
+        ("2o + 1o + 0o", r"an even degree with odd parity \(2o, 0o\)"),
+        ("0e + 1o + 3e", "odd degrees of both parities"),
+    ]:
+        with pytest.raises(ValueError, match=f"irreps .* have {what}: spherical harmonics of a vector"):
             e3j.spherical_harmonics(irreps, v, True)
     # a truthy non-bool (a string, None, another number or array) would silently pick one branch
     for normalize in ("no", None, 2, 0.0, jnp.array([True]), jnp.array(0.5), np.int64(-1)):

@@ -342,9 +342,11 @@ def _as_ls(ls: int | Sequence[int] | Irreps | str, name: str = "ls") -> tuple[in
     except (TypeError, ValueError) as err:
         raise ValueError(f"{name}: expected an int, a list of ints or Irreps, got {ls!r} ({err})") from None
     odd = {ir.p for _, ir in irreps if ir.l % 2}
-    if len(odd) > 1 or any(ir.p != 1 for _, ir in irreps if ir.l % 2 == 0):
+    odd_even = [str(ir) for _, ir in irreps if ir.l % 2 == 0 and ir.p != 1]
+    if len(odd) > 1 or odd_even:
+        what = f"an even degree with odd parity ({', '.join(odd_even)})" if odd_even else "odd degrees of both parities"
         raise ValueError(
-            f"{name}: irreps {irreps} mix parities: spherical harmonics of a vector (1o) or a "
+            f"{name}: irreps {irreps} have {what}: spherical harmonics of a vector (1o) or a "
             "pseudovector (1e) have parity p**l for one p, so even degrees are always 'e'"
         )
     return tuple(ir.l for mul, ir in irreps for _ in range(mul))
