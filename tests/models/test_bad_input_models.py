@@ -526,6 +526,13 @@ BAD = {
         ValueError,
         r"node_irreps must hold 0e features \(the energy is read from them\), got '0o \+ 1o \+ 0x0e'",
     ),
+    # with 0e edge attributes only, features of other irreps stay zero
+    "nequip node_irreps l_max 0": (
+        lambda: M.nequip((1,), node_irreps="2x0e + 0o + 1o + 2e", l_max=0),
+        ValueError,
+        r"node_irreps '2x0e \+ 0o \+ 1o \+ 2e': with l_max 0 \(spherical harmonics 0e only\) the features of "
+        r"0o, 1o, 2e are always zero; keep only 0e, or raise l_max",
+    ),
     # neighbours
     "bucket_size n": (lambda: M.bucket_size(-1), ValueError, r"n must be an int >= 0, got -1"),
     "bucket_size multiple": (lambda: M.bucket_size(10, multiple=0), ValueError, r"multiple must be an int > 0, got 0"),

@@ -12,6 +12,7 @@ pytest.importorskip("optax")
 
 from ase.calculators.emt import EMT
 
+from e3j_core import Irreps
 from e3j_models import Potential, load, nequip
 from e3j_models.__main__ import main
 from e3j_models.data import emt_structures, read_dataset, write_dataset
@@ -687,6 +688,27 @@ def test_cli_train_passes_its_flags_to_fit(tmp_path, monkeypatch, flag, key, val
     with pytest.raises(SystemExit, match="fit called"):
         main(["train", "--data", str(data), "--preset", "nequip", "--out", str(tmp_path / "run"), *flag])
     assert seen[key] == value and type(seen[key]) is type(value)
+
+
+@pytest.mark.parametrize(
+    "l_max, node_irreps", [(0, "2x0e"), (1, "2x0e + 1o"), (2, "2x0e + 1o + 2e"), (3, "2x0e + 1o + 2e")]
+)
+def test_cli_train_nequip_node_irreps_follow_l_max(tmp_path, monkeypatch, l_max, node_irreps):
+    """With ``--l-max 0`` the edges carry 0e only, so features of higher degree would stay zero."""
+    import e3j_models.train as train_module
+
+    data = tmp_path / "d.extxyz"
+    main(["data", "--num", "3", "--out", str(data)])
+    seen = []
+
+    def fake_fit(config, *args, **kwargs):
+        seen.append(config)
+        raise SystemExit("fit called")
+
+    monkeypatch.setattr(train_module, "fit", fake_fit)
+    with pytest.raises(SystemExit, match="fit called"):
+        main(["train", "--data", str(data), "--preset", "nequip", "--l-max", str(l_max), "--out", str(tmp_path / "r")])
+    assert (seen[0].l_max, seen[0].node_irreps) == (l_max, str(Irreps(node_irreps)))
 
 
 def test_cli_names_elements_held_only_by_validation_structures(tmp_path, monkeypatch):

@@ -225,7 +225,7 @@ def _train(args) -> None:
         overrides["node_symmetry"] = min(args.l_max, 1 if args.preset == "mace_b" else 2)
     else:
         overrides["radial_mlp"] = (args.radial_hidden,) * 2
-        overrides["node_irreps"] = "2x0e + 1o" if args.l_max == 1 else "2x0e + 1o + 2e"
+        overrides["node_irreps"] = {0: "2x0e", 1: "2x0e + 1o"}.get(args.l_max, "2x0e + 1o + 2e")
     if e0 is not None:
         missing = [z for z in elements if z not in e0]
         if missing:

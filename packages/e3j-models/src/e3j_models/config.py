@@ -173,6 +173,13 @@ class NequIPConfig:
             raise ValueError(
                 f"node_irreps must hold 0e features (the energy is read from them), got {self.node_irreps!r}"
             )
+        dead = sorted({str(ir) for mul, ir in irreps if mul > 0 and (ir.l, ir.p) != (0, 1)})
+        if self.l_max == 0 and dead:
+            # products with 0e edge attributes keep the 0e embedding 0e: these features stay zero
+            raise ValueError(
+                f"node_irreps {self.node_irreps!r}: with l_max 0 (spherical harmonics 0e only) the "
+                f"features of {', '.join(dead)} are always zero; keep only 0e, or raise l_max"
+            )
         # stored as its string, whatever form it came in (e3j or e3nn-jax Irreps, (mul, (l, p))
         # pairs): the config stays hashable and JSON-able, so it saves and loads
         _freeze(self, "node_irreps", str(irreps))
