@@ -2,8 +2,9 @@
 
 Each structure is a periodic fcc supercell (``repeats`` conventional cells of 4 atoms: 32 to 108
 atoms) of a random Cu/Ni composition (Ni fraction uniform in [0, 1], sites assigned at random) at
-Vegard's-law lattice constant, with a random symmetric strain (each component normal with
-``strain`` standard deviation), 0 to ``max_vacancies`` vacancies and Gaussian thermal displacements
+Vegard's-law lattice constant, with a random symmetric strain ``(ε + εᵀ) / 2`` of a matrix ``ε``
+whose components are normal with standard deviation ``strain`` (so ``strain`` on the diagonal and
+``strain / √2`` off it), 0 to ``max_vacancies`` vacancies and Gaussian thermal displacements
 of standard deviation ``0.1 Å · sqrt(T / 1000 K)`` for a temperature uniform in ``temperatures``.
 Energy, forces and stress come from :class:`ase.calculators.emt.EMT` (ASE's effective-medium theory,
 which ships parameters for Al, Cu, Ag, Au, Ni, Pd, Pt; Cu–Ni is a textbook fcc solid solution).

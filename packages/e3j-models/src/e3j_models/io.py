@@ -135,8 +135,11 @@ def load(path: str | os.PathLike) -> tuple[MACEConfig | NequIPConfig, dict[str, 
         data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise
-    except _UNREADABLE as err:  # numpy says "pickled data" for a file that is no zip
-        raise ValueError(f"{where!r} is not an e3j-models file (an .npz written by save): {err}") from err
+    except _UNREADABLE as err:
+        # numpy reads a file that is neither a zip nor a .npy array as a pickle, and its refusal
+        # suggests loading it unsafely: not advice for a model file
+        why = "neither a zip archive nor a .npy array" if "pickle" in str(err) else str(err)
+        raise ValueError(f"{where!r} is not an e3j-models file (an .npz written by save): {why}") from err
     if not isinstance(data, np.lib.npyio.NpzFile):  # a lone .npy array
         raise ValueError(f"{where!r} is not an e3j-models file (an .npz written by save): a single array")
     with data:
