@@ -8,7 +8,13 @@ import sys
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from e3j_core.dependencies import IncompatibleDependency, check_dependency, declared_range
+from e3j_core.dependencies import (
+    IncompatibleDependency,
+    _extra_requirements,
+    check_dependency,
+    declared_range,
+    install_hint,
+)
 
 
 def _fake_distribution(site, name, version, requires=()):
@@ -24,8 +30,41 @@ def _fake_distribution(site, name, version, requires=()):
 def site(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     declared_range.cache_clear()
+    _extra_requirements.cache_clear()
     yield tmp_path
     declared_range.cache_clear()
+    _extra_requirements.cache_clear()
+
+
+def test_install_hint_names_the_extras_requirements(site):
+    """The requirements one by one, never ``e3j[...]`` (pip may resolve ``e3j`` to an unrelated
+    project on PyPI): only the extra's own lines, each with its range and the dependency's extras."""
+    _fake_distribution(
+        site,
+        "e3j-fake-ops",
+        "0.1.0",
+        [
+            "numpy>=1.26",
+            'e3nn-jax<0.22,>=0.21; extra == "e3nn"',
+            'jax[cuda13]>=0.11.1; extra == "cuda"',
+            'e3j-fake-kernels<0.2,>=0.1; extra == "cuda"',
+            'ase>=3.25; extra == "train" and python_version >= "3"',
+        ],
+    )
+    assert install_hint("e3j-fake-ops", "e3nn", "e3nn-jax") == "pip install 'e3nn-jax<0.22,>=0.21'"
+    assert install_hint("e3j-fake-ops", "cuda", "x") == "pip install 'jax[cuda13]>=0.11.1' 'e3j-fake-kernels<0.2,>=0.1'"
+    assert install_hint("e3j-fake-ops", "train", "ase") == "pip install 'ase>=3.25'"
+    # an unknown extra, or no installed metadata (a source tree): the fallback
+    assert install_hint("e3j-fake-ops", "tpu", "jax[tpu]") == "pip install jax[tpu]"
+    assert install_hint("e3j-not-installed", "e3nn", "e3nn-jax") == "pip install e3nn-jax"
+
+
+def test_install_hints_of_this_projects_extras():
+    """The hints e3j and e3j-models give read their pyproject.toml's extras (installed metadata)."""
+    assert install_hint("e3j", "e3nn", "?") == "pip install 'e3nn-jax<0.22,>=0.21'"
+    assert install_hint("e3j", "flax", "?") == "pip install 'flax>=0.12.7'"
+    assert install_hint("e3j-models", "e3nn", "?") == "pip install 'e3nn-jax<0.22,>=0.21'"
+    assert install_hint("e3j-models", "ase", "?") == "pip install 'ase>=3.23'"
 
 
 def test_declared_range_is_the_unconditional_requirement(site):

@@ -213,8 +213,14 @@ def test_zero_vector_with_normalize():
         (lambda: spherical_harmonics(-1, np.ones(3), True), "l must be an int >= 0"),
         (lambda: spherical_harmonics(1, np.ones(3), True, "unit"), "normalization must be one of"),
         (lambda: spherical_harmonics(1, np.ones((4, 2)), True), r"shape \[\.\.\., 3\]"),
-        (lambda: spherical_harmonics("1o + 1e", np.ones(3), True), "ls: irreps 1x1o\\+1x1e have odd degrees of both parities"),
-        (lambda: spherical_harmonics("2o", np.ones(3), True), r"irreps 1x2o have an even degree with odd parity \(2o\)"),
+        (
+            lambda: spherical_harmonics("1o + 1e", np.ones(3), True),
+            "ls: irreps 1x1o\\+1x1e have odd degrees of both parities",
+        ),
+        (
+            lambda: spherical_harmonics("2o", np.ones(3), True),
+            r"irreps 1x2o have an even degree with odd parity \(2o\)",
+        ),
         (lambda: spherical_harmonics([1, 2.5], np.ones(3), True), "each l"),
         (lambda: spherical_harmonic_polynomials("1q"), "ls: expected an int, a list of ints or Irreps, got '1q'"),
         (lambda: spherical_harmonic_polynomials(None), "ls: expected an int, a list of ints or Irreps, got None"),

@@ -26,7 +26,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-__all__ = ["IncompatibleDependency", "check_dependency", "declared_range"]
+__all__ = ["IncompatibleDependency", "check_dependency", "declared_range", "install_hint"]
 
 
 class IncompatibleDependency(ImportError):
@@ -63,6 +63,40 @@ def declared_range(distribution: str, dependency: str) -> SpecifierSet | None:
     return found
 
 
+@functools.cache
+def _extra_requirements(distribution: str, extra: str) -> tuple[str, ...]:
+    """The requirements ``distribution`` declares for its ``[extra]`` only, without their markers."""
+    try:
+        requires = importlib.metadata.requires(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return ()
+    out = []
+    for line in requires or ():
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({"extra": ""}) or not req.marker.evaluate({"extra": extra}):
+            continue
+        req.marker = None
+        out.append(str(req))
+    return tuple(out)
+
+
+def install_hint(distribution: str, extra: str, fallback: str) -> str:
+    """``pip install`` of what ``distribution``'s ``[extra]`` brings, each requirement named with its range.
+
+    The requirements are named one by one, not as ``distribution[extra]``: pip may resolve ``e3j``
+    to an unrelated project of that name on PyPI (docs/install.md), and the other distributions of
+    this project are not on PyPI. Read from the installed metadata, like :func:`declared_range`;
+    where there is none (a source tree) or the extra is unknown, ``pip install <fallback>``.
+
+    >>> install_hint("e3j-core", "no-such-extra", "numpy")
+    'pip install numpy'
+    """
+    requirements = _extra_requirements(distribution, extra)
+    if not requirements:
+        return f"pip install {fallback}"
+    return "pip install " + " ".join(f"'{r}'" for r in requirements)
+
+
 def check_dependency(distribution: str, dependency: str) -> None:
     """Raise :class:`IncompatibleDependency` unless the installed ``dependency`` is in ``distribution``'s range.
 
@@ -92,5 +126,5 @@ def check_dependency(distribution: str, dependency: str) -> None:
         raise IncompatibleDependency(
             f"{distribution} {own} is built and tested for {wanted} (its declared requirement), but "
             f"{dependency} {installed} is installed; install a {dependency} in that range "
-            f"(pip install '{wanted}') or a {distribution} release that supports {dependency} {installed}"
+            f"(pip install '{wanted}') or a release of {distribution} that supports {dependency} {installed}"
         )

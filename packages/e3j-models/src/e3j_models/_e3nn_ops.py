@@ -20,7 +20,9 @@ from e3j import FactoredWeights, Irreps
 try:
     import e3nn_jax as e3nn
 except ImportError as err:  # pragma: no cover - exercised only without the extra
-    raise ImportError("backend='e3nn' needs e3nn-jax: pip install 'e3j-models[e3nn]'") from err
+    from e3j_core.dependencies import install_hint
+
+    raise ImportError(f"backend='e3nn' needs e3nn-jax: {install_hint('e3j-models', 'e3nn', 'e3nn-jax')}") from err
 
 
 def _irreps(irreps) -> e3nn.Irreps:

@@ -12,6 +12,7 @@ import importlib.util
 from types import ModuleType
 
 import e3j
+from e3j_core.dependencies import install_hint
 
 # pip resolves e3j-models' "e3j>=0.1,<0.2" to an unrelated project of that name on PyPI when this
 # project's e3j is not installed first: named here, before the imports that would fail on it
@@ -33,7 +34,7 @@ def missing(module: str, what: str, extra: str | None = None) -> ImportError:
     (``extra``, else the smallest one that has it)."""
     top = module.split(".")[0]
     extra = extra or _EXTRAS.get(top)
-    how = f"pip install 'e3j-models[{extra}]'" if extra else f"pip install {top}"
+    how = install_hint("e3j-models", extra, top) if extra else f"pip install {top}"
     if module != top and importlib.util.find_spec(top) is not None:
         # installed, but too old for the submodule (ase < 3.25 has no ase.md.nose_hoover_chain)
         try:

@@ -2,7 +2,7 @@
 
 One panel per (op, direction): throughput (GB/s) against batch or node count on a log2 axis, one
 line per implementation, lmax and channel count, with the device copy measured in the same run and
-the datasheet bandwidth (when known) as horizontal lines. Needs matplotlib (``pip install e3j[bench]``).
+the datasheet bandwidth (when known) as horizontal lines. Needs matplotlib (e3j's ``bench`` extra).
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ def require_matplotlib():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as err:
-        raise RuntimeError("plotting needs matplotlib: pip install 'e3j[bench]'") from err
+        from e3j_core.dependencies import install_hint
+
+        raise RuntimeError(f"plotting needs matplotlib: {install_hint('e3j', 'bench', 'matplotlib')}") from err
     return plt
 
 

@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from e3j_core.dependencies import install_hint
+
 from . import backends as _backends
 from ._bench import (
     convolution_bytes,
@@ -547,7 +549,8 @@ def _check_implementations(names) -> None:
             try:
                 import e3nn_jax  # noqa: F401
             except ImportError:
-                raise SystemExit("e3j bench: --backends e3nn needs e3nn-jax: pip install 'e3j[e3nn]'") from None
+                how = install_hint("e3j", "e3nn", "e3nn-jax")
+                raise SystemExit(f"e3j bench: --backends e3nn needs e3nn-jax: {how}") from None
         elif name not in installed:
             raise SystemExit(
                 f"e3j bench: --backends {name}: not an installed backend (installed: {', '.join(installed)}, or e3nn)"

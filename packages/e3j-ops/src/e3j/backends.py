@@ -532,7 +532,11 @@ def select_backend(req: OpRequest, requested: str | None, *, warn: bool = True, 
         listed = "; ".join([*reasons, f"reference: {reason}"])
         raise BackendError(f"no backend can run {req.op} on {req.platform}: {listed}")
     if req.platform != "cpu" and warn:
-        why = "; ".join(reasons) if reasons else "no kernel backend is installed (e.g. pip install e3j[cuda])"
+        why = (
+            "; ".join(reasons)
+            if reasons
+            else "no kernel backend is installed (e3j-cuda, e3j-pallas-gpu or e3j-pallas-tpu: docs/install.md)"
+        )
         _warn_once(
             ("fallback", req.op, req.platform),
             f"e3j {req.op} on {req.platform} falls back to the pure-JAX reference backend: {why}",

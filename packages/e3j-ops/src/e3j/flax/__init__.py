@@ -18,7 +18,9 @@ return its output as :class:`e3j.FactoredWeights` (no per-edge reordering of the
 try:
     import flax  # noqa: F401
 except ImportError as err:  # pragma: no cover - exercised only without the extra
-    raise ImportError("e3j.flax needs flax: pip install 'e3j[flax]'") from err
+    from e3j_core.dependencies import install_hint
+
+    raise ImportError(f"e3j.flax needs flax: {install_hint('e3j', 'flax', 'flax')}") from err
 
 from .linear import Linear
 from .message_passing import MessagePassing

@@ -27,7 +27,9 @@ See ``docs/porting.md`` for a NequIP layer before and after.
 try:
     import e3nn_jax  # noqa: F401
 except ImportError as err:  # pragma: no cover - exercised only without the extra
-    raise ImportError("e3j.interop needs e3nn-jax: pip install 'e3j[e3nn]'") from err
+    from e3j_core.dependencies import install_hint
+
+    raise ImportError(f"e3j.interop needs e3nn-jax: {install_hint('e3j', 'e3nn', 'e3nn-jax')}") from err
 
 from .functional import FunctionalMessagePassing
 from .layout import from_irreps_array, to_e3nn_irreps, to_irreps_array
