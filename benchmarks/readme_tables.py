@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -332,7 +331,11 @@ def updated(text: str) -> str:
 
 
 if __name__ == "__main__":
-    if "--write" in sys.argv:
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Render docs/benchmarks.md's tables from benchmarks/results.")
+    parser.add_argument("--write", action="store_true", help="replace the marked blocks in docs/benchmarks.md")
+    if parser.parse_args().write:
         PAGE.write_text(updated(PAGE.read_text()))
     else:
         for name in blocks(PAGE.read_text()):
