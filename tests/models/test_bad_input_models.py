@@ -527,6 +527,12 @@ BAD = {
         r"node_irreps must hold 0e features \(the energy is read from them\), got '0o \+ 1o \+ 0x0e'",
     ),
     # with 0e edge attributes only, features of other irreps stay zero
+    # Cout is read from the weights: with none it was silently 1
+    "E3jOps.linear no weights": (
+        lambda: M.E3jOps().linear("0e", "1o", {}, jnp.ones((2, 1, 4))),
+        ValueError,
+        r"linear: weights is empty \(irreps_in and irreps_out have no irrep in common\)",
+    ),
     "nequip node_irreps l_max 0": (
         lambda: M.nequip((1,), node_irreps="2x0e + 0o + 1o + 2e", l_max=0),
         ValueError,

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from e3j_models import bessel_basis, radial_embedding
+from e3j_models import bessel_basis, polynomial_envelope, radial_embedding
 
 CUTOFF, P = 4.0, 6
 
@@ -60,3 +60,20 @@ def test_radial_embedding_masked_rows_have_zero_gradient_at_zero_length():
     r = jnp.array([0.0, 1.0, 2.0], jnp.float32)
     grad = jax.grad(lambda r_: jnp.sum(radial_embedding(r_, 8, CUTOFF, P)))(r)
     assert np.isfinite(np.asarray(grad)).all() and float(grad[0]) == 0.0
+
+
+@pytest.mark.parametrize("p", [1, 2, 6, 8])
+def test_envelope_is_twice_differentiable_at_the_cutoff(p):
+    """Value, first and second derivatives reach 0 at the cutoff from below (so forces and their
+    derivatives are continuous there); the third jumps, whatever ``p`` (``(p+1)p(p+2)``·… ≠ 0)."""
+    with jax.enable_x64(True):
+        env = lambda r: polynomial_envelope(r, CUTOFF, p)  # noqa: E731
+        derivatives = [env]
+        for _ in range(3):
+            derivatives.append(jax.grad(derivatives[-1]))
+        below = jnp.float64(CUTOFF * (1 - 1e-9))
+        values = [float(d(below)) for d in derivatives]
+        assert all(abs(v) < 1e-6 for v in values[:3]), values
+        # the third derivative at the cutoff: -p(p+1)(p+2) / rc^3
+        np.testing.assert_allclose(values[3], -p * (p + 1) * (p + 2) / CUTOFF**3, rtol=1e-5)
+        assert [float(d(jnp.float64(CUTOFF * 1.5))) for d in derivatives] == [0.0] * 4

@@ -691,10 +691,21 @@ def test_cli_train_passes_its_flags_to_fit(tmp_path, monkeypatch, flag, key, val
 
 
 @pytest.mark.parametrize(
-    "l_max, node_irreps", [(0, "2x0e"), (1, "2x0e + 1o"), (2, "2x0e + 1o + 2e"), (3, "2x0e + 1o + 2e")]
+    "preset, l_max, field, value",
+    [
+        ("nequip", 0, "node_irreps", "2x0e"),
+        ("nequip", 1, "node_irreps", "2x0e + 1o"),
+        ("nequip", 2, "node_irreps", "2x0e + 1o + 2e"),
+        ("nequip", 3, "node_irreps", "2x0e + 1o + 2e"),
+        ("mace_a", 0, "node_symmetry", 0),
+        ("mace_a", 1, "node_symmetry", 1),
+        ("mace_a", 3, "node_symmetry", 2),  # Table 3's MACE (a): 2
+        ("mace_b", 3, "node_symmetry", 1),  # Table 3's MACE (b): 1
+    ],
 )
-def test_cli_train_nequip_node_irreps_follow_l_max(tmp_path, monkeypatch, l_max, node_irreps):
-    """With ``--l-max 0`` the edges carry 0e only, so features of higher degree would stay zero."""
+def test_cli_train_hidden_irreps_follow_l_max(tmp_path, monkeypatch, preset, l_max, field, value):
+    """The preset's node features, capped by ``--l-max`` (with ``--l-max 0`` the edges carry 0e
+    only, so features of higher degree would stay zero)."""
     import e3j_models.train as train_module
 
     data = tmp_path / "d.extxyz"
@@ -707,8 +718,9 @@ def test_cli_train_nequip_node_irreps_follow_l_max(tmp_path, monkeypatch, l_max,
 
     monkeypatch.setattr(train_module, "fit", fake_fit)
     with pytest.raises(SystemExit, match="fit called"):
-        main(["train", "--data", str(data), "--preset", "nequip", "--l-max", str(l_max), "--out", str(tmp_path / "r")])
-    assert (seen[0].l_max, seen[0].node_irreps) == (l_max, str(Irreps(node_irreps)))
+        main(["train", "--data", str(data), "--preset", preset, "--l-max", str(l_max), "--out", str(tmp_path / "r")])
+    want = str(Irreps(value)) if field == "node_irreps" else value
+    assert (seen[0].l_max, getattr(seen[0], field)) == (l_max, want)
 
 
 def test_cli_names_elements_held_only_by_validation_structures(tmp_path, monkeypatch):

@@ -220,11 +220,11 @@ def _train(args) -> None:
     overrides = {"num_channels": args.channels, "l_max": args.l_max, "cutoff": args.cutoff}
     if args.layers is not None:
         overrides["num_layers"] = args.layers
-    if args.preset.startswith("mace"):
-        overrides["radial_mlp"] = (args.radial_hidden,) * 2
-        overrides["node_symmetry"] = min(args.l_max, 1 if args.preset == "mace_b" else 2)
+    overrides["radial_mlp"] = (args.radial_hidden,) * 2
+    preset = getattr(cfgs, args.preset)
+    if args.preset.startswith("mace"):  # the preset's node symmetry, capped by --l-max
+        overrides["node_symmetry"] = min(args.l_max, preset(elements).node_symmetry)
     else:
-        overrides["radial_mlp"] = (args.radial_hidden,) * 2
         overrides["node_irreps"] = {0: "2x0e", 1: "2x0e + 1o"}.get(args.l_max, "2x0e + 1o + 2e")
     if e0 is not None:
         missing = [z for z in elements if z not in e0]
@@ -232,7 +232,7 @@ def _train(args) -> None:
             raise SystemExit(f"error: --e0s isolated: --data has no isolated atom of element(s) {missing}")
         overrides["atomic_energies"] = tuple(e0[z] for z in elements)
     try:
-        config = getattr(cfgs, args.preset)(elements, **overrides)
+        config = preset(elements, **overrides)
     except (TypeError, ValueError) as err:  # a config field refused: named by the flag that set it
         field = str(err).split(" ", 1)[0]
         flag = _RESUME_FLAGS.get(f"config.{field}")

@@ -17,6 +17,8 @@ import numpy as np
 
 from e3j import FactoredWeights, Irreps
 
+from .ops import linear_channels_out
+
 try:
     import e3nn_jax as e3nn
 except ImportError as err:  # pragma: no cover - exercised only without the extra
@@ -83,7 +85,7 @@ class E3nnOps:
 
     def linear(self, irreps_in, irreps_out, weights, x):
         channels_in = x.shape[-1]
-        channels_out = next(iter(weights.values())).shape[-1] if weights else 1
+        channels_out = linear_channels_out(weights)
         ein, eout = _irreps(irreps_in), _irreps(irreps_out)
         _single_blocks(ein, "irreps_in")
         _single_blocks(eout, "irreps_out")

@@ -71,8 +71,8 @@ def _per_structure_weights(labels: Labels) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=0)
 def _energy_and_forces(potential: Potential, params, batch):
-    # one jitted function for every call: keyed by the potential (its identity) and the batch's
-    # shapes, so fit's validation compiles once, not at every eval_every step
+    # one jitted function for every call: keyed by the potential (by equality: config, backend,
+    # radial form) and the batch's shapes, so fit's validation compiles once, not at every eval_every step
     return potential(params, batch, forces=True)
 
 

@@ -14,7 +14,8 @@ Operations (all static irreps are :class:`e3j.Irreps`):
   which e3j computes inside its convolution and the e3nn-jax twin multiplies out.
 - ``tensor_product(irreps_x, irreps_y, filter, x [B, Dx, C], y [B, Dy, C]) -> [B, Dout, C]``, channel-wise.
 - ``linear(irreps_in, irreps_out, weights, x [B, Din, Cin]) -> [B, Dout, Cout]``: :class:`e3j.Linear`'s
-  weights and normalization.
+  weights and normalization; ``Cout`` is read from the weights, so ``weights`` must not be empty
+  (irreps with no irrep in common: the output is zeros, which the caller builds).
 - ``symmetric_contraction(spec, weights, x [N, D, C], species [N]) -> [N, D_out, C]``: MACE's product
   basis (see :mod:`e3j_models.symmetric_contraction`); the one place a fused kernel plugs in.
 
@@ -60,6 +61,16 @@ class Ops(Protocol):
     ) -> jax.Array: ...
 
 
+def linear_channels_out(weights: dict[str, jax.Array]) -> int:
+    """``Cout`` of :meth:`Ops.linear`'s weights (:class:`e3j.Linear`'s, ``[mul_in, mul_out, Cin, Cout]`` each)."""
+    if not weights:
+        raise ValueError(
+            "linear: weights is empty (irreps_in and irreps_out have no irrep in common), so the output's "
+            "channel count cannot be read from it; the output is zeros [B, D_out, C_out]"
+        )
+    return int(next(iter(weights.values())).shape[-1])
+
+
 @cache
 def _conv(irreps_x: Irreps, irreps_y: Irreps, filter: Irreps | None) -> e3j.Convolution:
     return e3j.Convolution(irreps_x, irreps_y, filter)
@@ -93,7 +104,7 @@ class E3jOps:
         return _tp(Irreps(irreps_x), Irreps(irreps_y), _opt(filter))(x, y, backend=self.backend)
 
     def linear(self, irreps_in, irreps_out, weights, x):
-        channels_out = next(iter(weights.values())).shape[-1] if weights else 1
+        channels_out = linear_channels_out(weights)
         lin = _linear(Irreps(irreps_in), Irreps(irreps_out), int(x.shape[-1]), int(channels_out))
         return lin(weights, x)
 

@@ -2,8 +2,9 @@
 
 ``bessel_basis(r, n, cutoff)[..., k] = sqrt(2/rc) · sin((k+1)·π·r/rc) / r`` (``k = 0 … n-1``) and
 ``polynomial_envelope(r, cutoff, p)`` ``= 1 - (p+1)(p+2)/2·x^p + p(p+2)·x^(p+1) - p(p+1)/2·x^(p+2)``
-with ``x = r/rc``, zero for ``r >= rc``: it goes to zero with ``p - 1`` continuous derivatives at the
-cutoff (the DimeNet envelope MACE and NequIP use). :func:`radial_embedding` is their product
+with ``x = r/rc``, zero for ``r >= rc``: its value and first two derivatives vanish at the cutoff
+for every ``p`` (twice continuously differentiable there; the third derivative jumps), and ``p``
+sets how early it falls (the DimeNet envelope MACE and NequIP use). :func:`radial_embedding` is their product
 ``[E, n]``, zero on masked (padding) edges with zero gradient there.
 
 >>> import jax.numpy as jnp

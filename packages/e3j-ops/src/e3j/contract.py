@@ -1,7 +1,9 @@
 """The kernel contract: what a backend's kernels receive and return, stated and enforced once.
 
-A backend is four plain jittable functions (:class:`Kernels`). Before calling any of them, e3j
-(:func:`run`) establishes every rule below, so that a kernel implements its contraction and nothing
+A backend is four plain jittable functions, plus optional pairs of them (factored, grouped, grouped
+factored; :class:`Kernels`). Before calling any of them, e3j (:func:`run`; the grouped primitive,
+whose kernels take a plan instead of a table, through the same :func:`needed`, :func:`is_empty` and
+:func:`checked`) establishes every rule below, so that a kernel implements its contraction and nothing
 else — no kernel re-derives which operands a backward reads, what an empty graph gives, or which
 dtype to compute in.
 
