@@ -116,7 +116,10 @@ class MACEConfig:
         _freeze(self, "correlation", check_int("correlation", self.correlation, 1))
         ns = self.node_symmetry
         if not is_int(ns) or not 0 <= ns <= self.l_max * self.correlation:
-            raise ValueError(f"node_symmetry must be an int in [0, l_max·correlation], got {self.node_symmetry!r}")
+            raise ValueError(
+                f"node_symmetry must be an int in [0, l_max·correlation] = [0, {self.l_max * self.correlation}], "
+                f"got {self.node_symmetry!r}"
+            )
         _freeze(self, "node_symmetry", int(ns))
         for name in ("node_gating", "include_pseudotensors"):
             _freeze(self, name, check_bool(name, getattr(self, name)))

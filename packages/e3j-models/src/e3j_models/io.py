@@ -105,12 +105,11 @@ def save(path: str | os.PathLike, config: MACEConfig | NequIPConfig, params: dic
     check_config(config)
     arrays: dict[str, np.ndarray] = {}
     _flatten(params, "", arrays)
-    if arrays:
-        from .potential import Potential
-
-        Potential(config).check_params(params)  # a file whose parameters its config cannot read
     if not arrays:
         raise ValueError("params holds no arrays: save the tree Potential.init gives")
+    from .potential import Potential
+
+    Potential(config).check_params(params)  # a file whose parameters its config cannot read
     bad = _non_finite(arrays)
     if bad:  # load would refuse the file
         raise ValueError(f"params holds non-finite values: {bad}")

@@ -132,6 +132,21 @@ def check_host_index(name: str, index, low: int, high: int, meaning: str, mask=N
         raise ValueError(f"{name} must be in [{low}, {high}) ({meaning}), got {int(values[bad].flat[0])}")
 
 
+def check_edges_in_range(senders: np.ndarray, receivers: np.ndarray, mask: np.ndarray, num_nodes: int) -> None:
+    """Every non-padding edge's sender and receiver (host arrays) must be a node id in
+    ``[0, num_nodes)``; the error names the first such edge, which end, and how many are out."""
+    in_range = (senders >= 0) & (senders < num_nodes) & (receivers >= 0) & (receivers < num_nodes)
+    bad = np.flatnonzero(mask & ~in_range)
+    if bad.size:
+        e = int(bad[0])
+        which = "senders" if not 0 <= senders[e] < num_nodes else "receivers"
+        value = int((senders if which == "senders" else receivers)[e])
+        raise ValueError(
+            f"{which}[{e}] = {value} is out of range for num_nodes={num_nodes} "
+            f"({bad.size} non-padding edge(s) out of range)"
+        )
+
+
 def check_index_count(name: str, count: int, what: str) -> None:
     """``count`` nodes or edges must be indexable with int32 (a larger count wrapped silently)."""
     if count > MAX_INDEX_COUNT:

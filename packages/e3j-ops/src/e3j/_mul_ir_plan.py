@@ -13,7 +13,7 @@ channel count ``C`` per call and one row block per path. A plan is computed once
 - ``grouping="gcd"``: one group, ``C`` = the gcd of the multiplicities, each block ``m x ir``
   becoming ``(m / C) x ir`` (copy ``u = k·C + c`` is copy ``k``, channel ``c``, as in
   :func:`e3j.from_mul_ir`): ``64x0e + 32x1o + 16x2e`` → ``4x0e + 2x1o + 2e`` with 16 channels and
-  27 paths (for spherical harmonics up to l = 3). Kept to measure against.
+  27 paths (spherical harmonics up to l = 3, outputs filtered to ``0e + 1o + 2e``). Kept to measure against.
 
 Merging a group whose multiplicity is a multiple of another's (e.g. 64 into 16 as 4 copies) is the
 gcd plan restricted to those groups. The full merge (``"gcd"``) is timed beside the groups by

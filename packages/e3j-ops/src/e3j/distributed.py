@@ -47,7 +47,7 @@ import numpy as np
 from jax import shard_map
 from jax.sharding import AbstractMesh, AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ._checks import STATIC, check_index_count, check_int, check_rank, edge_arrays
+from ._checks import STATIC, check_edges_in_range, check_index_count, check_int, check_rank, edge_arrays
 from .backends import current_backend_request, programs_per_request
 from .convolution import Convolution
 from .factored import FactoredWeights
@@ -163,11 +163,7 @@ def partition_graph(
         raise TypeError("partition_graph runs on the host: pass concrete (numpy) arrays, not traced values")
     senders, receivers, mask = edge_arrays(np, senders, receivers, edge_mask)
     num_edges = senders.shape[0]
-    for name, a in (("senders", senders), ("receivers", receivers)):
-        bad = np.flatnonzero(mask & ((a < 0) | (a >= num_nodes)))
-        if bad.size:
-            e = int(bad[0])
-            raise ValueError(f"{name}[{e}] = {int(a[e])} is out of range for num_nodes={num_nodes}")
+    check_edges_in_range(senders, receivers, mask, num_nodes)
     # any integer dtype, as Graph.from_edges: the arithmetic below (-1 marks, node offsets) in int64
     senders, receivers = senders.astype(np.int64), receivers.astype(np.int64)
 
@@ -195,7 +191,7 @@ def partition_graph(
     graphs, node_ids, edge_ids = [], [], []
     for d, (e, halo) in enumerate(zip(edges, halos)):
         k = len(e)
-        snd, rcv = senders[e].astype(np.int64), receivers[e].astype(np.int64)
+        snd, rcv = senders[e], receivers[e]
         own = (snd >= d * n) & (snd < (d + 1) * n)
         local_snd = np.where(own, snd - d * n, n + np.searchsorted(halo, snd))
         pad = e_cap - k

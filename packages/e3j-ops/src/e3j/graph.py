@@ -22,7 +22,7 @@ import numpy as np
 from jax.experimental import checkify
 from jax.typing import ArrayLike
 
-from ._checks import STATIC, check_index_count, check_int, edge_arrays, static_size
+from ._checks import STATIC, check_edges_in_range, check_index_count, check_int, edge_arrays, static_size
 
 __all__ = ["Graph"]
 
@@ -90,15 +90,7 @@ class Graph(NamedTuple):
         static_size(senders.shape[0], "graph: senders [E]")
         in_range = (senders >= 0) & (senders < num_nodes) & (receivers >= 0) & (receivers < num_nodes)
         if not traced:
-            bad = np.flatnonzero(mask & ~in_range)
-            if bad.size:
-                e = int(bad[0])
-                which = "senders" if not 0 <= senders[e] < num_nodes else "receivers"
-                value = int((senders if which == "senders" else receivers)[e])
-                raise ValueError(
-                    f"{which}[{e}] = {value} is out of range for num_nodes={num_nodes} "
-                    f"({bad.size} non-padding edge(s) out of range)"
-                )
+            check_edges_in_range(senders, receivers, mask, num_nodes)
         elif check_indices:
             checkify.check(jnp.all(in_range | ~mask), "senders/receivers out of range [0, num_nodes)")
         mask = mask & in_range

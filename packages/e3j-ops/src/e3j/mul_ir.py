@@ -48,7 +48,7 @@ from e3j_core.coo import normalize_filter
 
 from ._checks import check_rank, check_same_dtype
 from ._factored_route import by_platform, grouped_fusing
-from ._mul_ir_plan import GROUPINGS, Plan, plan
+from ._mul_ir_plan import Plan, plan
 from ._primitives.grouped_convolution import GROUPED_CONVOLUTION, GROUPED_CONVOLUTION_FACTORED, GroupedConvSpec
 from .backends import current_backend_request
 from .convolution import Convolution
@@ -57,11 +57,6 @@ from .graph import Graph
 from .tensor_product import TensorProduct
 
 __all__ = ["MulIrConvolution", "MulIrTensorProduct"]
-
-
-def _check_grouping(grouping: str) -> None:
-    if grouping not in GROUPINGS:
-        raise ValueError(f"grouping must be one of {GROUPINGS}, got {grouping!r}")
 
 
 class MulIrConvolution:
@@ -96,7 +91,6 @@ class MulIrConvolution:
         normalization: str = "component",
         grouping: str = "multiplicity",
     ) -> None:
-        _check_grouping(grouping)
         self.plan: Plan = plan(
             as_irreps(irreps_x, "irreps_x"),
             as_irreps(irreps_y, "irreps_y"),
@@ -285,7 +279,6 @@ class MulIrTensorProduct:
         regroup_output: bool = True,
         grouping: str = "multiplicity",
     ) -> None:
-        _check_grouping(grouping)
         self.plan: Plan = plan(
             as_irreps(irreps_x, "irreps_x"),
             as_irreps(irreps_y, "irreps_y"),
