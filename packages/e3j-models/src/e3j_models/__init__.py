@@ -1,10 +1,12 @@
 """e3j-models: MACE and NequIP interatomic potentials on e3j, and their building blocks.
 
 Building blocks (Flax modules and functions, e3j layout ``[N, D, C]``): :func:`radial_embedding`
-(Bessel basis × polynomial envelope), :class:`SpeciesEmbedding`, :class:`Interaction` (around
-``e3j.Convolution``), :class:`EquivariantLinear`, :func:`gate`, :class:`SymmetricContraction`. Models:
-:class:`MACE`, :class:`NequIP` with the paper's presets :func:`mace_a`, :func:`mace_b`, :func:`nequip`;
-:class:`Potential` gives energies, forces and stress on a :class:`GraphBatch`, with
+(Bessel basis × polynomial envelope), :class:`RadialMLP`, :func:`edge_features`,
+:class:`SpeciesEmbedding`, :class:`Interaction` (around ``e3j.Convolution``),
+:class:`EquivariantLinear`, :func:`gate` (:func:`gate_irreps_in`), :class:`SymmetricContraction`.
+Models: :class:`MACE`, :class:`NequIP` with the paper's presets :func:`mace_a`, :func:`mace_b`,
+:func:`nequip`; :class:`Potential` gives energies, forces and stress on a :class:`GraphBatch`
+(:func:`batch_structures`, :func:`check_structure`, :func:`neighbour_list`), with
 ``backend="e3nn"`` evaluating the same parameters with e3nn-jax operations only.
 
 >>> import e3j_models
@@ -24,7 +26,7 @@ from .interaction import Interaction, RadialMLP, edge_features
 from .io import load, save
 from .linear import EquivariantLinear
 from .models import MACE, NequIP
-from .neighbours import batch_structures, bucket_size, neighbour_list
+from .neighbours import batch_structures, bucket_size, check_structure, neighbour_list
 from .ops import E3jOps, Ops, get_ops
 from .potential import Potential
 from .radial import bessel_basis, polynomial_envelope, radial_embedding
@@ -51,6 +53,7 @@ __all__ = [
     "batch_structures",
     "bessel_basis",
     "bucket_size",
+    "check_structure",
     "config_from_dict",
     "config_to_dict",
     "cuni_fcc",
