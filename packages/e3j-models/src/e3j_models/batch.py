@@ -39,6 +39,7 @@ class GraphBatch(NamedTuple):
 
     @property
     def num_graphs(self) -> int:
+        """Structures in the batch, padding graphs included (the leading axis of ``cell``)."""
         return int(self.cell.shape[0])
 
 

@@ -131,6 +131,7 @@ class MACEConfig:
 
     @property
     def irreps_sh(self) -> Irreps:
+        """The edges' spherical harmonics, ``0e + 1o + …`` up to ``l_max``."""
         return Irreps.spherical_harmonics(self.l_max)
 
     @property
@@ -140,6 +141,7 @@ class MACEConfig:
 
     @property
     def irreps_hidden(self) -> Irreps:
+        """The node features' irreps between layers (degrees up to ``node_symmetry``), ``C`` channels each."""
         return self._irreps(self.node_symmetry)
 
 
@@ -189,10 +191,12 @@ class NequIPConfig:
 
     @property
     def irreps_sh(self) -> Irreps:
+        """The edges' spherical harmonics, ``0e + 1o + …`` up to ``l_max``."""
         return Irreps.spherical_harmonics(self.l_max)
 
     @property
     def irreps_node(self) -> Irreps:
+        """``node_irreps`` regrouped (sorted, equal irreps merged): the hidden features' irreps."""
         return Irreps(self.node_irreps).regroup()
 
 

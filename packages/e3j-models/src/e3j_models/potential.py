@@ -89,6 +89,7 @@ class Potential:
         return hash((Potential, *self._key()))
 
     def with_backend(self, backend: str | None) -> Potential:
+        """The same potential (config, radial form; parameters unchanged) on another backend."""
         return Potential(self.config, backend, factored_radial=self.factored_radial)
 
     def _bare(self) -> Potential:

@@ -116,6 +116,7 @@ class SymmetricContractionSpec:
         return Irreps([(1, ir) for ir, _ in self.copies_per_irrep()])
 
     def weight_shapes(self, num_species: int, channels: int) -> dict[str, tuple[int, int, int]]:
+        """``{str(ir): (num_species, copies of ir in the product basis, channels)}``."""
         return {str(ir): (num_species, n, channels) for ir, n in self.copies_per_irrep()}
 
 

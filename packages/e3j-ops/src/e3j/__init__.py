@@ -4,9 +4,10 @@ The public API: irreps and static math re-exported from e3j-core, JAX spherical 
 differentiable :class:`TensorProduct` and :class:`Convolution` (and :class:`MulIrTensorProduct`,
 :class:`MulIrConvolution` for flat features of mixed multiplicities, with :class:`FactoredWeights`),
 :class:`Graph`, :class:`Linear`, the multi-device convolution (:func:`partition_graph`,
-:class:`PartitionedGraph`, :func:`convolution_sharded`), layout helpers, and backend selection. Optional subpackages, imported only when asked for:
-``e3j.interop`` (drop-ins taking and returning e3nn-jax's ``IrrepsArray``; extra ``e3j[e3nn]``) and
-``e3j.flax`` (Flax modules with e3nn-jax's parameters; extra ``e3j[flax]``).
+:class:`PartitionedGraph`, :func:`convolution_sharded`), layout helpers, and backend selection.
+Optional subpackages, imported only when asked for: ``e3j.interop`` (drop-ins taking and
+returning e3nn-jax's ``IrrepsArray``; extra ``e3nn``) and ``e3j.flax`` (Flax modules with
+e3nn-jax's parameters; extra ``flax``).
 
 >>> import e3j, jax.numpy as jnp
 >>> tp = e3j.TensorProduct("0e + 1o", "0e + 1o")

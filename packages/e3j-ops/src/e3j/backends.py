@@ -561,4 +561,5 @@ def describe(backend: Backend) -> dict:
 
 
 def discovery_errors() -> tuple[tuple[str, str], ...]:
+    """``(entry point, error)`` for each installed backend plugin that failed to load."""
     return _discovered()[1]

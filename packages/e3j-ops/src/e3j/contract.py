@@ -198,6 +198,7 @@ class Kernels:
                 raise ValueError(f"{op} and {op}_bwd are given together or not at all")
 
     def provides(self, op: str) -> bool:
+        """Whether both ``op`` and ``op + "_bwd"`` are given."""
         return getattr(self, op) is not None and getattr(self, op + "_bwd") is not None
 
 

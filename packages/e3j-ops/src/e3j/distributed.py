@@ -85,10 +85,12 @@ class PartitionedGraph:
 
     @property
     def num_nodes_padded(self) -> int:
+        """``num_devices · nodes_per_device``: the node axis of the sharded features, padded."""
         return self.num_devices * self.nodes_per_device
 
     @property
     def num_local_nodes(self) -> int:
+        """Rows of a device's local features: its own nodes, then its halo of senders it gathers."""
         return self.nodes_per_device + self.halo_capacity
 
     def edge_blocks(self, a):

@@ -77,9 +77,11 @@ class FactoredWeights:
 
     @property
     def dtype(self):
+        """The dtype ``hidden @ kernel + bias`` has (JAX's promotion of the three)."""
         return jnp.result_type(*(a for a in (self.hidden, self.kernel, self.bias) if a is not None))
 
     def astype(self, dtype) -> FactoredWeights:
+        """``hidden``, ``kernel`` and ``bias`` cast to ``dtype``."""
         bias = None if self.bias is None else self.bias.astype(dtype)
         return FactoredWeights(self.hidden.astype(dtype), self.kernel.astype(dtype), bias)
 

@@ -63,6 +63,7 @@ class Linear:
         return hash(("Linear", *self._key()))
 
     def weight_shapes(self) -> dict[str, tuple[int, int, int, int]]:
+        """``{str(ir): (mul_in, mul_out, channels_in, channels_out)}`` for each irrep both sides hold."""
         return {
             str(ir): (len(self._rows_in[ir]), len(rows), self.channels_in, self.channels_out)
             for ir, rows in self._rows_out.items()
@@ -70,6 +71,7 @@ class Linear:
         }
 
     def init(self, key: jax.Array, dtype=jnp.float32) -> dict[str, jax.Array]:
+        """Weights of :meth:`weight_shapes`, standard normal (the normalization is in the call)."""
         shapes = self.weight_shapes()
         keys = jax.random.split(key, max(1, len(shapes)))
         return {name: jax.random.normal(k, shape, dtype) for k, (name, shape) in zip(keys, shapes.items())}
