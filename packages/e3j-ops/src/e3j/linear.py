@@ -49,8 +49,8 @@ class Linear:
         self.irreps_out = as_irreps(irreps_out, "irreps_out")
         self.channels_in = check_positive_int("channels_in", channels_in)
         self.channels_out = check_positive_int("channels_out", channels_out)
-        self._rows_in = _rows_by_irrep(self.irreps_in)
-        self._rows_out = _rows_by_irrep(self.irreps_out)
+        self._copies_in = _copies_by_irrep(self.irreps_in)
+        self._copies_out = _copies_by_irrep(self.irreps_out)
 
     def _key(self) -> tuple:
         return (self.irreps_in, self.irreps_out, self.channels_in, self.channels_out)
@@ -65,9 +65,9 @@ class Linear:
     def weight_shapes(self) -> dict[str, tuple[int, int, int, int]]:
         """``{str(ir): (mul_in, mul_out, channels_in, channels_out)}`` for each irrep both sides hold."""
         return {
-            str(ir): (len(self._rows_in[ir]), len(rows), self.channels_in, self.channels_out)
-            for ir, rows in self._rows_out.items()
-            if ir in self._rows_in
+            str(ir): (self._copies_in[ir], copies, self.channels_in, self.channels_out)
+            for ir, copies in self._copies_out.items()
+            if ir in self._copies_in
         }
 
     def init(self, key: jax.Array, dtype=jnp.float32) -> dict[str, jax.Array]:
@@ -101,12 +101,12 @@ class Linear:
             if mul:
                 parts_in.setdefault(ir, []).append(part)
         blocks = {}
-        for ir in self._rows_out:
+        for ir in self._copies_out:
             if ir not in parts_in:
                 continue
             parts = parts_in[ir]
             xin = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
-            scale = 1.0 / math.sqrt(len(self._rows_in[ir]) * self.channels_in)
+            scale = 1.0 / math.sqrt(self._copies_in[ir] * self.channels_in)
             blocks[ir] = jnp.einsum("buic,uvcd->bvid", xin, params[str(ir)].astype(dtype)) * scale
         out_parts, used = [], dict.fromkeys(blocks, 0)  # copies of each irrep already placed
         for mul, ir in self.irreps_out:
@@ -125,12 +125,10 @@ class Linear:
         return out_parts[0] if len(out_parts) == 1 else jnp.concatenate(out_parts, axis=1)
 
 
-def _rows_by_irrep(irreps: Irreps) -> dict[Irrep, list[list[int]]]:
-    """For each irrep, the row indices of each of its copies (in layout order)."""
-    out: dict[Irrep, list[list[int]]] = {}
-    start = 0
+def _copies_by_irrep(irreps: Irreps) -> dict[Irrep, int]:
+    """For each irrep present (multiplicity > 0), its number of copies, in order of first appearance."""
+    out: dict[Irrep, int] = {}
     for mul, ir in irreps:
-        for _ in range(mul):
-            out.setdefault(ir, []).append(list(range(start, start + ir.dim)))
-            start += ir.dim
+        if mul:
+            out[ir] = out.get(ir, 0) + mul
     return out
