@@ -259,3 +259,58 @@ def _raw_index(plan) -> np.ndarray:
             for k in range(dim):
                 index[col + c * dim + k] = offsets[g] + (row + k) * C + c
     return index
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: e3j.MulIrTensorProduct("2x0e + 1o", "1o"),
+        lambda: e3j.MulIrConvolution("4x0e + 2x1o", "0e + 1o", "0e + 1o", self_connection="0e"),
+        lambda: e3j.MulIrConvolution("4x0e + 2x1o", "0e + 1o", grouping="gcd", normalization="none"),
+    ],
+)
+def test_equal_after_pickle_and_deepcopy(make):
+    """Ops compare their (cached) plans by identity: a pickled or deep-copied op was a new plan,
+    unequal to the original, and a static ``jit`` argument compiled again."""
+    import copy
+    import pickle
+    from functools import partial
+
+    op = make()
+    for other in (copy.deepcopy(op), pickle.loads(pickle.dumps(op)), make()):
+        assert other == op and hash(other) == hash(op) and other.plan is op.plan
+    assert op != e3j.MulIrTensorProduct("2x0e + 1o", "0e")
+    traces = []
+
+    @partial(jax.jit, static_argnums=0)
+    def norm(op):
+        traces.append(op)
+        return jnp.float32(len(op.plan.groups))
+
+    norm(op), norm(copy.deepcopy(op)), norm(pickle.loads(pickle.dumps(op)))
+    assert len(traces) == 1
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        (
+            ("2x1o", "0e", "0e", "1e"),
+            r"^filter 0e and self_connection 1e leave nothing of 2x1o ⊗ 1x0e: the product's outputs are 1o, "
+            r"and irreps_x holds none of the self connection's irreps$",
+        ),
+        (
+            ("5x0o + 2x1o + 4x3e", "0x2e + 0e", "1e + 2o", "0e + 2o"),
+            r"^filter 1e\+2o and self_connection 0e\+2o leave nothing of 5x0o\+2x1o\+4x3e ⊗ 0x2e\+1x0e: "
+            r"the product's outputs are 0o\+1o\+3e,",
+        ),
+    ],
+)
+def test_nothing_kept_with_a_self_connection_names_the_callers_irreps(args, match):
+    """The table's own error named ``[0e, y]`` and the merged filter, which the caller never gave."""
+    irreps_x, irreps_y, filter_, keep = args
+    with pytest.raises(ValueError, match=match):
+        e3j.MulIrConvolution(irreps_x, irreps_y, filter_, self_connection=keep)
+    # either part alone keeps something
+    assert e3j.MulIrConvolution(irreps_x, irreps_y, filter_, self_connection=str(e3j.Irreps(irreps_x)[0][1]))
+    assert e3j.MulIrConvolution(irreps_x, irreps_y, None, self_connection=keep)

@@ -176,6 +176,13 @@ class Plan:
     #: product restricted to the blocks not marked zero, reading the full product's weights in place)
     weight_width: int | None = None
 
+    def __reduce_ex__(self, protocol):
+        # a plan built by _plan (cached; ops compare plans by identity) pickles and copies as its
+        # arguments, so that an unpickled or deep-copied op is the cached plan again, equal to the
+        # original; a plan derived from another (no such key) pickles field by field
+        key = self.__dict__.get("_plan_key")
+        return (_plan, key) if key is not None else super().__reduce_ex__(protocol)
+
     @property
     def num_weights(self) -> int:
         if self.weight_width is not None:
@@ -437,7 +444,11 @@ def _plan(irreps_x, irreps_y, filter_out, keep, normalization: str, regroup_outp
     covered = sum(groups[g].channels * d for _, g, _, d in blocks_out)
     blocks = tuple(blocks_out) if covered == out_starts[-1] else None
     self_scale = _self_scale(e3nn_paths, out_starts[:-1], int(out_starts[-1])) if rescale_self else None
-    return Plan(tuple(groups), irreps_x, irreps_out, Gather.of(out_index, offset), with_self, blocks, self_scale)
+    result = Plan(tuple(groups), irreps_x, irreps_out, Gather.of(out_index, offset), with_self, blocks, self_scale)
+    object.__setattr__(
+        result, "_plan_key", (irreps_x, irreps_y, filter_out, keep, normalization, regroup_output, grouping)
+    )
+    return result
 
 
 def _no_empty_self_connection(keep, regroup_output: bool) -> tuple[tuple[Irrep, ...] | None, bool]:
@@ -469,6 +480,8 @@ def e3nn_copies(
     self connection's constant row first) or of ``y``."""
     keep, regroup_output = _no_empty_self_connection(keep, regroup_output)
     with_self = keep is not None
+    if with_self:
+        _check_something_kept(irreps_x, irreps_y, filter_out, keep)
     irreps_y_op = Irreps("0e") + irreps_y if with_self else irreps_y
     full = tensor_product_coo(
         irreps_x, irreps_y_op, _wanted_filter(filter_out, keep), normalization=normalization,
@@ -477,6 +490,22 @@ def e3nn_copies(
     allowed = None if filter_out is None else set(filter_out)
     order = _e3nn_copy_order(full, with_self, allowed, keep)
     return full, tuple(full.paths[j] for j in order)
+
+
+def _check_something_kept(irreps_x: Irreps, irreps_y: Irreps, filter_out, keep) -> None:
+    """With a self connection, the error for an empty result in the caller's terms (the table's own
+    would name ``[0e, y]`` and the merged filter, which the caller never gave)."""
+    if any(mul and ir in keep for mul, ir in irreps_x):
+        return
+    possible = sorted({ir for mx, a in irreps_x if mx for my, b in irreps_y if my for ir in a * b})
+    if set(possible) & set(possible if filter_out is None else filter_out):
+        return
+    names = lambda irs: "none" if irs is None else "+".join(map(str, irs)) or "(empty)"  # noqa: E731
+    raise ValueError(
+        f"filter {names(filter_out)} and self_connection {names(keep)} leave nothing of "
+        f"{irreps_x or '(empty)'} ⊗ {irreps_y or '(empty)'}: the product's outputs are {names(possible)}, and "
+        f"irreps_x holds none of the self connection's irreps"
+    )
 
 
 def _self_scale(paths, starts, dim_out: int) -> np.ndarray | None:
