@@ -77,6 +77,10 @@ def test_tensor_product_equals_e3nn(seed):
         return
     out = interop.tensor_product(x, y, **kw)
     assert out.irreps == ref.irreps
+    if ref.irreps.dim == 0:  # zero multiplicities that leave no output (fast seeds 2 and 4): empty alike
+        assert out.shape == ref.shape
+        return
+    assert float(jnp.abs(ref.array).max()) > 0  # not zeros compared with zeros
     assert_close(out.array, ref.array, 1e-12)
     cot = jax.random.normal(jax.random.key(2000 + seed), ref.shape, jnp.float64)
 

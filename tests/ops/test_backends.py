@@ -541,7 +541,8 @@ def test_info_says_the_environment_chose_a_lower_backend(monkeypatch, capsys):
 def test_yields_are_validated():
     base = {"name": "m", "version": "0", "platforms": ["cpu"], "load": backends._load_reference}
     b = backends.Backend.from_mapping({**base, "yields": {"convolution": (128, "pallas_gpu")}})
-    assert b.yields == (("convolution", 128, "pallas_gpu"),) and hash(b) == hash(b)
+    again = backends.Backend.from_mapping({**base, "yields": {"convolution": (128, "pallas_gpu")}})
+    assert b.yields == (("convolution", 128, "pallas_gpu"),) and b == again and hash(b) == hash(again)
     assert backends.Backend(**{**base, "platforms": ("cpu",), "yields": [("convolution", 64, "x")]}).yields == (
         ("convolution", 64, "x"),
     )

@@ -311,6 +311,8 @@ def test_nothing_kept_with_a_self_connection_names_the_callers_irreps(args, matc
     irreps_x, irreps_y, filter_, keep = args
     with pytest.raises(ValueError, match=match):
         e3j.MulIrConvolution(irreps_x, irreps_y, filter_, self_connection=keep)
-    # either part alone keeps something
-    assert e3j.MulIrConvolution(irreps_x, irreps_y, filter_, self_connection=str(e3j.Irreps(irreps_x)[0][1]))
-    assert e3j.MulIrConvolution(irreps_x, irreps_y, None, self_connection=keep)
+    # either part alone keeps something: x's first irrep by the self connection, the product unfiltered
+    first = e3j.Irreps(irreps_x)[0]
+    kept = e3j.MulIrConvolution(irreps_x, irreps_y, filter_, self_connection=str(first[1]))
+    assert str(kept.irreps_out) == str(e3j.Irreps([first]))
+    assert e3j.MulIrConvolution(irreps_x, irreps_y, None, self_connection=keep).irreps_out.dim > 0
