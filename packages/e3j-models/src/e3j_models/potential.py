@@ -149,19 +149,20 @@ class Potential:
         _check_call(params, batch)
         self.check_params(params)
         _check_species(batch, len(self.config.atomic_numbers))
-        e = self.module.apply(params, batch.positions, batch.cell, batch)
-        return jnp.where(batch.node_mask, e, 0)
+        return self._node_energies(params, batch.positions, batch.cell, batch)
 
     def energy(self, params: Mapping[str, Any], batch: GraphBatch) -> jax.Array:
         """``[G]`` total energy of each structure."""
-        return jax.ops.segment_sum(self.node_energies(params, batch), batch.node_graph, batch.num_graphs)
+        return _per_graph(self.node_energies(params, batch), batch)
+
+    def _node_energies(self, params, positions, cell, batch) -> jax.Array:
+        return jnp.where(batch.node_mask, self.module.apply(params, positions, cell, batch), 0)
 
     def _energy_of(self, params, positions, strain, batch):
         deform = jnp.eye(3, dtype=positions.dtype) + strain  # [G, 3, 3]
         positions = jnp.einsum("ni,nji->nj", positions, deform[batch.node_graph])
         cell = jnp.einsum("gki,gji->gkj", batch.cell, deform)
-        e = jnp.where(batch.node_mask, self.module.apply(params, positions, cell, batch), 0)
-        per_graph = jax.ops.segment_sum(e, batch.node_graph, batch.num_graphs)
+        per_graph = _per_graph(self._node_energies(params, positions, cell, batch), batch)
         return jnp.sum(per_graph), per_graph
 
     def __call__(
@@ -190,6 +191,11 @@ class Potential:
             # divide by a safe volume: 1/0 in the branch where() drops would still make its gradient NaN
             out["stress"] = jnp.where(periodic, grads[1] / jnp.where(periodic, volume, 1), jnp.nan)
         return out
+
+
+def _per_graph(node_values: jax.Array, batch: GraphBatch) -> jax.Array:
+    """``[N] -> [G]``: each structure's sum (padding nodes must hold 0)."""
+    return jax.ops.segment_sum(node_values, batch.node_graph, batch.num_graphs)
 
 
 def _reference_energy(
