@@ -48,7 +48,7 @@ def _loss_sums(potential: Potential, params, batch: GraphBatch, labels: Labels, 
     per = _per_structure_weights(labels)
     e_err = ((out["energy"] - labels.energy) / labels.num_atoms) ** 2
     sums = {"energy": (jnp.sum(jnp.where(per[:, 0] > 0, per[:, 0] * e_err, 0)), jnp.sum(per[:, 0] > 0))}
-    per_atom = jnp.where(batch.node_mask, per[batch.node_graph, 1], 0)[:, None]
+    per_atom = _atom_weights(per, batch)[:, None]
     f_err = jnp.where(per_atom > 0, per_atom * (out["forces"] - labels.forces) ** 2, 0)
     sums["forces"] = (jnp.sum(f_err), 3 * jnp.sum(per_atom > 0))
     if stress:
@@ -69,6 +69,12 @@ def _per_structure_weights(labels: Labels) -> jax.Array:
     return jnp.asarray(labels.weights)
 
 
+def _atom_weights(per, batch: GraphBatch, xp=jnp):
+    """``[N]``: each atom's force weight (its structure's, from ``per [G, 3]``), 0 on padding atoms;
+    an atom counts in the force term and the force MAE where it is > 0."""
+    return xp.where(xp.asarray(batch.node_mask), per[xp.asarray(batch.node_graph), 1], 0)
+
+
 @functools.partial(jax.jit, static_argnums=0)
 def _energy_and_forces(potential: Potential, params, batch):
     # one jitted function for every call: keyed by the potential (by equality: config, backend,
@@ -85,12 +91,13 @@ def evaluate(potential: Potential, params, batches) -> dict[str, float]:
     e_err, f_err, n_graphs, n_comp = 0.0, 0.0, 0, 0
     for batch, labels in batches:
         out = _energy_and_forces(potential, params, batch)
-        counted = np.asarray(_per_structure_weights(labels)) > 0
+        per = np.asarray(_per_structure_weights(labels))
+        counted = per[:, 0] > 0
         de = np.abs(np.asarray(out["energy"] - labels.energy) / np.asarray(labels.num_atoms))
-        e_err += float(np.sum(de[counted[:, 0]]))
-        mask = np.asarray(batch.node_mask) & counted[np.asarray(batch.node_graph), 1]
+        e_err += float(np.sum(de[counted]))
+        mask = _atom_weights(per, batch, np) > 0
         f_err += float(np.sum(np.abs(np.asarray(out["forces"] - labels.forces))[mask]))
-        n_graphs += int(counted[:, 0].sum())
+        n_graphs += int(counted.sum())
         n_comp += 3 * int(mask.sum())
     metrics = {}  # a metric without labels is left out (an energy-only validation set has no force MAE)
     if n_graphs:
