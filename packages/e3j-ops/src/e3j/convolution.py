@@ -10,7 +10,7 @@ from ._factored_route import by_platform, convolution_fusing
 from ._primitives.convolution import CONVOLUTION, CONVOLUTION_FACTORED, ConvSpec, FactoredConvSpec
 from .backends import current_backend_request
 from .factored import FactoredWeights, check_weights
-from .graph import Graph
+from .graph import Graph, check_graph
 
 __all__ = ["Convolution"]
 
@@ -58,8 +58,7 @@ class Convolution(CooOp):
         backend: str | None = None,
     ) -> jax.Array:
         coo = self.coo
-        if not isinstance(graph, Graph):
-            raise TypeError(f"graph must be an e3j.Graph (see Graph.from_edges), got {type(graph).__name__}")
+        check_graph(graph)
         check_rank("x", x, (3,), f"[N, Dx={coo.dim_x}, C]")
         check_rank("y", y, (2, 3), f"[E, Dy={coo.dim_y}] or [E, Dy, C]")
         if isinstance(s, FactoredWeights):
@@ -98,8 +97,7 @@ class Convolution(CooOp):
         """:meth:`_check_operands` for weights given as :class:`FactoredWeights`."""
         coo, channels = self.coo, x.shape[2]
         check_weights("s", w, e, coo.num_paths * channels, f"num_paths={coo.num_paths} × C={channels}")
-        parts = {"s.hidden": w.hidden, "s.kernel": w.kernel, "s.bias": w.bias}
-        check_same_dtype(x=x, y=y, **{k: v for k, v in parts.items() if v is not None})
+        check_same_dtype(x=x, y=y, **w.named_parts("s"))
         self._check_xy(x, y, n, e)
 
     def _factored(self, x, y, w: FactoredWeights, graph: Graph, backend: str | None) -> jax.Array:

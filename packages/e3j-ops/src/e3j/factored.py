@@ -80,6 +80,12 @@ class FactoredWeights:
         """The dtype ``hidden @ kernel + bias`` has (JAX's promotion of the three)."""
         return jnp.result_type(*(a for a in (self.hidden, self.kernel, self.bias) if a is not None))
 
+    def named_parts(self, name: str) -> dict[str, jax.Array]:
+        """The arrays, named as an argument ``name`` holds them for errors: ``{name + ".hidden": hidden,
+        name + ".kernel": kernel}``, and ``name + ".bias"`` where there is one."""
+        parts = {f"{name}.hidden": self.hidden, f"{name}.kernel": self.kernel, f"{name}.bias": self.bias}
+        return {k: v for k, v in parts.items() if v is not None}
+
     def astype(self, dtype) -> FactoredWeights:
         """``hidden``, ``kernel`` and ``bias`` cast to ``dtype``."""
         bias = None if self.bias is None else self.bias.astype(dtype)

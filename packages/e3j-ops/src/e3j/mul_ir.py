@@ -53,7 +53,7 @@ from ._primitives.grouped_convolution import GROUPED_CONVOLUTION, GROUPED_CONVOL
 from .backends import current_backend_request
 from .convolution import Convolution
 from .factored import FactoredWeights, check_weights
-from .graph import Graph
+from .graph import Graph, check_graph
 from .tensor_product import TensorProduct
 
 __all__ = ["MulIrConvolution", "MulIrTensorProduct"]
@@ -148,8 +148,7 @@ class MulIrConvolution:
         backend: str | None = None,
     ) -> jax.Array:
         p = self.plan
-        if not isinstance(graph, Graph):
-            raise TypeError(f"graph must be an e3j.Graph (see Graph.from_edges), got {type(graph).__name__}")
+        check_graph(graph)
         n, e = graph.num_nodes, graph.num_edges
         self._check_operands(x, y, w, n, e)
         if not p.in_place:
@@ -189,8 +188,7 @@ class MulIrConvolution:
         check_rank("y", y, (2,), f"[E, {self.irreps_y.dim}] for {self.irreps_y}")
         check_weights(w_name, w, e, p.num_weights, "one per output copy")
         if isinstance(w, FactoredWeights):
-            parts = {f"{w_name}.hidden": w.hidden, f"{w_name}.kernel": w.kernel, f"{w_name}.bias": w.bias}
-            check_same_dtype(x=x, y=y, **{k: v for k, v in parts.items() if v is not None})
+            check_same_dtype(x=x, y=y, **w.named_parts(w_name))
         else:
             check_same_dtype(x=x, y=y, **{w_name: w})
         if x.shape != (n, p.irreps_x.dim):
@@ -226,8 +224,7 @@ class MulIrConvolution:
         ``Dense`` per group) pays no layout conversion at all.
         """
         p = self.plan
-        if not isinstance(graph, Graph):
-            raise TypeError(f"graph must be an e3j.Graph (see Graph.from_edges), got {type(graph).__name__}")
+        check_graph(graph)
         if len(xs) != len(p.groups) or len(ss) != len(p.groups):
             raise ValueError(f"xs and ss must hold one array per group ({len(p.groups)}), got {len(xs)} and {len(ss)}")
         check_rank("y", y, (2,), f"[E, {self.irreps_y.dim}] for {self.irreps_y}")
