@@ -50,11 +50,24 @@ class Ops(Protocol):
 
     def spherical_harmonics(self, irreps: Irreps, vectors: jax.Array) -> jax.Array: ...
 
-    def convolution(self, irreps_x, irreps_y, filter, x, y, s, graph: e3j.Graph) -> jax.Array: ...
+    def convolution(
+        self,
+        irreps_x: Irreps,
+        irreps_y: Irreps,
+        filter: Irreps | None,
+        x: jax.Array,
+        y: jax.Array,
+        s: jax.Array | e3j.FactoredWeights,
+        graph: e3j.Graph,
+    ) -> jax.Array: ...
 
-    def tensor_product(self, irreps_x, irreps_y, filter, x, y) -> jax.Array: ...
+    def tensor_product(
+        self, irreps_x: Irreps, irreps_y: Irreps, filter: Irreps | None, x: jax.Array, y: jax.Array
+    ) -> jax.Array: ...
 
-    def linear(self, irreps_in, irreps_out, weights: dict[str, jax.Array], x: jax.Array) -> jax.Array: ...
+    def linear(
+        self, irreps_in: Irreps, irreps_out: Irreps, weights: dict[str, jax.Array], x: jax.Array
+    ) -> jax.Array: ...
 
     def symmetric_contraction(
         self, spec: SymmetricContractionSpec, weights: dict[str, jax.Array], x: jax.Array, species: jax.Array
@@ -94,21 +107,34 @@ class E3jOps:
     def __init__(self, backend: str | None = None) -> None:
         self.backend = backend
 
-    def spherical_harmonics(self, irreps, vectors):
+    def spherical_harmonics(self, irreps: Irreps, vectors: jax.Array) -> jax.Array:
         return e3j.spherical_harmonics(Irreps(irreps), vectors, normalize=True)
 
-    def convolution(self, irreps_x, irreps_y, filter, x, y, s, graph):
+    def convolution(
+        self,
+        irreps_x: Irreps,
+        irreps_y: Irreps,
+        filter: Irreps | None,
+        x: jax.Array,
+        y: jax.Array,
+        s: jax.Array | e3j.FactoredWeights,
+        graph: e3j.Graph,
+    ) -> jax.Array:
         return _conv(Irreps(irreps_x), Irreps(irreps_y), _opt(filter))(x, y, s, graph, backend=self.backend)
 
-    def tensor_product(self, irreps_x, irreps_y, filter, x, y):
+    def tensor_product(
+        self, irreps_x: Irreps, irreps_y: Irreps, filter: Irreps | None, x: jax.Array, y: jax.Array
+    ) -> jax.Array:
         return _tp(Irreps(irreps_x), Irreps(irreps_y), _opt(filter))(x, y, backend=self.backend)
 
-    def linear(self, irreps_in, irreps_out, weights, x):
+    def linear(self, irreps_in: Irreps, irreps_out: Irreps, weights: dict[str, jax.Array], x: jax.Array) -> jax.Array:
         channels_out = linear_channels_out(weights)
         lin = _linear(Irreps(irreps_in), Irreps(irreps_out), int(x.shape[-1]), int(channels_out))
         return lin(weights, x)
 
-    def symmetric_contraction(self, spec, weights, x, species):
+    def symmetric_contraction(
+        self, spec: SymmetricContractionSpec, weights: dict[str, jax.Array], x: jax.Array, species: jax.Array
+    ) -> jax.Array:
         """Power expansion with e3j tensor products, then the species-wise linear projection."""
         terms = [x]  # B_1 = A
         for k in range(2, spec.last_power + 1):
