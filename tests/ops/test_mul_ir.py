@@ -296,12 +296,12 @@ def test_equal_after_pickle_and_deepcopy(make):
     [
         (
             ("2x1o", "0e", "0e", "1e"),
-            r"^filter 0e and self_connection 1e leave nothing of 2x1o ⊗ 1x0e: the product's outputs are 1o, "
+            r"^filter 0e and self_connection 1e leave no path in 2x1o ⊗ 1x0e: the product's outputs are 1o, "
             r"and irreps_x holds none of the self connection's irreps$",
         ),
         (
             ("5x0o + 2x1o + 4x3e", "0x2e + 0e", "1e + 2o", "0e + 2o"),
-            r"^filter 1e\+2o and self_connection 0e\+2o leave nothing of 5x0o\+2x1o\+4x3e ⊗ 0x2e\+1x0e: "
+            r"^filter 1e\+2o and self_connection 0e\+2o leave no path in 5x0o\+2x1o\+4x3e ⊗ 0x2e\+1x0e: "
             r"the product's outputs are 0o\+1o\+3e,",
         ),
     ],

@@ -502,7 +502,7 @@ def _check_something_kept(irreps_x: Irreps, irreps_y: Irreps, filter_out, keep) 
         return
     names = lambda irs: "none" if irs is None else "+".join(map(str, irs)) or "(empty)"  # noqa: E731
     raise ValueError(
-        f"filter {names(filter_out)} and self_connection {names(keep)} leave nothing of "
+        f"filter {names(filter_out)} and self_connection {names(keep)} leave no path in "
         f"{irreps_x or '(empty)'} ⊗ {irreps_y or '(empty)'}: the product's outputs are {names(possible)}, and "
         f"irreps_x holds none of the self connection's irreps"
     )
