@@ -116,7 +116,7 @@ jax.export.register_namedtuple_serialization(Graph, serialized_name="e3j.Graph")
 
 
 def check_graph(graph) -> Graph:
-    """``graph``, an :class:`Graph` (``TypeError`` naming the argument otherwise)."""
+    """``graph``, a :class:`Graph` (``TypeError`` naming the argument otherwise)."""
     if not isinstance(graph, Graph):
         raise TypeError(f"graph must be an e3j.Graph (see Graph.from_edges), got {type(graph).__name__}")
     return graph
