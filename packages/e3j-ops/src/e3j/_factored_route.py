@@ -24,6 +24,7 @@ import jax
 from ._primitives.grouped_convolution import factored_backend
 from ._primitives.multilinear import PLATFORMS, coo_lmax
 from .backends import Backend, BackendError, OpRequest, provides, select_backend
+from .factored import FactoredWeights
 
 
 def selected(req: OpRequest, requested: str | None) -> Backend:
@@ -70,3 +71,33 @@ def by_platform(fusing: tuple[str, ...], factored: Callable, array: Callable, *o
     if not fusing:
         return array(*operands)
     return jax.lax.platform_dependent(*operands, **dict.fromkeys(fusing, factored), default=array)
+
+
+def factored_or_array(
+    fusing: tuple[str, ...],
+    bind_factored: Callable,
+    bind_array: Callable,
+    x: jax.Array,
+    y: jax.Array,
+    w: FactoredWeights,
+    graph_tree,
+    leaves: tuple,
+):
+    """Binds a convolution whose weights ``w`` are factors, as factors on the platforms ``fusing``
+    (``bind_factored(x, y, hidden, kernel, leaves)``, the bias folded into them) and multiplied out
+    elsewhere (``bind_array(x, y, s [E, W], leaves)``, computed once and kept for the backward by AD).
+
+    Padding edges' rows of ``hidden`` may hold anything (NaN): the fused kernels zero them chunk by
+    chunk, so only the array route masks ``hidden`` (a copy of ``[E, H]``).
+    """
+
+    def edge_mask(leaves):
+        return jax.tree.unflatten(graph_tree, leaves).edge_mask
+
+    def factored(x, y, w, leaves):
+        return bind_factored(x, y, *w.folded(edge_mask(leaves)), leaves)
+
+    def array(x, y, w, leaves):
+        return bind_array(x, y, w.masked(edge_mask(leaves)).materialize(), leaves)
+
+    return by_platform(fusing, factored, array, x, y, w, tuple(leaves))

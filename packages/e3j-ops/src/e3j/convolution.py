@@ -6,7 +6,7 @@ import jax
 
 from ._checks import check_rank, check_same_dtype
 from ._coo_op import CooOp
-from ._factored_route import by_platform, convolution_fusing
+from ._factored_route import convolution_fusing, factored_or_array
 from ._primitives.convolution import CONVOLUTION, CONVOLUTION_FACTORED, ConvSpec, FactoredConvSpec
 from .backends import current_backend_request
 from .factored import FactoredWeights, check_weights
@@ -106,19 +106,17 @@ class Convolution(CooOp):
         leaves, tree = jax.tree.flatten(graph)
         request = current_backend_request(backend)
 
-        def factored(x, y, w, leaves):
-            hidden, kernel = w.folded(jax.tree.unflatten(tree, leaves).edge_mask)
-            spec = FactoredConvSpec(coo, y_channels=y.ndim == 3, graph_tree=tree)
+        y_channels = y.ndim == 3
+
+        def factored(x, y, hidden, kernel, leaves):
+            spec = FactoredConvSpec(coo, y_channels=y_channels, graph_tree=tree)
             operands = {"x": x, "y": y, "h": hidden, "k": kernel.reshape(kernel.shape[0], coo.num_paths, channels)}
             return CONVOLUTION_FACTORED.bind_M(spec, operands, leaves, ("m",), request)["m"]
 
-        def array(x, y, w, leaves):  # multiplied out once, kept for the backward by AD
-            w = w.masked(jax.tree.unflatten(tree, leaves).edge_mask)
-            s = w.materialize().reshape(w.hidden.shape[0], coo.num_paths, channels)
-            spec = ConvSpec(coo, y_channels=y.ndim == 3, graph_tree=tree)
+        def array(x, y, s, leaves):
+            spec = ConvSpec(coo, y_channels=y_channels, graph_tree=tree)
+            s = s.reshape(s.shape[0], coo.num_paths, channels)
             return CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": s}, leaves, ("m",), request)["m"]
 
         fusing = convolution_fusing(coo, x.dtype, channels, request)
-        # the fused kernels zero padding edges' rows of hidden chunk by chunk; only the array route
-        # masks hidden, a copy of [E, H]
-        return by_platform(fusing, factored, array, x, y, w, tuple(leaves))
+        return factored_or_array(fusing, factored, array, x, y, w, tree, leaves)

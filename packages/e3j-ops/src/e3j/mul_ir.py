@@ -47,7 +47,7 @@ from e3j_core import Irreps, as_irreps
 from e3j_core.coo import normalize_filter
 
 from ._checks import check_rank, check_same_dtype
-from ._factored_route import by_platform, grouped_fusing
+from ._factored_route import factored_or_array, grouped_fusing
 from ._mul_ir_plan import Plan, plan
 from ._primitives.grouped_convolution import GROUPED_CONVOLUTION, GROUPED_CONVOLUTION_FACTORED, GroupedConvSpec
 from .backends import current_backend_request
@@ -164,18 +164,15 @@ class MulIrConvolution:
         request = current_backend_request(backend)
         if isinstance(w, FactoredWeights):
 
-            def factored(x, y, w, leaves):
-                hidden, kernel = w.folded(jax.tree.unflatten(tree, leaves).edge_mask)
+            def factored(x, y, hidden, kernel, leaves):
                 operands = {"x": x, "y": y, "h": hidden, "k": kernel}
                 return GROUPED_CONVOLUTION_FACTORED.bind_M(spec, operands, leaves, ("m",), request)["m"]
 
-            def array(x, y, w, leaves):  # multiplied out once, kept for the backward by AD
-                w = w.masked(jax.tree.unflatten(tree, leaves).edge_mask)
-                operands = {"x": x, "y": y, "s": w.materialize()}
-                return GROUPED_CONVOLUTION.bind_M(spec, operands, leaves, ("m",), request)["m"]
+            def array(x, y, s, leaves):
+                return GROUPED_CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": s}, leaves, ("m",), request)["m"]
 
             fusing = grouped_fusing(p, x.dtype, request)
-            out = by_platform(fusing, factored, array, x, y, w, tuple(leaves))
+            out = factored_or_array(fusing, factored, array, x, y, w, tree, leaves)
         else:
             out = GROUPED_CONVOLUTION.bind_M(spec, {"x": x, "y": y, "s": w}, leaves, ("m",), request)["m"]
         return out if p.self_scale is None else out * jnp.asarray(p.self_scale, out.dtype)
