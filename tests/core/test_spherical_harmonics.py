@@ -164,6 +164,39 @@ def test_recurrence_form_equals_the_polynomials(vectors, normalization):
         start += 2 * l + 1
 
 
+@pytest.mark.parametrize("normalization", ["component", "norm", "integral"])
+def test_coefficients_are_rounded_once(normalization):
+    """Each coefficient of both forms is its exact value (an integer ratio over the square root of
+    a rational, exact in e3j-core; the values themselves are e3nn-jax's, tested above) rounded to
+    float64 once, here from mpmath at 50 digits. A float64 square root of the rounded rational was
+    one ulp off for 468 of the 19,954 coefficients of degrees <= 20."""
+    from fractions import Fraction
+
+    import mpmath
+
+    from e3j_core.spherical_harmonics import _legendre_rows, integer_harmonics
+
+    ls = list(range(21))
+    polys = spherical_harmonic_polynomials(ls, normalization)
+    rec = spherical_harmonic_recurrence(ls, normalization)
+    row = 0
+    with mpmath.workdps(50):
+
+        def exact(c, q, l):
+            radicand = Fraction(c * c) / (q * (2 * l + 1 if normalization == "norm" else 1))
+            value = mpmath.sqrt(mpmath.mpf(radicand.numerator) / radicand.denominator)
+            if normalization == "integral":
+                value /= mpmath.sqrt(4 * mpmath.pi)
+            return float(mpmath.sign(c) * value)
+
+        for l in ls:
+            for ratio, (p, q) in zip(_legendre_rows(l), integer_harmonics(l)):
+                got = {tuple(e): c for e, c in zip(polys.exponents.tolist(), polys.coefficients[row]) if c != 0}
+                assert got == {e: exact(c, q, l) for e, c in p.items()}, (l, row)
+                assert rec.factors[row] == exact(ratio, q, l), (l, row)
+                row += 1
+
+
 def test_legendre_step_is_the_docstring_recurrence():
     assert [legendre_step(l, m) for l, m in [(1, 0), (2, 1), (2, 0), (5, 2), (11, 0)]] == [
         (1, 0), (3, 0), (3, 1), (9, 12), (21, 100)

@@ -29,12 +29,13 @@ ValueError: clebsch_gordan(1, 1, 3): the triangle condition |l1 - l2| <= l3 <= l
 from __future__ import annotations
 
 import math
-from decimal import Decimal, localcontext
+from decimal import Decimal
 from functools import cache
 
 import numpy as np
 
 from ._checks import check_degree
+from ._exact import root, rounded, times
 
 __all__ = ["change_basis_real_to_complex", "clebsch_gordan", "su2_clebsch_gordan"]
 
@@ -44,9 +45,6 @@ def _check(where: str, l1: object, l2: object, l3: object) -> tuple[int, int, in
         return check_degree(l1, "l1"), check_degree(l2, "l2"), check_degree(l3, "l3")
     except ValueError as err:
         raise ValueError(f"{where}: {err}") from None
-
-
-_DIGITS = 40  # each nonzero coefficient is rounded to float64 once, from this many digits
 
 
 @cache
@@ -69,14 +67,6 @@ def _racah(l1: int, l2: int, L: int, m1: int, m2: int) -> tuple[int, int, int]:
     return Z, n, d
 
 
-def _rounded(Z: int, n: int, d: int) -> float:
-    """``Z √(n/d)`` rounded to float64 once."""
-    if Z == 0:
-        return 0.0
-    with localcontext(prec=_DIGITS):
-        return float(Z * (Decimal(n) / Decimal(d)).sqrt())
-
-
 def _pairs(l1: int, l2: int, L: int):
     """Every ``(m1, m2)`` with ``|m1 + m2| <= L``: the coefficients the selection rule allows."""
     for m1 in range(-l1, l1 + 1):
@@ -87,7 +77,7 @@ def _pairs(l1: int, l2: int, L: int):
 def _su2(l1: int, l2: int, L: int) -> np.ndarray:
     C = np.zeros((2 * l1 + 1, 2 * l2 + 1, 2 * L + 1))
     for m1, m2 in _pairs(l1, l2, L):
-        C[l1 + m1, l2 + m2, L + m1 + m2] = _rounded(*_racah(l1, l2, L, m1, m2))
+        C[l1 + m1, l2 + m2, L + m1 + m2] = rounded(*_racah(l1, l2, L, m1, m2))
     C.setflags(write=False)
     return C
 
@@ -171,14 +161,13 @@ def _real(l1: int, l2: int, L: int) -> np.ndarray:
                     entry[1] += Z * im
     C = np.zeros((2 * l1 + 1, 2 * l2 + 1, 2 * L + 1))
     roots: dict[tuple[int, int], Decimal] = {}
-    with localcontext(prec=_DIGITS):
-        for index, (re, im, (n, d)) in sums.items():
-            if im != 0:
-                raise AssertionError(f"clebsch_gordan({l1}, {l2}, {L}) is not real at {index}")
-            if re != 0:
-                if (n, d) not in roots:
-                    roots[n, d] = (Decimal(n) / Decimal(d)).sqrt()
-                C[index] = float(re * roots[n, d])
+    for index, (re, im, (n, d)) in sums.items():
+        if im != 0:
+            raise AssertionError(f"clebsch_gordan({l1}, {l2}, {L}) is not real at {index}")
+        if re != 0:
+            if (n, d) not in roots:
+                roots[n, d] = root(n, d)
+            C[index] = times(re, roots[n, d])
     C.setflags(write=False)
     return C
 

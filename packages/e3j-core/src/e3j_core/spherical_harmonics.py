@@ -12,7 +12,8 @@ Convention (identical to ``e3nn_jax.spherical_harmonics``): real basis ordered `
 Construction: the top state ``(X + iY)^l`` is lowered by the ladder operator
 ``L₋ = L_x − i L_y`` acting on polynomials; the real and imaginary parts give the real harmonics.
 Every step is in exact (Gaussian) integer arithmetic; normalizations are exact rationals under a
-square root, so each float64 coefficient is correctly rounded (to within an ulp or two).
+square root (over ``√(4π)`` for ``"integral"``), each float64 coefficient rounded once from 40 digits
+(correctly rounded but within ~1e-39 of a rounding boundary: :mod:`e3j_core._exact`).
 
 >>> import numpy as np
 >>> sh = spherical_harmonic_polynomials([1])
@@ -24,7 +25,6 @@ square root, so each float64 coefficient is correctly rounded (to within an ulp 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -35,6 +35,7 @@ import numpy as np
 
 from . import _polynomials as poly
 from ._checks import check_bool, check_degree
+from ._exact import rounded
 from .irreps import Irrep, Irreps, _is_irrep_like, _is_irreps_like, _is_mul_irrep_like
 
 __all__ = [
@@ -100,9 +101,12 @@ def integer_harmonics(l: int) -> tuple[tuple[dict[tuple[int, int, int], int], Fr
     return tuple(out)
 
 
-def _coefficient(c: int | Fraction, q: Fraction, extra: int) -> float:
-    """``c / sqrt(q * extra)``, correctly rounded from the exact rational."""
-    return math.copysign(math.sqrt(Fraction(c * c) / (q * extra)), c)
+def _coefficient(c: int | Fraction, q: Fraction, normalization: str, l: int) -> float:
+    """``c / sqrt(q)`` normalized (``"norm"``: over ``sqrt(2l + 1)``; ``"integral"``: over
+    ``sqrt(4π)``), rounded to float64 once from the exact rational."""
+    radicand = Fraction(c * c) / (q * (2 * l + 1 if normalization == "norm" else 1))
+    sign = (c > 0) - (c < 0)
+    return rounded(sign, radicand.numerator, radicand.denominator, over_4pi=normalization == "integral")
 
 
 @dataclass(frozen=True, eq=False)
@@ -157,11 +161,7 @@ def _polynomials(ls: tuple[int, ...], normalization: str) -> SphericalHarmonicPo
     rows: list[dict[tuple[int, int, int], float]] = []
     for l in ls:
         for p, q in integer_harmonics(l):
-            extra = 2 * l + 1 if normalization == "norm" else 1
-            row = {e: _coefficient(c, q, extra) for e, c in p.items()}
-            if normalization == "integral":
-                row = {e: c / math.sqrt(4 * math.pi) for e, c in row.items()}
-            rows.append(row)
+            rows.append({e: _coefficient(c, q, normalization, l) for e, c in p.items()})
     monomials = sorted({e for row in rows for e in row}, key=lambda e: (sum(e), tuple(-k for k in e)))
     index = {e: k for k, e in enumerate(monomials)}
     coefficients = np.zeros((len(rows), len(monomials)))
@@ -198,7 +198,7 @@ class SphericalHarmonicRecurrence:
         degrees: ``int64 [D]``, each row's ``l``.
         m: ``int64 [D]``, each row's ``|m|`` (rows ``m = -l .. l`` per degree).
         cosine: ``bool [D]``, ``A_m`` (``m >= 0``) rather than ``B_m`` (``m < 0``).
-        factors: ``float64 [D]``, correctly rounded from the exact value.
+        factors: ``float64 [D]``, rounded once from the exact value.
 
     >>> rec = spherical_harmonic_recurrence([1])
     >>> rec.m.tolist(), rec.cosine.tolist(), np.round(rec.factors, 6).tolist()
@@ -278,11 +278,8 @@ def _legendre_rows(l: int) -> tuple[Fraction, ...]:
 def _recurrence(ls: tuple[int, ...], normalization: str) -> SphericalHarmonicRecurrence:
     degrees, ms, cosine, factors = [], [], [], []
     for l in ls:
-        extra = 2 * l + 1 if normalization == "norm" else 1
         for m_signed, ratio, (_, q) in zip(range(-l, l + 1), _legendre_rows(l), integer_harmonics(l)):
-            factor = _coefficient(ratio, q, extra)
-            if normalization == "integral":
-                factor /= math.sqrt(4 * math.pi)
+            factor = _coefficient(ratio, q, normalization, l)
             degrees.append(l)
             ms.append(abs(m_signed))
             cosine.append(m_signed >= 0)
