@@ -34,6 +34,9 @@ TEST_REQUIREMENTS = [
     # jax.export's serialization format (tests/ops/test_export.py and the models' exported potential)
     "flatbuffers>=23",
 ]  # fmt: skip
+# what TEST_REQUIREMENTS install, by import name: tests/conftest.py stops the run if one fails to import,
+# where a test's `pytest.importorskip` (for environments without it, e.g. benchmarks/tpu.sh's) would skip
+TEST_MODULES = {"E3J_TESTS_REQUIRE": "e3nn_jax,flax,matplotlib,hatchling,ase,optax,tqdm,xdist,flatbuffers,hypothesis"}
 # Most of the suite is single-threaded tracing and compiling: on CI's 2 cores, two processes ran it in
 # 36 min against 41 min in one (clean-clone runs on different days; 28 min without tests/cuda's
 # compiles). More than 4 would mostly add each worker's imports and memory.
@@ -112,7 +115,7 @@ def tests(session: nox.Session) -> None:
     _install_packages(session, cuda_architectures="90a-real")
     # a test-only backend plugin (reference kernels under another name; see tests/ops/test_backends.py)
     session.install(str(ROOT / "tests/plugins/e3j-test-backend"))
-    session.run("python", "-m", "pytest", *(session.posargs or CPU_TESTS))
+    session.run("python", "-m", "pytest", *(session.posargs or CPU_TESTS), env=TEST_MODULES)
 
 
 @nox.session(python=PYTHON)
@@ -120,7 +123,7 @@ def models_slow(session: nox.Session) -> None:
     """e3j-models checks too slow for CI: MACE at correlation 3, padding of MACE (~10 min on 2 cores)."""
     session.install(*TEST_REQUIREMENTS)
     _install_packages(session)
-    session.run("python", "-m", "pytest", *(session.posargs or ["tests/models", "-m", "models_slow"]))
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests/models", "-m", "models_slow"]), env=TEST_MODULES)
 
 
 @nox.session(python=PYTHON)
@@ -137,7 +140,7 @@ def slow(session: nox.Session) -> None:
     alone take ~12 min on 2 cores, one process)."""
     session.install(*TEST_REQUIREMENTS)
     _install_packages(session)
-    session.run("python", "-m", "pytest", *(session.posargs or ["tests", "-m", "slow and not gpu"]))
+    session.run("python", "-m", "pytest", *(session.posargs or ["tests", "-m", "slow and not gpu"]), env=TEST_MODULES)
 
 
 @nox.session(python=PYTHON)
@@ -152,7 +155,7 @@ def tests_jax(session: nox.Session, jax: str) -> None:
     _install_packages(session)
     session.install(str(ROOT / "tests/plugins/e3j-test-backend"))
     session.run("python", "-c", "import jax, jaxlib; print('jax', jax.__version__, 'jaxlib', jaxlib.__version__)")
-    session.run("python", "-m", "pytest", *(session.posargs or CPU_TESTS))
+    session.run("python", "-m", "pytest", *(session.posargs or CPU_TESTS), env=TEST_MODULES)
 
 
 @nox.session(python=PYTHON)

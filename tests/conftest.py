@@ -5,6 +5,7 @@ float64 is switched on for the whole suite: tests that exercise float32 say so w
 and the float64 oracles (e3nn-jax in float64) need it.
 """
 
+import importlib
 import os
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
@@ -14,6 +15,20 @@ import pytest
 from installed import require_backend
 
 jax.config.update("jax_enable_x64", True)
+
+
+def pytest_sessionstart(session):
+    """Every module named in ``E3J_TESTS_REQUIRE`` (comma-separated; the nox sessions name what they
+    install) must import: tests that ``pytest.importorskip`` one, for environments without it, would
+    otherwise skip where an install broke."""
+    missing = []
+    for name in filter(None, os.environ.get("E3J_TESTS_REQUIRE", "").split(",")):
+        try:
+            importlib.import_module(name.strip())
+        except Exception as err:  # any import failure (an extension built for another Python too)
+            missing.append(f"{name.strip()} ({type(err).__name__}: {err})")
+    if missing:
+        raise pytest.UsageError(f"E3J_TESTS_REQUIRE names modules that do not import: {', '.join(missing)}")
 
 
 @pytest.fixture
