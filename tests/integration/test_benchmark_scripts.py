@@ -411,6 +411,20 @@ def test_radial_factored_benchmark_compares_the_two_routes_of_one_model():
     assert row["array_ms"] > 0 and row["factored_ms"] > 0 and row["share_q1"] <= row["share_q3"]
 
 
+def test_interop_tensor_product_benchmark_writes_rows_that_rerun(tmp_path):
+    # benchmarks/interop_tensor_product.py: both libraries' Allegro product agree, each case is a row
+    out = tmp_path / "tp.json"
+    script = runpy.run_path(str(ROOT / "benchmarks/interop_tensor_product.py"))
+    argv = ["--edges", "40", "--channels", "4", "--lmax", "2", "--broadcast", "--runs", "1", "--rounds", "1"]
+    assert script["main"]([*argv, "--json", str(out)]) == 0
+    import json
+
+    record = json.loads(out.read_text())
+    assert record["command"] == "python benchmarks/interop_tensor_product.py " + " ".join([*argv, "--json", str(out)])
+    assert [r["input2"].split(",")[1].strip() for r in record["rows"]] == ["4", "1"]
+    assert all(r["max_rel_diff"] < 1e-5 and r["e3j_grad"] > 0 and r["e3nn_grad"] > 0 for r in record["rows"])
+
+
 def test_md_step_pieces_runs_on_the_reference_and_writes_its_timings(tmp_path):
     # it ran on e3j's default choice: a development environment's test plugin, not the CPU path
     out = tmp_path / "pieces.json"

@@ -48,6 +48,28 @@ def test_normalizations_and_broadcast_leading_shapes(normalization):
     np.testing.assert_allclose(out.array, ref.array, rtol=1e-12, atol=1e-13)
 
 
+@pytest.mark.parametrize("y_channels", [8, 1])
+def test_channel_axis_layout_equals_e3nn(y_channels):
+    """Allegro's product: both operands in e3nn's ``mul_to_axis`` layout ``[E, C, irreps]`` with
+    multiplicities 1 (``input2`` also broadcast over the channels), value and gradients; e3j runs the
+    rows as its channels (test_mul_ir.py)."""
+    ix, iy = e3nn.Irreps("0e + 1o + 2e"), e3nn.Irreps("0o + 1o + 1e + 2e")
+    rng = np.random.default_rng(5)
+    a, b = rng.normal(size=(13, 8, ix.dim)), rng.normal(size=(13, y_channels, iy.dim))
+
+    def product(tp):
+        return lambda a, b: tp(e3nn.IrrepsArray(ix, a), e3nn.IrrepsArray(iy, b), filter_ir_out="0e + " + str(iy)).array
+
+    want = product(e3nn.tensor_product)(a, b)
+    np.testing.assert_allclose(product(interop.tensor_product)(a, b), want, rtol=1e-12, atol=1e-12)
+    cot = rng.normal(size=want.shape)
+    ours, theirs = product(interop.tensor_product), product(e3nn.tensor_product)
+    got = jax.grad(lambda a, b: jnp.sum(ours(a, b) * cot), (0, 1))(a, b)
+    expected = jax.grad(lambda a, b: jnp.sum(theirs(a, b) * cot), (0, 1))(a, b)
+    for g, r in zip(got, expected):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
+
+
 def test_gradients_equal_e3nn():
     x, y = _random("4x0e + 2x1o", (4,), 4), _random("2x0e + 1o", (4,), 5)
     cot = jax.random.normal(jax.random.key(6), e3nn.tensor_product(x, y).shape, jnp.float64)

@@ -156,6 +156,34 @@ def test_tensor_product_equals_e3nn_value_and_gradient(grouping, regroup_output)
         np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("rows", [e3j.mul_ir.ROWS_AS_CHANNELS - 1, 2 * e3j.mul_ir.ROWS_AS_CHANNELS + 11])
+@pytest.mark.parametrize("regroup_output", [True, False])
+def test_tensor_product_of_one_channel_runs_rows_as_channels(rows, regroup_output):
+    """Blocks of multiplicity 1 (e3nn's ``mul_to_axis`` layout, Allegro's edge features): from
+    ``ROWS_AS_CHANNELS`` rows on, the rows run as the channels of one product (zero rows padding
+    the batch to a multiple), equal to e3nn-jax in value and gradient; below, one channel."""
+    ix, iy = e3nn.Irreps("0e + 1o + 2e + 3o"), e3nn.Irreps("0o + 1o + 1e + 2e + 2o")
+    filter_ = "0e + 0o + 1o + 1e + 2e + 2o"
+    tp = e3j.MulIrTensorProduct(ix, iy, filter_, regroup_output=regroup_output)
+    x, y = random((rows, ix.dim), 11), random((rows, iy.dim), 12)
+
+    def ref(a, b):
+        a, b = e3nn.IrrepsArray(ix, a), e3nn.IrrepsArray(iy, b)
+        return e3nn.tensor_product(a, b, filter_ir_out=filter_, regroup_output=regroup_output).array
+
+    want = ref(x, y)
+    np.testing.assert_allclose(jax.jit(tp)(x, y), want, rtol=1e-12, atol=1e-12)
+    cot = random(want.shape, 13)
+    got_g = jax.jit(jax.grad(lambda a, b: jnp.sum(tp(a, b) * cot), argnums=(0, 1)))(x, y)
+    want_g = jax.grad(lambda a, b: jnp.sum(ref(a, b) * cot), argnums=(0, 1))(x, y)
+    for g, r in zip(got_g, want_g):
+        np.testing.assert_allclose(g, r, rtol=1e-12, atol=1e-12)
+    eqns = jax.make_jaxpr(tp)(x, y).jaxpr.eqns
+    bound = [e.invars[0].aval.shape for e in eqns if e.primitive.name == "e3j_tensor_product"]
+    k = e3j.mul_ir.ROWS_AS_CHANNELS
+    assert bound == ([(-(-rows // k), ix.dim, k)] if rows >= k else [(rows, ix.dim, 1)])
+
+
 def test_bad_input():
     conv = e3j.MulIrConvolution("4x0e + 2x1o", "0e + 1o", "0e + 1o")
     x, y, w = jnp.ones((N, 10)), jnp.ones((E, 4)), jnp.ones((E, conv.num_weights))
@@ -208,6 +236,7 @@ def test_grouped_operands_are_the_blocks_of_each_multiplicity():
     [
         ("64x0e + 32x1o + 16x2e", "0e + 1o + 2e + 3o", "0e + 1o + 2e", None),
         ("4x0e + 2x1o + 4x2e", "0e + 1o", None, "0e + 1o"),
+        ("1o + 0e + 2e", "1o + 0e", None, "0e + 1o"),  # one group of one channel: no transposes
     ],
 )
 def test_join_derivatives_are_slices_and_transposes(irreps_x, irreps_y, filter_, self_connection):

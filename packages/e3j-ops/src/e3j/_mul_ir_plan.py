@@ -64,7 +64,9 @@ class Gather:
     index: np.ndarray | None = field(repr=False)
 
     @classmethod
-    def of(cls, index: np.ndarray, size_in: int) -> Gather:
+    def of(cls, index: np.ndarray, size_in: int, max_runs: int | None = _MAX_RUNS) -> Gather:
+        """``index`` as runs of slices, or as a gather above ``max_runs`` runs (``None``: never, so that
+        the transpose is pads, not a scatter)."""
         index = np.asarray(index, np.int64)
         if np.array_equal(index, np.arange(size_in)):
             return cls(size_in, None, None)
@@ -73,7 +75,7 @@ class Gather:
         breaks = np.flatnonzero(np.diff(index) != 1) + 1
         starts = np.concatenate([[0], breaks]).astype(np.int64)
         stops = np.concatenate([breaks, [len(index)]]).astype(np.int64)
-        if len(starts) <= _MAX_RUNS:
+        if max_runs is None or len(starts) <= max_runs:
             return cls(size_in, tuple((int(index[a]), int(index[b - 1]) + 1) for a, b in zip(starts, stops)), None)
         index.setflags(write=False)
         return cls(size_in, None, index)
@@ -312,6 +314,12 @@ class Plan:
         order.setflags(write=False)
         return order
 
+    @cached_property
+    def _out_rows(self) -> Gather:
+        """:attr:`out_order` as a :class:`Gather` of the concatenated output rows (groups of one
+        channel: :meth:`join_out`)."""
+        return Gather.of(self.out_order, sum(g.coo.dim_out * g.channels for g in self.groups), max_runs=None)
+
     def join_weights(self, dss: list[jax.Array]) -> jax.Array:
         """The groups' ``[.., P_g, C_g]`` (per-path weights or their cotangents) → e3nn's ``[.., num_weights]``,
         one concatenation of the paths in column order (columns no path reads are zero). Needs
@@ -333,7 +341,15 @@ class Plan:
         One concatenation of each path's rows, transposed to copy-major: XLA fuses it into one pass,
         and its transpose (the backward) is as cheap; through :func:`e3j.to_mul_ir` and a gather of
         the copies, the backward was a scatter ~20x slower (``benchmarks/interop_message_passing.py``).
+        Groups of one channel each need no transposes: their outputs' rows are e3nn's columns, put in
+        order by :attr:`out_order`'s runs of consecutive rows (none for the identity). Sliced path by
+        path instead, the backward of a large product of one channel (e3nn's ``mul_to_axis`` layout
+        with the channels on e3j's) ran 8x slower on the CPU: XLA fused the pads of the output
+        cotangent's slices into the product's backward path by path.
         """
+        if self.out_blocks is not None and all(g.channels == 1 for g in self.groups):
+            rows = [o[..., 0] for o in outs]
+            return self._out_rows(rows[0] if len(rows) == 1 else jnp.concatenate(rows, axis=-1))
         if self.out_blocks is not None:
             parts = []
             for _, g, row, dim in self.out_blocks:
