@@ -119,6 +119,19 @@ def test_symbolic_graph_sizes_are_refused_by_name(symbolic):
         )
 
 
+def test_symbolic_batch_of_a_one_channel_product_exports():
+    """``MulIrTensorProduct`` runs a group of one channel with its rows as channels from 32 rows on,
+    padding the batch to a multiple: a symbolic batch cannot be, and runs as one channel."""
+    (b,) = export.symbolic_shape("B")
+    tp = e3j.MulIrTensorProduct("0e + 1o", "0e + 1o + 2e", "0e + 1o")
+    f = jax.jit(lambda x, y: tp(x, y, backend="reference"))
+    x, y = (jax.ShapeDtypeStruct((b, d), jnp.float32) for d in (4, 9))
+    exported = export.export(f, platforms=("cpu",))(x, y)
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(70, 4)).astype(np.float32), rng.normal(size=(70, 9)).astype(np.float32)
+    np.testing.assert_allclose(exported.call(x, y), f(x, y), rtol=1e-6, atol=1e-6)
+
+
 def test_symbolic_channel_counts_are_refused_by_name():
     """Backends are chosen per channel count: a symbolic C failed in JAX's lowering ("Symbolic
     dimension 'C' used in a context that requires a constant"), naming nothing. A symbolic batch

@@ -335,7 +335,8 @@ class MulIrTensorProduct:
         outs = []
         for g, (_, tp) in zip(p.groups, self.groups):
             xg = g.split_x(x)
-            fold = g.channels == 1 and x.shape[0] >= ROWS_AS_CHANNELS
+            # a symbolic batch (jax.export) cannot be padded to a multiple: one channel then
+            fold = g.channels == 1 and isinstance(x.shape[0], int) and x.shape[0] >= ROWS_AS_CHANNELS
             outs.append(_rows_as_channels(tp, xg[..., 0], y, backend) if fold else tp(xg, y, backend=backend))
         return p.join_out(outs)
 
