@@ -8,7 +8,7 @@ features, edge attributes, weights), on the backend e3j selects (``--backend`` t
 with test plugins installed, give ``--backend reference``). Also timed with a prebuilt graph, and
 the same product with every path weight 1 (``gradient_normalization="element"``), which skips the
 static multiply of the output columns by the instructions' path weights: the difference is that
-multiply's cost. All variants are timed in interleaved rounds (``interop_message_passing.interleaved``).
+multiply's cost. All variants are timed in interleaved rounds (``e3j._bench.interleaved``).
 With ``--pairs N`` also the conversions' share of the call with a prebuilt graph, paired (as
 ``interop_message_passing.paired_share``) against "ops alone": each of ``fmp.ops``' convolutions
 on operands already in its layout (node features split, weights taken and scaled, outputs left per
@@ -31,11 +31,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from e3nn_jax.legacy import FunctionalTensorProduct
-from interop_message_passing import interleaved, paired_share
+from interop_message_passing import paired_share
 
 import e3j
 from e3j import interop
-from e3j._bench import provenance
+from e3j._bench import interleaved, provenance
 from e3j.layout import from_mul_ir
 
 

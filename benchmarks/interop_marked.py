@@ -32,11 +32,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from interop_functional import nequip_tp
-from interop_message_passing import case, interleaved
+from interop_message_passing import case
 
 import e3j
 from e3j import interop
-from e3j._bench import provenance
+from e3j._bench import interleaved, provenance
 
 
 def programs(n: int, neighbours: int, irreps: str, lmax: int, filter_ir_out: str, backend: str | None,

@@ -55,7 +55,7 @@ import numpy as np
 
 import e3j
 from e3j import interop
-from e3j._bench import provenance, time_call
+from e3j._bench import interleaved, provenance
 
 
 def case(num_nodes, neighbours, irreps_x, lmax, filter_ir_out, dtype, seed=0):
@@ -71,19 +71,6 @@ def case(num_nodes, neighbours, irreps_x, lmax, filter_ir_out, dtype, seed=0):
     mp = interop.MessagePassing(irreps_x, sh.irreps, filter_ir_out)
     w = jnp.asarray(rng.normal(size=(num_edges, mp.num_weights)), dtype)
     return mp, x, sh, w, senders, receivers
-
-
-def interleaved(fns: dict, runs: int, rounds: int) -> dict:
-    """Seconds per call of each ``(f, operands)``: the best of ``rounds`` rounds, each round timing every
-    function in turn (:func:`e3j._bench.time_call` on ``runs // rounds`` calls)."""
-    for f, ops in fns.values():
-        jax.block_until_ready(f(*ops))  # compile
-    best = {}
-    for _ in range(rounds):
-        for name, (f, ops) in fns.items():
-            t = time_call(f, *ops, runs=max(1, runs // rounds), warmup=0)
-            best[name] = min(best.get(name, float("inf")), t)
-    return best
 
 
 def paired_share(a, b, pairs: int) -> dict:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from e3j import interop
-from e3j._bench import provenance, time_call
+from e3j._bench import interleaved, provenance
 
 
 def _irreps(lmax: int) -> tuple[e3nn.Irreps, e3nn.Irreps]:
@@ -56,14 +56,7 @@ def measure(edges: int, channels: int, lmax: int, y_rows: int, runs: int, rounds
 
     err = float(jnp.abs(ours(a, b) - theirs(a, b)).max() / jnp.abs(theirs(a, b)).max())
     fns = {"e3j": ours, "e3nn": theirs, "e3j_grad": grad(ours), "e3nn_grad": grad(theirs)}
-    fns = {k: jax.jit(f) for k, f in fns.items()}
-    for f in fns.values():
-        jax.block_until_ready(f(a, b))
-    best = {}
-    for _ in range(rounds):
-        for name, f in fns.items():
-            t = time_call(f, a, b, runs=max(1, runs // rounds), warmup=0)
-            best[name] = min(best.get(name, float("inf")), t)
+    best = interleaved({k: (jax.jit(f), (a, b)) for k, f in fns.items()}, runs, rounds)
     row = {
         "edges": edges,
         "channels": channels,

@@ -31,7 +31,7 @@ import numpy as np
 
 import e3j
 from e3j import backends
-from e3j._bench import host_info, time_call
+from e3j._bench import host_info, interleaved
 
 SH = "0e + 1o + 2e + 3o"
 FILTER = "0e + 1o + 2e"
@@ -122,13 +122,7 @@ def measure(shape: str, num_nodes: int, args) -> dict:
         v, g = _e3nn_functions(convs, graph.senders, graph.receivers, num_nodes)
         calls["e3nn_fwd"] = (v, ops[:3])
         calls["e3nn_fwd_bwd"] = (g, ops[:3])
-    for f, a in calls.values():
-        jax.block_until_ready(f(*a))
-    best = {}
-    for _ in range(args.rounds):
-        for name, (f, a) in calls.items():
-            t = time_call(f, *a, runs=max(1, args.runs // args.rounds), warmup=0)
-            best[name] = min(best.get(name, float("inf")), t)
+    best = interleaved(calls, args.runs, args.rounds)
     row = {"shape": shape, "nodes": num_nodes, "edges": num_nodes * args.neighbours}
     row.update({f"{k}_ms": round(v * 1e3, 2) for k, v in best.items()})
     for other in ("baseline", "e3nn"):

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import e3j
-from e3j._bench import provenance, time_call
+from e3j._bench import interleaved, provenance
 
 
 def measure(edges: int, lmax: int, runs: int, rounds: int) -> dict:
@@ -41,14 +41,7 @@ def measure(edges: int, lmax: int, runs: int, rounds: int) -> dict:
 
     err = float(jnp.abs(ours(v) - theirs(v)).max())
     fns = {"e3j": ours, "e3nn": theirs, "e3j_grad": grad(ours), "e3nn_grad": grad(theirs)}
-    fns = {k: jax.jit(f) for k, f in fns.items()}
-    for f in fns.values():
-        jax.block_until_ready(f(v))
-    best = {}
-    for _ in range(rounds):
-        for name, f in fns.items():
-            t = time_call(f, v, runs=max(1, runs // rounds), warmup=0)
-            best[name] = min(best.get(name, float("inf")), t)
+    best = interleaved({k: (jax.jit(f), (v,)) for k, f in fns.items()}, runs, rounds)
     row = {
         "edges": edges,
         "irreps": irreps,

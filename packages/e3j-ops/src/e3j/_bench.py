@@ -64,6 +64,25 @@ def time_call(fn: Callable, *args, runs: int = 100, fastest: float = 0.2, warmup
     return sum(sorted(times)[:keep]) / keep
 
 
+def interleaved(fns: dict[str, tuple[Callable, tuple]], runs: int, rounds: int) -> dict[str, float]:
+    """Seconds per call of each ``name: (f, operands)``: each compiled (called once) first, then the
+    best of ``rounds`` rounds, each round timing every function in turn (:func:`time_call` on ``runs
+    // rounds`` calls), so that load from other processes falls on all of them alike.
+
+    >>> times = interleaved({"sum": (jnp.sum, (jnp.ones(8),))}, runs=4, rounds=2)
+    >>> sorted(times), times["sum"] > 0
+    (['sum'], True)
+    """
+    for f, ops in fns.values():
+        jax.block_until_ready(f(*ops))
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, (f, ops) in fns.items():
+            t = time_call(f, *ops, runs=max(1, runs // rounds), warmup=0)
+            best[name] = min(best.get(name, float("inf")), t)
+    return best
+
+
 def throughput(num_bytes: int, seconds: float) -> float:
     """Bytes per second."""
     return num_bytes / seconds
