@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import e3j
-from e3j._bench import interleaved, provenance
+from e3j._bench import provenance, versus_e3nn
 
 
 def measure(edges: int, lmax: int, runs: int, rounds: int) -> dict:
@@ -36,21 +36,8 @@ def measure(edges: int, lmax: int, runs: int, rounds: int) -> dict:
     def theirs(v):
         return e3nn.spherical_harmonics(irreps, v, True).array
 
-    def grad(f):
-        return jax.grad(lambda v: jnp.sum(jnp.sin(f(v))))
-
     err = float(jnp.abs(ours(v) - theirs(v)).max())
-    fns = {"e3j": ours, "e3nn": theirs, "e3j_grad": grad(ours), "e3nn_grad": grad(theirs)}
-    best = interleaved({k: (jax.jit(f), (v,)) for k, f in fns.items()}, runs, rounds)
-    row = {
-        "edges": edges,
-        "irreps": irreps,
-        "max_abs_diff": err,
-        **{k: round(t * 1e3, 3) for k, t in best.items()},
-    }
-    row["e3nn_over_e3j"] = round(best["e3nn"] / best["e3j"], 2)
-    row["e3nn_over_e3j_grad"] = round(best["e3nn_grad"] / best["e3j_grad"], 2)
-    return row
+    return {"edges": edges, "irreps": irreps, "max_abs_diff": err, **versus_e3nn(ours, theirs, (v,), runs, rounds)}
 
 
 def main(argv=None) -> int:

@@ -83,6 +83,24 @@ def interleaved(fns: dict[str, tuple[Callable, tuple]], runs: int, rounds: int) 
     return best
 
 
+def versus_e3nn(ours: Callable, theirs: Callable, operands: tuple, runs: int, rounds: int) -> dict:
+    """e3j's function against e3nn-jax's on ``operands``: each one's value and the gradient of
+    ``sum(sin(f(*operands)))`` with respect to every operand, jitted and :func:`interleaved`; ms per
+    call (``e3j``, ``e3nn``, ``e3j_grad``, ``e3nn_grad``) and e3nn-jax's time over e3j's
+    (``e3nn_over_e3j``, ``e3nn_over_e3j_grad``)."""
+
+    def grad(f):
+        return jax.grad(lambda *a: jnp.sum(jnp.sin(f(*a))), argnums=tuple(range(len(operands))))
+
+    fns = {"e3j": ours, "e3nn": theirs, "e3j_grad": grad(ours), "e3nn_grad": grad(theirs)}
+    best = interleaved({k: (jax.jit(f), operands) for k, f in fns.items()}, runs, rounds)
+    return {
+        **{k: round(t * 1e3, 3) for k, t in best.items()},
+        "e3nn_over_e3j": round(best["e3nn"] / best["e3j"], 2),
+        "e3nn_over_e3j_grad": round(best["e3nn_grad"] / best["e3j_grad"], 2),
+    }
+
+
 def throughput(num_bytes: int, seconds: float) -> float:
     """Bytes per second."""
     return num_bytes / seconds
