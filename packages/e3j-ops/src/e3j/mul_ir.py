@@ -275,7 +275,9 @@ class MulIrTensorProduct:
     ``tp = MulIrTensorProduct(irreps_x, irreps_y, filter=None)``; ``tp(x, y)`` with
     ``x: [B, irreps_x.dim]`` (flat ``mul_ir``) and ``y: [B, irreps_y.dim]`` returns
     ``[B, tp.irreps_out.dim]`` flat, e3nn-jax's copy order. ``regroup_output=False`` leaves the
-    output unsorted and unmerged as e3nn-jax's does. See the module docstring.
+    output unsorted and unmerged as e3nn-jax's does. The blocks of ``x`` of multiplicity 1 (e3nn's
+    ``mul_to_axis`` layout, flattened) run their rows :data:`ROWS_AS_CHANNELS` at a time as the
+    channels of one product, from that many rows on. See the module docstring.
 
     >>> import jax.numpy as jnp
     >>> tp = MulIrTensorProduct("8x0e + 4x1o", "0e + 1o", filter="1o")
