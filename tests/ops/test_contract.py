@@ -171,6 +171,49 @@ def test_a_kernel_returning_a_wrong_shape_is_named():
         )
 
 
+def test_grouped_kernels_get_the_plan_and_only_what_they_read():
+    """The grouped kernels take a plan and no ``y_channels``; ``run`` splits the forward from the
+    fused backward and passes only the operands each reads, as for the uniform ops."""
+    _, graph, *_ = _conv_setup()
+    conv = e3j.MulIrConvolution("4x0e + 2x1o", "0e + 1o", filter="0e + 1o")
+    plan = conv.plan
+    received = []
+
+    def fwd(plan_, x, y, s, graph_):
+        received.append(("fwd", plan_ is plan, x is None, y is None, s is None))
+        return jnp.zeros((graph_.num_nodes, plan.irreps_out.dim), x.dtype)
+
+    def bwd(plan_, x, y, s, dm, graph_, *, outs):
+        received.append(("bwd", outs, x is None, y is None, s is None))
+        return {"s": jnp.zeros((graph_.num_edges, plan.num_weights), dm.dtype)}
+
+    kernels = Kernels(grouped_convolution=fwd, grouped_convolution_bwd=bwd)
+    e, n = graph.num_edges, graph.num_nodes
+    shapes = {"m": (n, plan.irreps_out.dim), "s": (e, plan.num_weights)}
+    operands = {
+        "x": jnp.ones((n, plan.irreps_x.dim)),
+        "y": jnp.ones((e, plan.groups[0].coo.dim_y)),
+        "s": jnp.ones((e, plan.num_weights)),
+        "m": jnp.ones(shapes["m"]),
+    }
+    out = contract.run(
+        "grouped_convolution", kernels, "rec", plan, operands, graph, ("m", "s"),
+        result_type=_result_type(shapes, jnp.float32),
+    )  # fmt: skip
+    assert sorted(out) == ["m", "s"]
+    assert received == [("fwd", True, False, False, False), ("bwd", ("s",), False, False, True)]
+    with pytest.raises(ValueError, match="y_channels is given for grouped_convolution exactly when"):
+        contract.run(
+            "grouped_convolution", kernels, "rec", plan, operands, graph, ("m",), y_channels=False,
+            result_type=_result_type(shapes, jnp.float32),
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="y_channels is given for convolution exactly when"):
+        contract.run(
+            "convolution", kernels, "rec", plan, operands, graph, ("m",),
+            result_type=_result_type(shapes, jnp.float32),
+        )  # fmt: skip
+
+
 def test_empty_graph_never_reaches_a_kernel():
     conv, graph, x, y, s = _conv_setup(num_edges=0)
     e3j_test_backend.calls.clear()

@@ -1,11 +1,9 @@
 """The kernel contract: what a backend's kernels receive and return, stated and enforced once.
 
 A backend is four plain jittable functions, plus optional pairs of them (factored, grouped, grouped
-factored; :class:`Kernels`). Before calling any of them, e3j (:func:`run`; the grouped primitive,
-whose kernels take a plan instead of a table, through the same :func:`needed`, :func:`is_empty` and
-:func:`checked`) establishes every rule below, so that a kernel implements its contraction and nothing
-else — no kernel re-derives which operands a backward reads, what an empty graph gives, or which
-dtype to compute in.
+factored; :class:`Kernels`). e3j calls every one of them through :func:`run`, which establishes
+every rule below first, so that a kernel implements its contraction and nothing else — no kernel
+re-derives which operands a backward reads, what an empty graph gives, or which dtype to compute in.
 
 Signatures (``coo`` is an :class:`e3j_core.TensorProductCoo`; keyword options are static):
 
@@ -85,6 +83,7 @@ __all__ = [
     "Kernels",
     "TensorProductBwdKernel",
     "TensorProductKernel",
+    "arguments",
     "checked",
     "is_empty",
     "needed",
@@ -95,7 +94,13 @@ OPS = ("tensor_product", "convolution")
 
 #: For each op: its forward output slot, and for every output slot the operands it reads (besides
 #: the output cotangent, which a backward always reads).
-_FORWARD = {"tensor_product": "z", "convolution": "m", "convolution_factored": "m"}
+_FORWARD = {
+    "tensor_product": "z",
+    "convolution": "m",
+    "convolution_factored": "m",
+    "grouped_convolution": "m",
+    "grouped_convolution_factored": "m",
+}
 _READS = {
     "tensor_product": {"z": ("x", "y"), "x": ("y",), "y": ("x",)},
     "convolution": {"m": ("x", "y", "s"), "x": ("y", "s"), "y": ("x", "s"), "s": ("x", "y")},
@@ -107,14 +112,20 @@ _READS = {
         "k": ("x", "y", "h"),
     },
 }
-# the grouped form reads its operands as the uniform one does
+# the grouped forms read their operands as the uniform ones do
+_READS["grouped_convolution"] = _READS["convolution"]
 _READS["grouped_convolution_factored"] = _READS["convolution_factored"]
+#: each op's operands, in its kernels' signature order
 _OPERANDS = {
     "tensor_product": ("x", "y"),
     "convolution": ("x", "y", "s"),
     "convolution_factored": ("x", "y", "h", "k"),
+    "grouped_convolution": ("x", "y", "s"),
     "grouped_convolution_factored": ("x", "y", "h", "k"),
 }
+#: the ops whose kernels take a mixed-multiplicity plan instead of a table, and no ``y_channels``
+#: (``y`` is broadcast over every group's channels)
+_GROUPED = ("grouped_convolution", "grouped_convolution_factored")
 
 
 def needed(op: str, outs: tuple[str, ...]) -> tuple[str, ...]:
@@ -206,52 +217,65 @@ def run(
     op: str,
     kernels: Kernels,
     backend_name: str,
-    coo: TensorProductCoo,
+    table: Any,
     operands: Mapping[str, jax.Array],
     graph: Any,
     outs: tuple[str, ...],
     *,
-    y_channels: bool,
     result_type: Callable[[str], jax.ShapeDtypeStruct],
+    y_channels: bool | None = None,
 ) -> dict[str, jax.Array]:
     """Compute the outputs ``outs`` of ``op`` with ``kernels``, under the contract's guarantees.
 
-    ``operands`` maps slot names (``x``, ``y``, ``s``, and the output cotangent ``z`` / ``m`` for a
-    backward) to arrays; ``result_type(slot)`` gives each output's shape and dtype. The forward and
-    backward outputs requested together are computed by one forward and one fused backward call.
+    ``table`` is the op's :class:`e3j_core.TensorProductCoo` (its mixed-multiplicity plan for the
+    grouped ops); ``operands`` maps slot names (``x``, ``y``, ``s`` or ``h`` and ``k``, and the
+    output cotangent ``z`` / ``m`` for a backward) to arrays; ``result_type(slot)`` gives each
+    output's shape and dtype; ``y_channels`` is given for every op but the grouped ones, whose
+    kernels do not take it. The forward and backward outputs requested together are computed by
+    one forward and one fused backward call.
     """
+    if (op in _GROUPED) != (y_channels is None):
+        raise ValueError(f"y_channels is given for {op} exactly when it is not one of {_GROUPED}")
+    options = {} if y_channels is None else {"y_channels": y_channels}
     forward = _FORWARD[op]
     results: dict[str, jax.Array] = {}
     if forward in outs:
-        results.update(_call(op, kernels, backend_name, coo, operands, graph, (forward,), y_channels, result_type))
+        results.update(_call(op, kernels, backend_name, table, operands, graph, (forward,), options, result_type))
     backward = tuple(o for o in _OPERANDS[op] if o in outs)
     if backward:
-        results.update(_call(op, kernels, backend_name, coo, operands, graph, backward, y_channels, result_type))
+        results.update(_call(op, kernels, backend_name, table, operands, graph, backward, options, result_type))
     return results
 
 
-def _call(op, kernels, backend_name, coo, operands, graph, outs, y_channels, result_type) -> dict[str, jax.Array]:
-    types = {o: result_type(o) for o in outs}
-    dtype = next(iter(types.values())).dtype
+def arguments(op: str, operands: Mapping[str, jax.Array], outs: tuple[str, ...], dtype) -> dict:
+    """The array arguments of ``op``'s kernels for the outputs ``outs``: each operand the outputs
+    read (:func:`needed`) in ``dtype``, the others ``None``, and the output cotangent as ``"g"``
+    when a backward output is asked."""
     reads = needed(op, outs)
     args = {k: (jnp.asarray(operands[k]).astype(dtype) if k in reads else None) for k in _OPERANDS[op]}
-    forward = outs == (_FORWARD[op],)
-    if not forward:
+    if any(o != _FORWARD[op] for o in outs):
         args["g"] = jnp.asarray(operands[_FORWARD[op]]).astype(dtype)
+    return args
+
+
+def _call(op, kernels, backend_name, table, operands, graph, outs, options, result_type) -> dict[str, jax.Array]:
+    types = {o: result_type(o) for o in outs}
+    args = arguments(op, operands, outs, next(iter(types.values())).dtype)
+    forward = outs == (_FORWARD[op],)
     if is_empty(args, graph):
         return {o: jnp.zeros(t.shape, t.dtype) for o, t in types.items()}
     if op == "tensor_product":
         if forward:
-            res = {"z": kernels.tensor_product(coo, args["x"], args["y"], y_channels=y_channels)}
+            res = {"z": kernels.tensor_product(table, args["x"], args["y"], **options)}
         else:
-            res = kernels.tensor_product_bwd(coo, args["x"], args["y"], args["g"], outs=outs, y_channels=y_channels)
+            res = kernels.tensor_product_bwd(table, args["x"], args["y"], args["g"], outs=outs, **options)
     else:
         kernel = getattr(kernels, op if forward else op + "_bwd")
         operands = [args[k] for k in _OPERANDS[op]]
         if forward:
-            res = {"m": kernel(coo, *operands, graph, y_channels=y_channels)}
+            res = {"m": kernel(table, *operands, graph, **options)}
         else:
-            res = kernel(coo, *operands, args["g"], graph, outs=outs, y_channels=y_channels)
+            res = kernel(table, *operands, args["g"], graph, outs=outs, **options)
     return checked(op, backend_name, forward, res, types)
 
 

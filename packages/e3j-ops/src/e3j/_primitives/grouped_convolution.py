@@ -96,55 +96,17 @@ def _dispatch(form, platform: str, requested: str | None, spec: GroupedConvSpec,
     aux_avals = tuple(jax.typeof(a) for a in aux)
     types = {o: _out_aval(spec, o, avals, aux_avals) for o in outs}
     kernels = [kernels_of(b, platform) for b in backends]
-    one = len({b.name for b in backends}) == 1 and kernels[0].provides("grouped_convolution")
-    results = {}
-    for part in _parts(outs, ("x", "y", "s")):
-        if one:
-            results.update(_native("grouped_convolution", kernels[0], backends[0].name, plan, A, graph, part, types))
-        else:
-            results.update(_per_group(kernels, backends, plan, A, graph, part, dtype))
-    return results
-
-
-def _parts(outs, backward: tuple[str, ...]) -> list[tuple[str, ...]]:
-    """The forward and the backward outputs requested together: one call each, as contract.run does."""
-    parts = (tuple(o for o in ("m",) if o in outs), tuple(o for o in backward if o in outs))
-    return [p for p in parts if p]
-
-
-#: each grouped kernel's operands, in its signature's order, and the op whose reading rules they follow
-_OPERANDS = {"grouped_convolution": ("x", "y", "s"), "grouped_convolution_factored": ("x", "y", "h", "k")}
-_READS = {"grouped_convolution": "convolution", "grouped_convolution_factored": "grouped_convolution_factored"}
-
-
-def _operands(op: str, A: dict, outs: tuple[str, ...], dtype) -> dict:
-    reads = contract.needed(_READS[op], outs)
-    args = {k: (jnp.asarray(A[k]).astype(dtype) if k in reads else None) for k in _OPERANDS[op]}
-    if outs != ("m",):
-        args["g"] = jnp.asarray(A["m"]).astype(dtype)
-    return args
-
-
-def _native(op: str, kernels, name: str, plan: Plan, A: dict, graph, outs, types) -> dict:
-    """The outputs ``outs`` (the forward's or the backward's) of backend ``name``'s kernels ``op``
-    (``grouped_convolution`` or ``grouped_convolution_factored``) under the kernel contract
-    (``types`` may hold the other part's outputs too: an ``M`` evaluation may ask for both)."""
-    types = {o: types[o] for o in outs}
-    args = _operands(op, A, outs, types[outs[0]].dtype)
-    if contract.is_empty(args, graph):
-        return {o: jnp.zeros(types[o].shape, types[o].dtype) for o in outs}
-    operands = [args[k] for k in _OPERANDS[op]]
-    forward = outs == ("m",)
-    if forward:
-        res = {"m": getattr(kernels, op)(plan, *operands, graph)}
-    else:
-        res = getattr(kernels, op + "_bwd")(plan, *operands, args["g"], graph, outs=outs)
-    return contract.checked(op, name, forward, res, types)
+    if len({b.name for b in backends}) == 1 and kernels[0].provides("grouped_convolution"):
+        return contract.run(
+            "grouped_convolution", kernels[0], backends[0].name, plan, A, graph, outs, result_type=types.__getitem__
+        )
+    return _per_group(kernels, backends, plan, A, graph, outs, dtype)
 
 
 def _per_group(kernels, backends, plan: Plan, A: dict, graph, outs, dtype) -> dict:
-    """Each group through its backend's ordinary convolution kernels (under the kernel contract)."""
-    args = _operands("grouped_convolution", A, outs, dtype)
+    """Each group through its backend's ordinary convolution kernels (under the kernel contract), on
+    operands split here, the results joined into e3nn's layouts."""
+    args = contract.arguments("grouped_convolution", A, outs, dtype)
     n = len(plan.groups)
     xs = plan.split_x(args["x"]) if args["x"] is not None else [None] * n
     ss = [g.split_weights(args["s"]) for g in plan.groups] if args["s"] is not None else [None] * n
@@ -163,10 +125,12 @@ def _per_group(kernels, backends, plan: Plan, A: dict, graph, outs, dtype) -> di
             contract.run("convolution", k, b.name, g.coo, operands, graph, outs, y_channels=False,
                          result_type=result_type)
         )  # fmt: skip
-    if outs == ("m",):
-        return {"m": plan.join_out([r["m"] for r in res])}
-    ds = plan.join_weights([r["s"] for r in res]) if "s" in outs else None
-    return plan.join_cotangents(res, ds, outs)
+    results = {"m": plan.join_out([r["m"] for r in res])} if "m" in outs else {}
+    backward = tuple(o for o in outs if o != "m")
+    if backward:
+        ds = plan.join_weights([r["s"] for r in res]) if "s" in outs else None
+        results.update(plan.join_cotangents(res, ds, backward))
+    return results
 
 
 GROUPED_CONVOLUTION = Primitives(Multilinear("grouped_convolution", SLOTS, _out_aval, dispatch=_dispatch))
@@ -217,11 +181,10 @@ def _dispatch_factored(form, platform: str, requested: str | None, spec: Grouped
         graph = jax.tree.unflatten(spec.graph_tree, aux)
         avals = {k: jax.typeof(v) for k, v in A.items()}
         aux_avals = tuple(jax.typeof(a) for a in aux)
-        types = {o: _factored_out_aval(spec, o, avals, aux_avals) for o in outs}
-        results = {}
-        for part in _parts(outs, ("x", "y", "h", "k")):
-            results.update(_native("grouped_convolution_factored", kernels, backend.name, plan, A, graph, part, types))
-        return results
+        return contract.run(
+            "grouped_convolution_factored", kernels, backend.name, plan, A, graph, outs,
+            result_type=lambda o: _factored_out_aval(spec, o, avals, aux_avals),
+        )  # fmt: skip
     run = _array_run(form, platform, requested, spec, aux)
     mask = jax.tree.unflatten(spec.graph_tree, aux).edge_mask
     return multiplied_out(A, None, outs, dtype, (plan.num_weights,), run, mask)
