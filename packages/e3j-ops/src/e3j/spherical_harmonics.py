@@ -108,7 +108,12 @@ def _evaluate(x: jax.Array, ls: tuple[int, ...], normalization: str, normalize: 
         # scale by a power of two near the largest |component| first, so that the squared norm
         # neither underflows nor overflows (|x| ~ 1e-20 or 1e20 in float32); the direction does not
         # depend on this scale, so it carries no gradient
-        scale = jax.lax.stop_gradient(jnp.max(jnp.abs(x), axis=-1, keepdims=True))
+        # (the maximum written out: as a reduction over the last axis XLA's CPU ran it in a pass of
+        # its own, the harmonics at lmax 1 2.0x e3nn-jax's time against 1.5x. The squared norm stays
+        # e3nn-jax's reduction, whose order of additions the backend chooses: written out, the
+        # normalized vectors differed from e3nn-jax's in the last bit)
+        c0, c1, c2 = x[..., 0:1], x[..., 1:2], x[..., 2:3]
+        scale = jax.lax.stop_gradient(jnp.maximum(jnp.maximum(jnp.abs(c0), jnp.abs(c1)), jnp.abs(c2)))
         x = x * _inverse_power_of_two(scale)
         r2 = jnp.sum(x * x, axis=-1, keepdims=True)  # in [1, 48), 0 or NaN
         # != rather than >: a NaN component makes r2 NaN, and the vector must then come out NaN (as
