@@ -3,7 +3,8 @@
 Building blocks (Flax modules and functions, e3j layout ``[N, D, C]``): :func:`radial_embedding`
 (Bessel basis × polynomial envelope), :class:`RadialMLP`, :func:`edge_features`,
 :class:`SpeciesEmbedding`, :class:`Interaction` (around ``e3j.Convolution``),
-:class:`EquivariantLinear`, :func:`gate` (:func:`gate_irreps_in`), :class:`SymmetricContraction`.
+:class:`EquivariantLinear`, :func:`gate` (:func:`gate_irreps_in`), :class:`SymmetricContraction`
+(:class:`MaceJaxSymmetricContraction`: mace-jax's, with its parameters).
 Models: :class:`MACE`, :class:`NequIP` with the paper's presets :func:`mace_a`, :func:`mace_b`,
 :func:`nequip`; :class:`Potential` gives energies, forces and stress on a :class:`GraphBatch`
 (:func:`batch_structures`, :func:`check_structure`, :func:`neighbour_list`), with
@@ -25,6 +26,7 @@ from .gate import gate, gate_irreps_in
 from .interaction import Interaction, RadialMLP, edge_features
 from .io import load, save
 from .linear import EquivariantLinear
+from .mace_jax import MaceJaxSymmetricContraction
 from .models import MACE, NequIP
 from .neighbours import batch_structures, bucket_size, check_structure, neighbour_list
 from .ops import E3jOps, Ops, get_ops
@@ -41,6 +43,7 @@ __all__ = [
     "GraphBatch",
     "Interaction",
     "MACEConfig",
+    "MaceJaxSymmetricContraction",
     "NequIP",
     "NequIPConfig",
     "Ops",
