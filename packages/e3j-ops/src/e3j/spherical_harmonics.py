@@ -109,7 +109,7 @@ def _evaluate(x: jax.Array, ls: tuple[int, ...], normalization: str, normalize: 
         # neither underflows nor overflows (|x| ~ 1e-20 or 1e20 in float32); the direction does not
         # depend on this scale, so it carries no gradient
         # (the maximum written out: as a reduction over the last axis XLA's CPU ran it in a pass of
-        # its own, the harmonics at lmax 1 2.0x e3nn-jax's time against 1.5x. The squared norm stays
+        # its own, the harmonics at lmax 1 2.2x e3nn-jax's time against 1.5x. The squared norm stays
         # e3nn-jax's reduction, whose order of additions the backend chooses: written out, the
         # normalized vectors differed from e3nn-jax's in the last bit)
         c0, c1, c2 = x[..., 0:1], x[..., 1:2], x[..., 2:3]

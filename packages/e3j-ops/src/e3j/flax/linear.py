@@ -237,6 +237,18 @@ class Linear(nn.Module):
             return scale**grad_norm * jnp.tensordot(given, w, axes=(-1, 0))
 
         lead_x = x.shape[:-2]
+        # each input block's rows, a slice where they are consecutive (always, but for a block whose
+        # copies are scattered among others by regrouping): a static index gathers element by
+        # element on XLA's CPU, and its backward scatter-adds (value and gradient of a 1-channel
+        # Linear 0.57-0.73x e3nn-jax's speed with gathers, 0.86-1.18x with slices, two runs)
+        rows = {}
+        for i, (ir, rows_in) in enumerate(blocks_in):
+            index = np.asarray(rows_in, np.int64).reshape(-1)
+            if index.size and np.array_equal(index, np.arange(index[0], index[0] + index.size)):
+                xi = x[..., int(index[0]) : int(index[0]) + index.size, :]
+            else:
+                xi = x[..., index, :]
+            rows[i] = xi.reshape(*lead_x, len(rows_in), ir.dim, c_in)
         outs = []
         for j, (ir, rows_out) in enumerate(blocks_out):
             k_out = len(rows_out)
@@ -244,7 +256,7 @@ class Linear(nn.Module):
             for i in [i for i, jj in pairs if jj == j]:
                 w, path_weight = params[i, j]
                 rows_in = blocks_in[i][1]
-                xi = x[..., np.asarray(rows_in, np.int64).reshape(-1), :].reshape(*lead_x, len(rows_in), ir.dim, c_in)
+                xi = rows[i]
                 w = per_element(w)
                 if per_channel:  # w [..., C, k_in, k_out]
                     y = jnp.einsum("...kdc,...ckm->...mdc", xi, w)
