@@ -83,6 +83,31 @@ def test_gradients_equal_e3nn():
         np.testing.assert_allclose(o, r, rtol=1e-12, atol=1e-12)
 
 
+def test_y_multiplicities_join_as_a_permutation_in_every_derivative():
+    """With ``y``'s multiplicities above 1 e3nn's output interleaves the paths' copies: the join is
+    one permutation whose transpose is the inverse's gather (as slices, its backward was a pad and
+    an add of the whole cotangent per slice: 0.17x e3nn-jax's speed on the CPU). Values, reverse and
+    forward derivatives, the Hessian and vmap equal e3nn-jax's; no scatter in the backward."""
+    x, y = _random("4x0e + 4x1o", (6,), 11), _random("2x0e + 2x1o", (6,), 12)
+
+    def product(tp):
+        return lambda a, b: tp(e3nn.IrrepsArray(x.irreps, a), e3nn.IrrepsArray(y.irreps, b)).array
+
+    ours, theirs = product(interop.tensor_product), product(e3nn.tensor_product)
+    a, b = x.array, y.array
+    checks = {
+        "grad": lambda f: jax.grad(lambda a, b: jnp.sum(jnp.sin(f(a, b))), argnums=(0, 1))(a, b),
+        "jvp": lambda f: jax.jvp(f, (a, b), (jnp.cos(a), jnp.sin(b)))[1],
+        "hessian": lambda f: jax.hessian(lambda a: jnp.sum(jnp.sin(f(a, b[:2]))))(a[:2]),
+        "vmap": lambda f: jax.vmap(f, in_axes=(1, None), out_axes=1)(a.reshape(2, 3, -1), b[:2]),
+    }
+    for name, check in checks.items():
+        for o, r in zip(jax.tree.leaves(check(ours)), jax.tree.leaves(check(theirs)), strict=True):
+            np.testing.assert_allclose(o, r, rtol=1e-12, atol=1e-12, err_msg=name)
+    backward = str(jax.make_jaxpr(jax.grad(lambda a: jnp.sum(jnp.sin(ours(a, b)))))(a))
+    assert "e3j_permute" in backward and "scatter" not in backward
+
+
 @pytest.mark.parametrize("regroup_output", [True, False])
 def test_zero_flags_are_e3nns(regroup_output):
     """Blocks marked zero in the inputs (e3nn's ``zero_flags``, e.g. from ``e3nn.from_chunks`` with
