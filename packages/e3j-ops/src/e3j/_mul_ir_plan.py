@@ -34,6 +34,7 @@ output copies, so no rule of e3nn's is written twice.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -96,8 +97,27 @@ class Gather:
             return a
         if not self.runs:
             return a[..., :0]
-        parts = [a[..., s:t] for s, t in self.runs]
-        return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+        split = self._split
+        if split is None:
+            parts = [a[..., s:t] for s, t in self.runs]
+            return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+        # one split at the runs' bounds, whose backward is one concatenation (a slice's is a pad of
+        # the whole cotangent, one per run, all added)
+        cuts, pieces = split
+        parts = jnp.split(a, cuts, axis=-1)
+        return jnp.concatenate([parts[k] for k in pieces], axis=-1)
+
+    @cached_property
+    def _split(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """``(cuts, pieces)``: the runs are pieces ``pieces`` of the axis split at ``cuts``; ``None``
+        for one run, or runs that overlap."""
+        if self.runs is None or len(self.runs) < 2:
+            return None
+        cuts = tuple(sorted({e for run in self.runs for e in run} - {0, self.size_in}))
+        bounds = (0, *cuts, self.size_in)
+        pieces = tuple(bisect.bisect_right(cuts, s) for s, _ in self.runs)
+        exact = all(bounds[k] == s and bounds[k + 1] == t for k, (s, t) in zip(pieces, self.runs))
+        return (cuts, pieces) if exact and len(set(pieces)) == len(pieces) else None
 
 
 def _aval_like(shape: tuple[int, ...], arrays) -> jax.core.ShapedArray:
@@ -352,15 +372,32 @@ class Plan:
             rows = [o[..., 0] for o in outs]
             return self._out_rows(rows[0] if len(rows) == 1 else jnp.concatenate(rows, axis=-1))
         if self.out_blocks is not None:
+            # each group's rows cut at once: split's transpose (the backward) is one concatenation,
+            # where a slice per path was a pad of the whole cotangent per path, all added (32 channels
+            # of 0e..4e ⊗ 0e..4e: value+grad 4.5x e3nn-jax's time, 85 paths)
+            pieces = [jnp.split(o, cuts, axis=-2) for o, cuts in zip(outs, self._out_cuts)]
             parts = []
             for _, g, row, dim in self.out_blocks:
-                block = outs[g][..., row : row + dim, :]
+                block = pieces[g][self._out_piece[g, row]]
                 # sizes spelled out, not -1: a batch of 0 rows is valid and -1 cannot be inferred from 0 elements
                 parts.append(jnp.swapaxes(block, -1, -2).reshape(*block.shape[:-2], dim * block.shape[-1]))
             return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
         flats = [to_mul_ir(o, g.coo.irreps_out) for o, g in zip(outs, self.groups)]
         flat = flats[0] if len(flats) == 1 else jnp.concatenate(flats, axis=-1)
         return self.out(flat) if self._out_permutation is None else permute(flat, self._out_permutation)
+
+    @cached_property
+    def _out_cuts(self) -> tuple[tuple[int, ...], ...]:
+        """Per group, the rows where :meth:`join_out` cuts its output: the bounds of its paths' blocks."""
+        cuts = [set() for _ in self.groups]
+        for _, g, row, dim in self.out_blocks:
+            cuts[g] |= {row, row + dim}
+        return tuple(tuple(sorted(c - {0, g.coo.dim_out})) for c, g in zip(cuts, self.groups))
+
+    @cached_property
+    def _out_piece(self) -> dict[tuple[int, int], int]:
+        """``(group, first row)`` of each block → its piece among the group's cut output."""
+        return {(g, row): bisect.bisect_right(self._out_cuts[g], row) for _, g, row, _ in self.out_blocks}
 
     @cached_property
     def _out_permutation(self) -> Permutation | None:

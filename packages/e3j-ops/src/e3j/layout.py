@@ -42,12 +42,9 @@ def to_mul_ir(x: jax.Array, irreps) -> jax.Array:
         raise ValueError(f"x must be [..., D={irreps.dim}, C] for {irreps}, got {x.shape}")
     channels = x.shape[-1]
     parts = []
-    start = 0
-    for mul, ir in irreps:
-        block = x[..., start : start + mul * ir.dim, :].reshape(*x.shape[:-2], mul, ir.dim, channels)
+    for (mul, ir), block in zip(irreps, irrep_blocks(x, irreps)):
         block = jnp.swapaxes(block, -1, -2)  # [..., mul, C, dim]
         parts.append(block.reshape(*x.shape[:-2], mul * channels * ir.dim))
-        start += mul * ir.dim
     return jnp.concatenate(parts, axis=-1) if parts else jnp.zeros((*x.shape[:-2], 0), x.dtype)
 
 
@@ -59,14 +56,13 @@ def from_mul_ir(x: jax.Array, irreps, channels: int) -> jax.Array:
     x = jnp.asarray(x)
     if x.ndim < 1 or x.shape[-1] != irreps.dim * channels:
         raise ValueError(f"x must be [..., {irreps.dim * channels}] for {irreps} x {channels} channels, got {x.shape}")
+    # one split, as in irrep_blocks: its backward is one concatenation, not a pad per block
+    bounds = list(itertools.accumulate(mul * channels * ir.dim for mul, ir in irreps))[:-1]
     parts = []
-    start = 0
-    for mul, ir in irreps:
-        size = mul * channels * ir.dim
-        block = x[..., start : start + size].reshape(*x.shape[:-1], mul, channels, ir.dim)
+    for (mul, ir), block in zip(irreps, jnp.split(x, bounds, axis=-1) if len(irreps) else []):
+        block = block.reshape(*x.shape[:-1], mul, channels, ir.dim)
         block = jnp.swapaxes(block, -1, -2)  # [..., mul, dim, C]
         parts.append(block.reshape(*x.shape[:-1], mul * ir.dim, channels))
-        start += size
     return jnp.concatenate(parts, axis=-2) if parts else jnp.zeros((*x.shape[:-1], 0, channels), x.dtype)
 
 
