@@ -48,11 +48,46 @@ def test_broadcast_operand_formulations(operands, monkeypatch, sparsity):
     monkeypatch.setattr(ref_tp, "_UNROLL_SPARSITY", sparsity)
     coo, x, y, _ = operands
     yb = y[..., 0]
-    assert ref_tp._unrolling_pays(coo.table, x.shape[-1], True, False) == (sparsity == 0)
+    assert ref_tp._unrolling_pays(coo.table, x.shape[-1], (True, False, True)) == (sparsity == 0)
     got = jax.jit(
         lambda a, b: ref_tp.apply_table(coo.table, a, b, a_channels=True, b_channels=False, out_channels=True)
     )(x, yb)
     np.testing.assert_allclose(got, numpy_apply(coo.table, x, np.repeat(yb[..., None], 5, -1)), atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "irreps_x, irreps_y, filter, channels, unrolled",
+    [
+        ("0e + 1o + 2e", "0e + 1o + 2e", "0e + 1o + 2e", 1, True),  # dense: 38x the records' work
+        ("4x0e + 2x1o + 1x2e", "0e + 1o + 2e + 3o", "0e + 1o + 2e", 16, True),  # 13x
+        ("1o", "0e + 1o + 2e + 3o", "0e + 1o + 2e", 32, False),  # 1.6x
+        ("0e + 1o + 2e + 3o + 4e", "0e + 1o + 2e + 3o + 4e", "0e + 1o + 2e + 3o + 4e", 2, True),  # 67x, 1158 records
+        ("0e + 1o + 2e + 3o + 4e", "0e + 1o + 2e + 3o + 4e", "0e + 1o + 2e + 3o + 4e", 8, False),  # 17x, 1158
+    ],
+)
+def test_sparse_broadcast_calls_unroll_in_both_directions(irreps_x, irreps_y, filter, channels, unrolled):
+    """A call with a broadcast operand (the forward with spherical harmonics, and both cotangents)
+    runs the records unrolled where the dense formulation would mostly multiply zeros (few channels,
+    many copies), and dense elsewhere: no matrix product in the one, only matrix products in the
+    other. Values against core's numpy evaluation."""
+    coo = tensor_product_coo(irreps_x, irreps_y, filter)
+    rng = np.random.default_rng(3)
+    x, dz = rng.normal(size=(3, coo.dim_x, channels)), rng.normal(size=(3, coo.dim_out, channels))
+    y = rng.normal(size=(3, coo.dim_y))
+    yc = np.repeat(y[..., None], channels, -1)
+    cases = [  # (table, a, b, a_channels, b_channels, out_channels, numpy result)
+        (coo.table, x, y, True, False, True, numpy_apply(coo.table, x, yc)),
+        (coo.vjp_x, y, dz, False, True, True, numpy_apply(coo.vjp_x, yc, dz)),
+        (coo.vjp_y, x, dz, True, True, False, numpy_apply(coo.vjp_y, x, dz, out_channels=False)),
+    ]
+    for table, a, b, ac, bc, oc, want in cases:
+
+        def apply(a, b, t=table, ac=ac, bc=bc, oc=oc):
+            return ref_tp.apply_table(t, a, b, a_channels=ac, b_channels=bc, out_channels=oc)
+
+        names = {e.primitive.name for e in jax.make_jaxpr(apply)(a, b).jaxpr.eqns}
+        assert ("dot_general" not in names) == unrolled, names
+        np.testing.assert_allclose(apply(jnp.asarray(a), jnp.asarray(b)), want, atol=1e-11)
 
 
 def test_dense_formulation_for_broadcast_operands(operands, monkeypatch):

@@ -8,9 +8,9 @@ Two formulations, chosen per call:
 - one operand is broadcast over channels (spherical harmonics, or a cotangent summed over
   channels): the broadcast operand is first contracted with the (small, dense) table into a
   per-row ``[D_out, D_in]`` matrix, then one batched matrix product does the channel work. This is
-  how the work is memory-bound on CPUs, and it compiles in constant time. Exception: the forward
-  (``a`` with channels, ``b`` broadcast) of a small table whose dense matrix is mostly zeros (many
-  copies of the ``x`` irreps) is unrolled as above, which is faster there.
+  how the work is memory-bound on CPUs, and it compiles in constant time. Exception: a small table
+  whose dense matrices would be mostly zeros for the channels' work (many copies of the ``x``
+  irreps, or few channels) is unrolled as above, which is faster there, forward and backward.
 
 Every formulation reads only the operand components some record reads (the dense one slices the
 others out with the table): a non-finite value in a component no product uses stays out of the
@@ -54,7 +54,8 @@ def apply_table(
         raise ValueError("an output with channels needs an operand with channels")
     mixed = not (a_channels and b_channels and out_channels)
     channels = a.shape[-1] if a_channels else (b.shape[-1] if b_channels else 1)
-    dense = math.prod(table.dims) <= _DENSE_LIMIT and not _unrolling_pays(table, channels, a_channels, b_channels)
+    form = (a_channels, b_channels, out_channels)
+    dense = math.prod(table.dims) <= _DENSE_LIMIT and not _unrolling_pays(table, channels, form)
     if mixed and (a_channels or b_channels) and dense:
         return _apply_dense(table, a, b, a_channels=a_channels, b_channels=b_channels, out_channels=out_channels)
     if table.num_records > _UNROLL_LIMIT:
@@ -105,20 +106,36 @@ def _apply_gathered(table: CooTable, a, b, *, a_channels: bool, b_channels: bool
     return jax.lax.map(row, (a, b), batch_size=_GATHER_TILE)
 
 
-# The broadcast-operand forward (a with channels, b without) stays unrolled when the dense
-# per-row matrix would be mostly zeros: for 4x0e + 2x1o + 1x2e ⊗ 0e..3o (201 records, 87 x 15 x 16
-# dense, 16 channels) unrolled is ~1.5x faster on a CPU; for one x irrep (9-67 records, dense at
-# most 17 x 5 x 16) dense is (benchmarks/reference_convolution.py, gcd vs mult shapes).
+# A call with a broadcast operand stays unrolled when the dense formulation would do at least
+# _UNROLL_SPARSITY times the records' multiply-adds (its matrices mostly zeros for the channels'
+# work), for tables of at most _UNROLL_BROADCAST_LIMIT records, or _UNROLL_LIMIT where the dense
+# one would do _UNROLL_SPARSITY_LARGE times their work: unrolling compiles in ~2-5 ms a record on a
+# small CPU, which a large gain repays. Measured on this CPU (docs/reference-cpu.md, "A broadcast
+# operand: unrolled or dense"): at 13x (4x0e + 2x1o + 1x2e ⊗ 0e..3o, 16 channels) unrolled was
+# 1.3-2.5x faster in each direction, at 38x and 67x (one or two channels) 2-17x; at 1.6-4.5x (one x
+# irrep, 16-64 channels) the dense one was up to 3x faster.
 _UNROLL_SPARSITY = 8
 _UNROLL_BROADCAST_LIMIT = 512
+_UNROLL_SPARSITY_LARGE = 32
 
 
-def _unrolling_pays(table: CooTable, channels: int, a_channels: bool, b_channels: bool) -> bool:
-    if not a_channels or b_channels or table.num_records > _UNROLL_BROADCAST_LIMIT:
+def _dense_work(dims: tuple[int, ...], channels: int, form: tuple[bool, bool, bool]) -> int:
+    """Multiply-adds per row of :func:`_contract_dense` (``form``: which of ``a``, ``b`` and the
+    output have channels)."""
+    d0, d1, d2 = dims
+    a_channels, b_channels, _ = form
+    if a_channels and b_channels:  # the channel sum G [D1, D2], then G with the table
+        return d1 * d2 * channels + d0 * d1 * d2
+    # the per-row matrix [D0, D_with_channels], then its product with the channels
+    return d0 * d1 * d2 + d0 * (d1 if a_channels else d2) * channels
+
+
+def _unrolling_pays(table: CooTable, channels: int, form: tuple[bool, bool, bool]) -> bool:
+    records = table.num_records
+    if records > _UNROLL_LIMIT:
         return False
-    d0, d1, d2 = table.dims
-    # multiply-adds per row: dense (build the [D0, D1] matrix, then apply it) vs unrolled records
-    return d0 * d1 * (d2 + channels) >= _UNROLL_SPARSITY * table.num_records * channels
+    sparsity = _UNROLL_SPARSITY if records <= _UNROLL_BROADCAST_LIMIT else _UNROLL_SPARSITY_LARGE
+    return _dense_work(table.dims, channels, form) >= sparsity * records * channels
 
 
 # dense tables up to this many entries (lmax 3 with the usual filter: 99 x 16 x 16 = 25,344)
