@@ -118,6 +118,30 @@ def pointwise_jacobian(f, v):
     return jnp.stack(cols, axis=-1)
 
 
+@pytest.mark.parametrize("normalization", NORMALIZATIONS)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_degrees_up_to_one_are_the_recurrences_rows(dtype, normalization):
+    """Degrees 0 and 1 alone are built as whole blocks (the constant, the vector times a factor):
+    the same numbers as the recurrence's rows of the same degrees in a call that reaches degree 2,
+    bit for bit without normalizing (each row one product), and their derivatives."""
+    v = jnp.asarray(vectors(n=300, seed=4), dtype)
+    for irreps in ("0e + 1o", "1o", "0e", "1o + 0e + 1o"):
+        ls = [int(t[0]) for t in irreps.split(" + ")]
+        rows = np.concatenate([np.arange(l * l, (l + 1) ** 2) for l in ls])
+
+        def low(v, irreps=irreps):
+            return e3j.spherical_harmonics(irreps, v, False, normalization)
+
+        def via_recurrence(v, rows=rows):
+            return e3j.spherical_harmonics([0, 1, 2], v, False, normalization)[:, rows]
+
+        np.testing.assert_array_equal(jax.jit(low)(v), jax.jit(via_recurrence)(v))
+        grads = [jax.grad(lambda v, f=f: jnp.sum(jnp.sin(f(v))))(v) for f in (low, via_recurrence)]
+        np.testing.assert_allclose(*grads, rtol=1e-6 if dtype == jnp.float32 else 1e-15)
+        unit = v / jnp.linalg.norm(v, axis=-1, keepdims=True)
+        np.testing.assert_array_equal(jax.jit(low)(unit), jax.jit(via_recurrence)(unit))
+
+
 @pytest.mark.parametrize("normalize", [True, False])
 def test_jacobian_matches_e3nn(normalize):
     """e3nn's Jacobian (expensive to compile at l = 11) is taken once, in "component" normalization;
