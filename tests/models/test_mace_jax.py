@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import e3j
 from e3j_models import MaceJaxSymmetricContraction
 
 e3nn = pytest.importorskip("e3nn_jax")
@@ -106,6 +107,14 @@ def test_init_stddev_is_mace_jax_s():
     assert path.init_stddev("w3_0e") == 1.0
 
 
+def test_keep_irrep_out_in_every_form_mace_jax_takes():
+    """A string of irreps each of multiplicity 1 (written with or without ``1x``), or a set of
+    e3nn-jax irreps as mace-jax's modules pass it: the same contraction."""
+    forms = ["0e + 1o", "1x0e + 1x1o", "1x1o+0e", {e3nn.Irrep("0e"), e3nn.Irrep("1o")}, e3nn.Irreps("0e + 1o")]
+    kept = {MaceJaxSymmetricContraction("0e + 1o", 2, k, 2, 4).keep_irrep_out for k in forms}
+    assert kept == {(e3j.Irrep("0e"), e3j.Irrep("1o"))}, kept
+
+
 def test_bad_input_is_named():
     sc = MaceJaxSymmetricContraction("0e + 1o", 2, "0e + 1o", 2, 4)
     params, x, index = _operands("0e + 1o", sc, n=2)
@@ -119,7 +128,8 @@ def test_bad_input_is_named():
         sc(params, e3nn.IrrepsArray("0e + 1e", x), index)
     with pytest.raises(ValueError, match="gradient_normalization must be"):
         MaceJaxSymmetricContraction("0e + 1o", 2, "0e", 2, 4, gradient_normalization="none")
-    with pytest.raises(ValueError, match="keep_irrep_out must be irreps"):
-        MaceJaxSymmetricContraction("0e + 1o", 2, "0e + cat", 2, 4)
+    for bad in ("0e + cat", "2x0e", ["0e", "2x1o"]):
+        with pytest.raises(ValueError, match="keep_irrep_out must be irreps of multiplicity 1"):
+            MaceJaxSymmetricContraction("0e + 1o", 2, bad, 2, 4)
     with pytest.raises(ValueError, match="no irrep of keep_irrep_out"):
         MaceJaxSymmetricContraction("1o", 1, "0e", 2, 4)

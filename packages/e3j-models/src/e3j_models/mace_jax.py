@@ -51,6 +51,24 @@ __all__ = ["MaceJaxSymmetricContraction"]
 _EXACT = 1e-9
 
 
+def _keep_irreps(keep_irrep_out) -> tuple[Irrep, ...]:
+    """mace-jax's ``keep_irrep_out``: irreps of multiplicity 1 (``"0e + 1o"``, ``"1x0e + 1x1o"``) or
+    a collection of irreps (a set of ``e3nn.Irrep``, as its modules pass it), sorted."""
+    items = [keep_irrep_out] if isinstance(keep_irrep_out, str) else list(keep_irrep_out)
+    found = set()
+    try:
+        for item in items:
+            irreps = [(1, item)] if isinstance(item, Irrep) else Irreps(str(item))
+            if any(mul != 1 for mul, _ in irreps):
+                raise ValueError("a multiplicity other than 1")
+            found |= {ir for _, ir in irreps}
+    except Exception as err:
+        raise ValueError(
+            f"keep_irrep_out must be irreps of multiplicity 1, as mace-jax takes it, got {keep_irrep_out!r}"
+        ) from err
+    return tuple(sorted(found))
+
+
 class MaceJaxSymmetricContraction:
     """mace-jax's ``SymmetricContraction(correlation, keep_irrep_out, num_species,
     gradient_normalization)`` (its default ``symmetric_tensor_product_basis=True``,
@@ -95,15 +113,8 @@ class MaceJaxSymmetricContraction:
                 )
             gradient_normalization = {"element": 0.0, "path": 1.0}[gradient_normalization]
         self.gradient_normalization = float(gradient_normalization)
-        keep = keep_irrep_out.split("+") if isinstance(keep_irrep_out, str) else list(keep_irrep_out)
-        try:
-            keep_irreps = sorted({Irrep(str(ir).strip()) if not isinstance(ir, Irrep) else ir for ir in keep})
-        except Exception as err:
-            raise ValueError(
-                f"keep_irrep_out must be irreps each once, as mace-jax takes it, got {keep_irrep_out!r}"
-            ) from err
         self.irreps_in = irreps_in
-        self.keep_irrep_out = tuple(keep_irreps)
+        self.keep_irrep_out = _keep_irreps(keep_irrep_out)
         self.backend = backend
         self._maps  # noqa: B018  (the bases and the maps, built and checked here: errors at construction)
 
