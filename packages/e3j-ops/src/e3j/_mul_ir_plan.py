@@ -23,8 +23,9 @@ were slower than separate groups (its paths have fewer channels), so partial mer
 Within a group, e3j's paths are put in the order e3nn numbers its output copies
 (:func:`e3j_core.select_paths`), so that a group's weights are a few contiguous runs of e3nn's
 weight axis reshaped to ``[.., P, C]``, and its output, written flat by :func:`e3j.to_mul_ir`, is a
-few contiguous runs of e3nn's output. The runs are static slices; the concatenations are all that
-the layout costs. Only where runs do not exist (an ``y`` with a multiplicity above 1, whose copies
+few contiguous runs of e3nn's output. The runs are pieces of one ``split`` of the axis (whose
+backward is one concatenation; a slice's is a pad of the whole cotangent), and the concatenations
+are all that the layout costs. Only where runs do not exist (an ``y`` with a multiplicity above 1, whose copies
 e3nn interleaves with the channels) are static gather indices used instead.
 
 e3nn's copy order is read from core's own enumeration of paths: the descriptor of the same product
