@@ -221,7 +221,7 @@ def test_reference_products_run_in_full_float32_on_every_device(operands, monkey
     # ~5e-3 relative against the kernels); a TPU's default is bfloat16 passes. Every matrix product of the
     # dense formulations (one operand with channels, one without) asks for HIGHEST, and the gradients
     # inherit it; so would any in the spherical harmonics (their recurrences are elementwise).
-    monkeypatch.setattr(ref_tp, "_UNROLL_BROADCAST_LIMIT", 0)  # the dense formulation for this small table
+    monkeypatch.setattr(ref_tp, "_UNROLL_SPARSITY", 10**9)  # the dense formulation for this small table
     coo, x, y, _ = operands
     exact = (jax.lax.Precision.HIGHEST, jax.lax.Precision.HIGHEST)
     x32, y32 = jnp.asarray(x, jnp.float32), jnp.asarray(y[..., 0], jnp.float32)

@@ -111,7 +111,7 @@ class Gather:
     @cached_property
     def _split(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """``(cuts, pieces)``: the runs are pieces ``pieces`` of the axis split at ``cuts``; ``None``
-        for one run, or runs that overlap."""
+        for one run, or runs that overlap or repeat (then sliced one by one)."""
         if self.runs is None or len(self.runs) < 2:
             return None
         cuts = tuple(sorted({e for run in self.runs for e in run} - {0, self.size_in}))
@@ -373,9 +373,9 @@ class Plan:
             rows = [o[..., 0] for o in outs]
             return self._out_rows(rows[0] if len(rows) == 1 else jnp.concatenate(rows, axis=-1))
         if self.out_blocks is not None:
-            # each group's rows cut at once: split's transpose (the backward) is one concatenation,
-            # where a slice per path was a pad of the whole cotangent per path, all added (32 channels
-            # of 0e..4e ⊗ 0e..4e: value+grad 4.5x e3nn-jax's time, 85 paths)
+            # each group's rows cut at once: split's transpose (the backward) is one concatenation;
+            # a slice's is a pad of the whole cotangent, one per path, and XLA's CPU adds them all in
+            # one fusion where each element evaluates every pad
             pieces = [jnp.split(o, cuts, axis=-2) for o, cuts in zip(outs, self._out_cuts)]
             parts = []
             for _, g, row, dim in self.out_blocks:

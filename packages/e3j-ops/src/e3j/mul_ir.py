@@ -18,7 +18,7 @@ group. Weights given as :class:`e3j.FactoredWeights` ``hidden @ kernel`` run as 
 the reference computes each chunk's weights in its sweep from each group's columns of the kernel
 (no ``[E, num_weights]`` array); where the backend has no such kernels (e3j's GPU and TPU
 backends) they are multiplied out before the array's primitive (see ``docs/usage.md``). Node features and outputs
-move by static slices and concatenations.
+move by static runs: one split of each axis, then concatenations.
 ``grouping="gcd"`` instead runs one op with ``C`` = the gcd of the multiplicities (each block
 ``m x ir`` as ``m/C`` copies; many more paths of fewer channels), kept to compare against.
 

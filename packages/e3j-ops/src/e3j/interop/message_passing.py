@@ -19,7 +19,7 @@ features' blocks are grouped by multiplicity, each group one uniform-channel :cl
 (``64x0e + 32x1o + 16x2e``: 64, 32 and 16 channels; uniform multiplicities: one convolution), its
 paths in the order e3nn numbers the copies of ``m`` (:func:`e3j_core.select_paths`), so each path's
 weights are one run of e3nn's weight columns, read in place (an array of weights runs all groups as
-one primitive), and the outputs are put in place by static slices and concatenations. The filtered
+one primitive), and the outputs are put in place by static runs (one split, then a concatenation). The filtered
 copy of ``x`` is the tensor product with a constant ``0e`` edge attribute, so ``y' = [1, y]``: one column prepended
 per edge (``x ⊗ 1 = x`` exactly under e3nn's ``component`` and ``norm`` normalizations; under
 ``none`` it is ``x / sqrt(2l+1)``, and a static factor per output row restores ``x``). Only an edge

@@ -36,7 +36,8 @@ def tensor_product(
     This is :class:`e3j.MulIrTensorProduct`: ``input1``'s blocks are grouped by multiplicity, each
     group one e3j tensor product with that many channels (``grouping="gcd"``: one product with the
     gcd as channels); ``input2`` is broadcast over them. Leading shapes broadcast as in e3nn-jax.
-    The outputs are put in e3nn's flat layout and order by static slices; when ``input2`` has a
+    The outputs are put in e3nn's flat layout and order by static runs (one split per group, then a
+    concatenation); when ``input2`` has a
     multiplicity above 1, e3nn numbers those copies inside the channels and the output is gathered
     with a static index instead. Given two irreps without arrays (strings, ``Irreps``), it returns
     the output's irreps, as e3nn-jax does. ``zero_flags``, e3nn's static marks of blocks known to be

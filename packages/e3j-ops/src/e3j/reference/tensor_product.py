@@ -74,7 +74,7 @@ def apply_table(
     return out
 
 
-# Unrolling costs compile time per record (~10 ms on a small CPU); beyond this many records the
+# Unrolling costs compile time per record (~2-10 ms on a small CPU); beyond this many records the
 # gathered formulation below compiles in constant time.
 _UNROLL_LIMIT = 2048
 _GATHER_TILE = 16
@@ -109,11 +109,12 @@ def _apply_gathered(table: CooTable, a, b, *, a_channels: bool, b_channels: bool
 # A call with a broadcast operand stays unrolled when the dense formulation would do at least
 # _UNROLL_SPARSITY times the records' multiply-adds (its matrices mostly zeros for the channels'
 # work), for tables of at most _UNROLL_BROADCAST_LIMIT records, or _UNROLL_LIMIT where the dense
-# one would do _UNROLL_SPARSITY_LARGE times their work: unrolling compiles in ~2-5 ms a record on a
-# small CPU, which a large gain repays. Measured on this CPU (docs/reference-cpu.md, "A broadcast
-# operand: unrolled or dense"): at 13x (4x0e + 2x1o + 1x2e ⊗ 0e..3o, 16 channels) unrolled was
-# 1.3-2.5x faster in each direction, at 38x and 67x (one or two channels) 2-17x; at 1.6-4.5x (one x
-# irrep, 16-64 channels) the dense one was up to 3x faster.
+# one would do _UNROLL_SPARSITY_LARGE times their work: unrolling compiles in ~2-10 ms a record on a
+# small CPU, which a large gain repays. On a 2-core CPU (benchmarks/reference_broadcast_forms.py,
+# float32, 400 and 4,000 rows; the table in docs/reference-cpu.md): at 13x (4x0e + 2x1o + 1x2e ⊗
+# 0e..3o, 16 channels) unrolled took 0.4-1.04x the dense time, at 38x and 67x (one or two channels)
+# 0.06-0.4x except one forward at 400 rows (1.2x); at 1.6-4.5x (one to three x irreps, 16-64
+# channels) the dense one took 0.37-2.35x the unrolled time, under 1 in 20 of 24 rows.
 _UNROLL_SPARSITY = 8
 _UNROLL_BROADCAST_LIMIT = 512
 _UNROLL_SPARSITY_LARGE = 32
