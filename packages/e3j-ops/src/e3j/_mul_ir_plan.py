@@ -98,27 +98,34 @@ class Gather:
             return a
         if not self.runs:
             return a[..., :0]
-        split = self._split
-        if split is None:
-            parts = [a[..., s:t] for s, t in self.runs]
-            return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
-        # one split at the runs' bounds, whose backward is one concatenation (a slice's is a pad of
-        # the whole cotangent, one per run, all added)
-        cuts, pieces = split
-        parts = jnp.split(a, cuts, axis=-1)
-        return jnp.concatenate([parts[k] for k in pieces], axis=-1)
+        parts = take_runs(a, self.runs, axis=-1)
+        return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
 
-    @cached_property
-    def _split(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-        """``(cuts, pieces)``: the runs are pieces ``pieces`` of the axis split at ``cuts``; ``None``
-        for one run, or runs that overlap or repeat (then sliced one by one)."""
-        if self.runs is None or len(self.runs) < 2:
-            return None
-        cuts = tuple(sorted({e for run in self.runs for e in run} - {0, self.size_in}))
-        bounds = (0, *cuts, self.size_in)
-        pieces = tuple(bisect.bisect_right(cuts, s) for s, _ in self.runs)
-        exact = all(bounds[k] == s and bounds[k + 1] == t for k, (s, t) in zip(pieces, self.runs))
-        return (cuts, pieces) if exact and len(set(pieces)) == len(pieces) else None
+
+def take_runs(a: jax.Array, runs: Sequence[tuple[int, int]], axis: int) -> list[jax.Array]:
+    """``a``'s static ``(start, stop)`` runs along ``axis``, one array each: pieces of one ``split``
+    where the runs are disjoint (its backward is one concatenation; a slice's is a pad of the whole
+    cotangent, one per run, all added, which XLA's CPU evaluates pad by pad), else slices."""
+    runs = tuple((int(s), int(t)) for s, t in runs)
+    split = _split_plan(runs, a.shape[axis])
+    if split is None:
+        return [jax.lax.slice_in_dim(a, s, t, axis=axis) for s, t in runs]
+    cuts, pieces = split
+    parts = jnp.split(a, cuts, axis=axis)
+    return [parts[k] for k in pieces]
+
+
+@cache
+def _split_plan(runs: tuple[tuple[int, int], ...], size: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """``(cuts, pieces)``: the runs are pieces ``pieces`` of an axis of ``size`` split at ``cuts``;
+    ``None`` for fewer than two runs, or runs that overlap or repeat."""
+    if len(runs) < 2:
+        return None
+    cuts = tuple(sorted({e for run in runs for e in run} - {0, size}))
+    bounds = (0, *cuts, size)
+    pieces = tuple(bisect.bisect_right(cuts, s) for s, _ in runs)
+    exact = all(bounds[k] == s and bounds[k + 1] == t for k, (s, t) in zip(pieces, runs))
+    return (cuts, pieces) if exact and len(set(pieces)) == len(pieces) else None
 
 
 def _aval_like(shape: tuple[int, ...], arrays) -> jax.core.ShapedArray:
@@ -373,32 +380,20 @@ class Plan:
             rows = [o[..., 0] for o in outs]
             return self._out_rows(rows[0] if len(rows) == 1 else jnp.concatenate(rows, axis=-1))
         if self.out_blocks is not None:
-            # each group's rows cut at once: split's transpose (the backward) is one concatenation;
-            # a slice's is a pad of the whole cotangent, one per path, and XLA's CPU adds them all in
-            # one fusion where each element evaluates every pad
-            pieces = [jnp.split(o, cuts, axis=-2) for o, cuts in zip(outs, self._out_cuts)]
+            # each group's rows cut by one split (take_runs), whose backward is one concatenation
+            blocks = {}
+            for g, o in enumerate(outs):
+                mine = [(row, dim) for _, gg, row, dim in self.out_blocks if gg == g]
+                blocks.update(zip(((g, row) for row, _ in mine), take_runs(o, [(r, r + d) for r, d in mine], axis=-2)))
             parts = []
             for _, g, row, dim in self.out_blocks:
-                block = pieces[g][self._out_piece[g, row]]
+                block = blocks[g, row]
                 # sizes spelled out, not -1: a batch of 0 rows is valid and -1 cannot be inferred from 0 elements
                 parts.append(jnp.swapaxes(block, -1, -2).reshape(*block.shape[:-2], dim * block.shape[-1]))
             return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
         flats = [to_mul_ir(o, g.coo.irreps_out) for o, g in zip(outs, self.groups)]
         flat = flats[0] if len(flats) == 1 else jnp.concatenate(flats, axis=-1)
         return self.out(flat) if self._out_permutation is None else permute(flat, self._out_permutation)
-
-    @cached_property
-    def _out_cuts(self) -> tuple[tuple[int, ...], ...]:
-        """Per group, the rows where :meth:`join_out` cuts its output: the bounds of its paths' blocks."""
-        cuts = [set() for _ in self.groups]
-        for _, g, row, dim in self.out_blocks:
-            cuts[g] |= {row, row + dim}
-        return tuple(tuple(sorted(c - {0, g.coo.dim_out})) for c, g in zip(cuts, self.groups))
-
-    @cached_property
-    def _out_piece(self) -> dict[tuple[int, int], int]:
-        """``(group, first row)`` of each block → its piece among the group's cut output."""
-        return {(g, row): bisect.bisect_right(self._out_cuts[g], row) for _, g, row, _ in self.out_blocks}
 
     @cached_property
     def _out_permutation(self) -> Permutation | None:
